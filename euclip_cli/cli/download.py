@@ -1,0 +1,71 @@
+"""``euclip download world | --recipe NAME``: fetch or generate the data a recipe needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import console, errors, fail
+
+app = typer.Typer(help="Get training and evaluation data: the embedded world, or (with --recipe) what a recipe pins.",
+                  invoke_without_command=True)
+
+
+def generate_world(out: Path, seed: int, samples: int, mismatch: float, eval_size: int, workers: int) -> None:
+    from rich.progress import Progress
+
+    from euclip_cli.data.world_files import WorldSettings, generate
+
+    settings = WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size)
+    with errors(), Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("generating the embedded world", total=None)
+        manifest = generate(out, settings, workers=workers,
+                            progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    if manifest.get("skipped"):
+        console.print(f"{out} already holds this world (seed {seed}, {samples} pairs): nothing to do")
+    else:
+        console.print(f"wrote {samples} training pairs in {manifest['train_shards']} shard(s) to {out / 'train'} and "
+                      f"{len(manifest['eval_tasks'])} evaluation tasks to {out / 'eval'} in {manifest['seconds']} s")
+
+
+@app.callback()
+def download(ctx: typer.Context,
+             recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Fetch what this recipe trains on.")) -> None:
+    """Without a subcommand, fetch the data pinned by --recipe.
+
+    Examples:
+      euclip download --recipe tiny-clip
+      euclip download world --samples 20000
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if recipe is None:
+        fail("give --recipe NAME or a subcommand (euclip download --help)", 2)
+    from euclip_cli import config as C
+
+    with errors():
+        cfg = C.load_config(recipe)
+    if cfg.data.dataset == "world":
+        generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
+                       cfg.data.world_mismatch, 1000, 2)
+        return
+    fail(f"recipe '{recipe}' trains on {cfg.data.dataset} ({cfg.data.filter}); the DataComp download "
+         f"is not built yet (see the README's status section)", 1)
+
+
+@app.command()
+def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
+          seed: int = typer.Option(0, help="Everything is deterministic from this seed."),
+          samples: int = typer.Option(100_000, help="Training pairs to write."),
+          mismatch: float = typer.Option(0.1, help="Fraction of pairs whose caption describes another image."),
+          eval_size: int = typer.Option(1000, help="Images per evaluation task."),
+          workers: int = typer.Option(2, help="Generator processes.")) -> None:
+    """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
+
+    Example: euclip download world --out data/world --samples 100000
+    """
+    if samples < 1 or eval_size < 1 or not 0 <= mismatch < 1:
+        fail("--samples and --eval-size must be positive and --mismatch in [0, 1)", 2)
+    generate_world(out, seed, samples, mismatch, eval_size, workers)

@@ -1,0 +1,72 @@
+"""``euclip eval [RUN ...] [--recipe NAME] [--tasks SPEC]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import RUNS_DIR, console, errors, fail, resolve_run, runs_of_recipe
+
+
+def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run directories or names under --runs-dir.",
+                                                            show_default=False),
+                 recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Evaluate every run of this recipe."),
+                 tasks: Optional[str] = typer.Option(None, help="Suite (datacomp, world), SUITE:GROUP, or task keys; "
+                                                                "default: the recipe's eval.tasks."),
+                 list_tasks: bool = typer.Option(False, "--list-tasks", help="List the task registry and exit."),
+                 eval_root: Optional[Path] = typer.Option(None, help="DataComp evaluation sets (default: eval.root)."),
+                 world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
+                 device: str = typer.Option("auto", help="cpu, cuda, cuda:1, or auto."),
+                 runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+    """Zero-shot evaluation of runs; results append to RUN/eval.jsonl as each task finishes.
+
+    Examples:
+      euclip eval --recipe tiny-clip
+      euclip eval results/runs/tiny-clip results/runs/tiny-euclip --tasks world:shifts
+    """
+    if list_tasks:
+        from euclip_cli.evaluate.tasks import list_tasks as all_tasks
+
+        for t in all_tasks():
+            console.print(f"{t.key:55s} {t.suite:9s} {t.group or '-':11s} {t.main_metric or '-'}", highlight=False)
+        return
+    with errors():
+        targets = [resolve_run(r, runs_dir) for r in runs or []]
+        if recipe:
+            found = runs_of_recipe(recipe, runs_dir)
+            if not found:
+                raise FileNotFoundError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
+            targets += found
+        if not targets:
+            fail("name runs to evaluate, or --recipe NAME (euclip eval --help)", 2)
+        from euclip_cli.evaluate.tasks import select
+
+        chosen = select(tasks) if tasks else None
+    from rich.progress import Progress
+
+    from euclip_cli.evaluate.aggregate import aggregate
+    from euclip_cli.evaluate.runner import evaluate_run
+    from euclip_cli.train.loop import resolve_device
+
+    with errors(), Progress(console=console, transient=True) as progress:
+        for run_dir in targets:
+            bar = progress.add_task(f"{run_dir.name}", total=None)
+
+            def on_task(task, line, bar=bar):
+                if line is None:
+                    progress.console.print(f"  {task.key}: already evaluated", highlight=False)
+                else:
+                    progress.console.print(f"  {task.key}: {line['metrics']['main_metric']:.4f}", highlight=False)
+                progress.advance(bar)
+
+            progress.console.print(f"[bold]{run_dir}[/]")
+            results = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task)
+            for suite in ("world", "datacomp"):
+                agg = aggregate(results, suite)
+                if agg["tasks_done"]:
+                    parts = [f"{k} {v:.4f}" for k, v in agg.items() if k in ("main", "shifts", "attributes",
+                                                                              "retrieval", "average") and v is not None]
+                    progress.console.print(f"  {suite}: " + ", ".join(parts), highlight=False)
+    console.print("next: euclip report")

@@ -1,0 +1,60 @@
+"""``euclip recipes list | show NAME | validate [NAME|PATH ...]``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import console, errors, fail
+
+app = typer.Typer(help="List, show and validate recipes (recipes/*.toml).", no_args_is_help=True)
+
+
+@app.command("list")
+def list_() -> None:
+    """One line per shipped recipe: its name and purpose."""
+    from rich.table import Table
+
+    from euclip_cli.config import list_recipes, recipe_header
+
+    table = Table("recipe", "purpose", box=None, show_header=True)
+    for name in list_recipes():
+        first = recipe_header(name).splitlines()[0] if recipe_header(name) else ""
+        table.add_row(name, first.split(":", 1)[-1].strip())
+    console.print(table)
+
+
+@app.command()
+def show(name: str = typer.Argument(..., help="Recipe name or path."),
+         resolved: bool = typer.Option(False, "--resolved", help="Print every key, defaults included, as JSON.")) -> None:
+    """Print a recipe file, or with --resolved the full configuration it produces.
+
+    Example: euclip recipes show tiny-euclip --resolved
+    """
+    from euclip_cli.config import dumps, load_config, recipe_path
+
+    with errors():
+        cfg = load_config(name)
+        console.print(dumps(cfg) if resolved else recipe_path(name).read_text(), highlight=False, markup=False)
+
+
+@app.command()
+def validate(names: Optional[list[str]] = typer.Argument(None, help="Recipe names or paths; default: every shipped recipe.")) -> None:
+    """Check recipes against the schema; report every problem, exit 2 if any.
+
+    Example: euclip recipes validate            (all shipped recipes)
+    """
+    from euclip_cli.config import ConfigError, list_recipes, load_config
+
+    problems = []
+    targets = names or list_recipes()
+    for name in targets:
+        try:
+            load_config(name)
+            console.print(f"[green]ok[/]  {name}")
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        fail("\n".join(problems), 2)
+    console.print(f"{len(targets)} recipe(s) valid")

@@ -1,0 +1,56 @@
+"""``euclip train --recipe NAME [section.key=value ...]``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import RUNS_DIR, console, errors, fail
+
+
+def default_run_name(recipe: str, overrides: list[str]) -> str:
+    seeds = [o.split("=", 1)[1] for o in overrides if o.replace(" ", "").startswith("train.seed=")]
+    return recipe + (f"-seed{seeds[-1]}" if seeds else "")
+
+
+def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (euclip recipes list) or path."),
+          overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides, e.g. optim.lr=1e-3.",
+                                                           show_default=False),
+          name: Optional[str] = typer.Option(None, help="Run name under --runs-dir (default: the recipe, "
+                                                        "plus -seedN when train.seed is overridden)."),
+          runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+    """Train a model; re-running the same command resumes it.
+
+    Examples:
+      euclip train --recipe tiny-clip
+      euclip train --recipe tiny-euclip loss.entail_weight=0.2 --name tiny-euclip-l02
+    """
+    from euclip_cli import config as C
+
+    overrides = overrides or []
+    with errors():
+        cfg = C.load_config(recipe, overrides)
+    run_dir = runs_dir / (name or default_run_name(cfg.recipe, overrides))
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from euclip_cli.train.loop import run
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with errors(), Progress(*columns, console=console) as progress:
+        bar = progress.add_task(run_dir.name, total=C.total_steps(cfg), info="starting")
+
+        def on_step(step: int, total: int, record: dict) -> None:
+            info = f"loss {record['loss']:.3f}  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
+            if "curvature" in record:
+                info += f"  c {record['curvature']:.3f}"
+            progress.update(bar, completed=step, info=info)
+
+        result = run(cfg, run_dir, argv=sys.argv, on_step=on_step)
+    if result["interrupted"]:
+        fail(f"stopped at step {result['steps']}; checkpoint {result['checkpoint']}; run the same command to resume", 1)
+    console.print(f"{result['branch']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
+    console.print(f"next: euclip eval {run_dir}")

@@ -1,0 +1,424 @@
+"""One typed schema holding every default, recipe files, and strict ``key=value`` overrides.
+
+The defaults are the paper's common setting: DataComp small scale, ViT-B/32, the CLIP
+geometry, OpenCLIP's optimizer. A recipe (``recipes/NAME.toml``) states only what differs
+from them, and may ``extends = "OTHER"`` another recipe. Every problem found while loading
+a recipe or an override is collected, so a user sees all of them at once.
+
+This module imports only the standard library: ``euclip --help`` and
+``euclip recipes validate`` must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+GeometryName = Literal["clip", "elliptic", "euclidean", "hyperbolic", "product-sphere"]
+LogitName = Literal["default", "cos", "arccos", "d", "d2", "inner", "geodesic"]
+Precision = Literal["fp32", "bf16", "fp16"]
+DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
+
+
+@dataclass
+class ModelConfig:
+    # An open_clip model name (``ViT-B-32``, ``ViT-B-16``) or one of euclip's in-code
+    # configs for CPU-sized runs (``euclip_cli.model.LOCAL_ARCHS``).
+    arch: str = "ViT-B-32"
+    # False removes the vision tower's ``ln_post`` and the text tower's ``ln_final``.
+    final_ln: bool = True
+
+
+@dataclass
+class GeometryConfig:
+    name: GeometryName = "clip"
+    # "default" picks the geometry's first logit (clip: cos, elliptic: arccos,
+    # euclidean/hyperbolic: d, product-sphere: inner).
+    logit: LogitName = "default"
+    # product-sphere only: the number m of sphere factors, PS(n/m, m).
+    blocks: int = 8
+    # Initial t of beta = exp(t); None = ln(1/0.07) for cos/arccos/d/inner/geodesic logits, 0 for d2.
+    logit_scale_init: Optional[float] = None
+    learn_logit_scale: bool = True
+    # Upper bound on beta itself (the paper and OpenCLIP: 100).
+    logit_scale_max: float = 100.0
+    # Lower bound on t applied after every optimizer step. OpenCLIP and the EuCLIP authors'
+    # code clamp t >= 0; None removes the lower bound.
+    logit_scale_min_log: Optional[float] = 0.0
+    # hyperbolic only: learnable curvature c, initial value and the interval it is kept in.
+    curvature_init: float = 1.0
+    curvature_min: float = 0.1
+    curvature_max: float = 10.0
+    learn_curvature: bool = True
+
+
+@dataclass
+class LossConfig:
+    # lambda in  L = L_cont + lambda * mean(L_entail); 0 turns the entailment loss off.
+    entail_weight: float = 0.0
+    # K, the entailment cone's minimum radius.
+    entail_min_radius: float = 0.1
+
+
+@dataclass
+class DataConfig:
+    # Which dataset ``euclip download --recipe`` fetches and ``train`` reads:
+    # "world" (the embedded default) or "datacomp-small" / "datacomp-medium".
+    dataset: str = "datacomp-small"
+    filter: DataFilter = "clip-l14-30"
+    # Training shards folder; empty = derived from dataset and filter under data/.
+    train_dir: str = ""
+    batch_size: int = 4096
+    workers: int = 4
+    shuffle_buffer: int = 2000
+    # Embedded world only: pool size, seed and fraction of mismatched (noisy) pairs.
+    world_samples: int = 100_000
+    world_seed: int = 0
+    world_mismatch: float = 0.1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-4
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    weight_decay: float = 0.2
+    warmup_steps: int = 500
+    # DataComp's budget: samples seen (drawn with replacement), not epochs.
+    samples: int = 12_800_000
+    # Micro-batches per optimizer step; the global batch stays data.batch_size.
+    accum_steps: int = 1
+    grad_clip: Optional[float] = None
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    precision: Precision = "bf16"
+    device: str = "auto"
+    # Checkpoint intervals over the budget (DataComp: 8), and how many to keep.
+    checkpoints: int = 8
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    # The math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
+    sdpa_math: bool = True
+    tensorboard: bool = True
+
+
+@dataclass
+class EvalConfig:
+    # A task group or a comma-separated list of task keys (``euclip eval --help``).
+    tasks: str = "datacomp"
+    root: str = "data/eval"
+    batch_size: int = 64
+
+
+@dataclass
+class ReportConfig:
+    # Paper rows this recipe reproduces, as "TABLE:LABEL" (labels from
+    # euclip_cli/report/paper-tables.csv); empty for recipes outside the paper.
+    paper_rows: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    geometry: GeometryConfig = field(default_factory=GeometryConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    # Set by the loader: the recipe name this config came from ("" for defaults).
+    recipe: str = ""
+
+
+# Logits each geometry accepts; the first is its default.
+GEOMETRY_LOGITS: dict[str, tuple[str, ...]] = {
+    "clip": ("cos",),
+    "elliptic": ("arccos",),
+    "euclidean": ("d", "d2"),
+    "hyperbolic": ("d", "d2"),
+    "product-sphere": ("inner", "geodesic"),
+}
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class ConfigError(Exception):
+    """All problems found in a recipe or override set; one line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# ---------------------------------------------------------------- schema walking
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def schema() -> dict[str, dict[str, Any]]:
+    """``{section: {key: type}}`` for every configurable key."""
+    return {name: typing.get_type_hints(cls) for name, cls in _sections().items()}
+
+
+def describe_type(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return f"{describe_type(inner[0])} or none"
+    if origin is list:
+        return "a comma-separated list"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def coerce(tp: Any, value: Any, *, from_text: bool) -> Any:
+    """Convert ``value`` to ``tp`` or raise ValueError. Text comes from the command line."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (from_text and str(value).lower() in ("none", "null")):
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return coerce(inner[0], value, from_text=from_text)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ValueError
+        return value
+    if origin is list:
+        if from_text:
+            return [v.strip() for v in str(value).split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError
+        return list(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and str(value).lower() in ("true", "false", "1", "0", "yes", "no"):
+            return str(value).lower() in ("true", "1", "yes")
+        raise ValueError
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if from_text:
+            text = str(value).replace("_", "")
+            try:
+                return int(text)
+            except ValueError:
+                as_float = float(text)  # accepts "1.28e7"; raises ValueError itself otherwise
+                if not as_float.is_integer():
+                    raise
+                return int(as_float)
+        raise ValueError
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if from_text:
+            return float(value)
+        raise ValueError
+    if tp is str:
+        if from_text or isinstance(value, str):
+            return str(value)
+        raise ValueError
+    raise ValueError
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, *, from_text: bool, where: str, problems: list[str]):
+    table = schema()
+    if section not in table:
+        problems.append(f"{where}: unknown section '{section}' (sections: {', '.join(table)})")
+        return
+    if key not in table[section]:
+        problems.append(f"{where}: unknown key '{section}.{key}' (keys in [{section}]: {', '.join(table[section])})")
+        return
+    tp = table[section][key]
+    try:
+        setattr(getattr(cfg, section), key, coerce(tp, value, from_text=from_text))
+    except ValueError:
+        problems.append(f"{where}: bad value {value!r} for '{section}.{key}': expected {describe_type(tp)}")
+
+
+# ---------------------------------------------------------------- recipes
+
+def recipe_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return path
+    return RECIPES_DIR / f"{name_or_path}.toml"
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def recipe_header(name_or_path: str) -> str:
+    """The leading comment block of a recipe file (purpose, command, expected result)."""
+    lines = []
+    for line in recipe_path(name_or_path).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return "\n".join(lines)
+
+
+def _read_recipe(name_or_path: str, problems: list[str], chain: tuple[str, ...]) -> list[tuple[str, dict]]:
+    """Return [(where, table)] from the farthest ancestor to this recipe."""
+    path = recipe_path(name_or_path)
+    if not path.exists():
+        problems.append(f"recipe '{name_or_path}' not found (run 'euclip recipes list' to see the recipes)")
+        return []
+    if path.resolve() in chain:
+        problems.append(f"{path.name}: 'extends' forms a cycle")
+        return []
+    try:
+        table = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        problems.append(f"{path.name}: not valid TOML ({err}); fix the file")
+        return []
+    parents: list[tuple[str, dict]] = []
+    base = table.pop("extends", None)
+    if base is not None:
+        if not isinstance(base, str):
+            problems.append(f"{path.name}: 'extends' must be a recipe name")
+        else:
+            parents = _read_recipe(base, problems, chain + (path.resolve(),))
+    return parents + [(path.name, table)]
+
+
+def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults, then the recipe chain, then ``section.key=value`` overrides; validated.
+
+    Raises ConfigError listing every problem found.
+    """
+    cfg = Config()
+    problems: list[str] = []
+    if recipe:
+        for where, table in _read_recipe(recipe, problems, ()):
+            for section, values in table.items():
+                if not isinstance(values, dict):
+                    problems.append(f"{where}: top-level key '{section}' is not a [section] (sections: {', '.join(schema())})")
+                    continue
+                for key, value in values.items():
+                    _apply(cfg, section, key, value, from_text=False, where=where, problems=problems)
+        cfg.recipe = recipe_path(recipe).stem
+    for item in overrides or []:
+        if "=" not in item:
+            problems.append(f"override '{item}': expected section.key=value, e.g. optim.lr=1e-3")
+            continue
+        dotted, value = item.split("=", 1)
+        if "." not in dotted:
+            problems.append(f"override '{item}': expected section.key=value, e.g. optim.lr=1e-3")
+            continue
+        section, key = dotted.strip().split(".", 1)
+        _apply(cfg, section, key, value.strip(), from_text=True, where=f"override '{item}'", problems=problems)
+    problems.extend(validate(cfg))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def validate(cfg: Config) -> list[str]:
+    """Cross-field checks the types alone cannot express."""
+    problems = []
+    g = cfg.geometry
+    allowed = GEOMETRY_LOGITS[g.name]
+    if g.logit != "default" and g.logit not in allowed:
+        problems.append(f"geometry.logit: '{g.logit}' is not a logit of geometry '{g.name}' (allowed: default, {', '.join(allowed)})")
+    if g.name == "product-sphere" and g.blocks < 1:
+        problems.append("geometry.blocks: must be at least 1")
+    if not 0 < g.curvature_min <= g.curvature_init <= g.curvature_max:
+        problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
+    if g.logit_scale_max <= 0:
+        problems.append("geometry.logit_scale_max: must be positive")
+    elif g.logit_scale_min_log is not None and g.logit_scale_min_log > math.log(g.logit_scale_max):
+        problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
+    if cfg.loss.entail_weight < 0:
+        problems.append("loss.entail_weight: must be >= 0")
+    if cfg.loss.entail_weight > 0 and g.name not in ("euclidean", "hyperbolic"):
+        problems.append(f"loss.entail_weight: geometry '{g.name}' has no entailment loss (only euclidean and hyperbolic); set it to 0")
+    if cfg.loss.entail_min_radius < 0:
+        problems.append("loss.entail_min_radius: must be >= 0")
+    if cfg.data.batch_size < 2:
+        problems.append("data.batch_size: a contrastive batch needs at least 2 pairs")
+    elif cfg.data.batch_size % max(cfg.optim.accum_steps, 1):
+        problems.append(f"optim.accum_steps: {cfg.optim.accum_steps} does not divide data.batch_size {cfg.data.batch_size}")
+    if cfg.optim.accum_steps < 1:
+        problems.append("optim.accum_steps: must be >= 1")
+    if cfg.optim.samples < cfg.data.batch_size:
+        problems.append("optim.samples: the budget is smaller than one batch")
+    if not 0 <= cfg.data.world_mismatch < 1:
+        problems.append("data.world_mismatch: must lie in [0, 1)")
+    if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:
+        problems.append("train.checkpoints and train.keep_checkpoints: must be >= 1")
+    for row in cfg.report.paper_rows:
+        table, _, label = row.partition(":")
+        if not table.isdigit() or not label:
+            problems.append(f"report.paper_rows: '{row}' is not TABLE:LABEL, e.g. '4:EuCLIP'")
+    return problems
+
+
+# ---------------------------------------------------------------- derived values
+
+def resolved_logit(cfg: Config) -> str:
+    g = cfg.geometry
+    return GEOMETRY_LOGITS[g.name][0] if g.logit == "default" else g.logit
+
+
+def initial_logit_scale(cfg: Config) -> float:
+    """t at initialization: ln(1/0.07) for distance-like logits, 0 for d2 (the paper, section 4.4)."""
+    if cfg.geometry.logit_scale_init is not None:
+        return cfg.geometry.logit_scale_init
+    return 0.0 if resolved_logit(cfg) == "d2" else math.log(1 / 0.07)
+
+
+def train_dir(cfg: Config) -> Path:
+    if cfg.data.train_dir:
+        return Path(cfg.data.train_dir)
+    if cfg.data.dataset == "world":
+        return Path("data") / "world" / "train"
+    return Path("data") / f"{cfg.data.dataset}-{cfg.data.filter}" / "shards"
+
+
+def total_steps(cfg: Config) -> int:
+    return max(1, cfg.optim.samples // cfg.data.batch_size)
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> Config:
+    """Rebuild a Config stored in a run directory or checkpoint (strictly validated)."""
+    cfg = Config()
+    problems: list[str] = []
+    for section, values in data.items():
+        if section == "recipe":
+            cfg.recipe = values
+            continue
+        for key, value in values.items():
+            _apply(cfg, section, key, value, from_text=False, where="stored config", problems=problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def dumps(cfg: Config) -> str:
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=True)

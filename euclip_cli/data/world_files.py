@@ -1,0 +1,171 @@
+"""Write the embedded world to disk in the real data's formats.
+
+- ``<out>/train/NNNNN.tar``: img2dataset's webdataset output (``KEY.jpg``, ``KEY.txt``,
+  ``KEY.json`` with a ``uid``), plus its per-shard ``NNNNN.parquet`` and ``NNNNN_stats.json``.
+- ``<out>/eval/<task>/``: clip-benchmark's local ``wds`` layout (``test/nshards.txt``,
+  ``test/N.tar``, ``classnames.txt``, ``zeroshot_classification_templates.txt``, ``dataset_type.txt``).
+- ``<out>/eval/hierarchy.json``: which captions of a generic-to-specific pool entail which
+  retrieval images (ground truth for the hierarchy analyses).
+- ``<out>/manifest.json``: the settings, so a second run with the same ones is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import webdataset as wds
+
+from euclip_cli.data import world as w
+from euclip_cli.data.world_tasks import WORLD_TASKS
+
+GENERATOR_VERSION = 1
+SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard default
+SHARD_DIGITS = 5  # img2dataset's oom_shard_count default
+KEY_DIGITS = 4  # ceil(log10(SAMPLES_PER_SHARD))
+EVAL_SHARD_SIZE = 1000
+# A fixed integer mtime: byte-identical shards for a seed, and no per-file PAX header
+# (a float mtime adds one, doubling tar parsing time in the training loader).
+TAR_MTIME = 1_700_000_000
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    seed: int = 0
+    samples: int = 100_000
+    mismatch: float = 0.1
+    eval_size: int = 1000
+
+
+class WorldExistsError(Exception):
+    pass
+
+
+def _rng(*parts) -> random.Random:
+    # A string seed hashes deterministically (unlike hash() of a tuple across processes).
+    return random.Random("/".join(str(p) for p in parts))
+
+
+def _write_train_shard(out: str, settings: WorldSettings, shard: int, count: int) -> int:
+    rng = _rng("train", settings.seed, shard)
+    start = time.time()
+    rows = []
+    tmp = Path(out) / f".{shard:0{SHARD_DIGITS}d}.tar.tmp"
+    with wds.TarWriter(str(tmp), mtime=TAR_MTIME) as sink:
+        for i in range(count):
+            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch)
+            key = f"{shard:0{SHARD_DIGITS}d}{i:0{KEY_DIGITS}d}"
+            jpg = w.encode_jpeg(image)
+            uid = hashlib.md5(f"world-{settings.seed}-{key}".encode()).hexdigest()
+            meta = {"uid": uid, "key": key, "caption": caption, "url": f"world://{settings.seed}/{key}",
+                    "status": "success", "error_message": None, "width": w.IMAGE_SIZE, "height": w.IMAGE_SIZE,
+                    "original_width": w.IMAGE_SIZE, "original_height": w.IMAGE_SIZE,
+                    "sha256": hashlib.sha256(jpg).hexdigest(),
+                    "world": {"objects": w.scene_json(scene), "spec": spec, "mismatched": mismatched}}
+            sink.write({"__key__": key, "jpg": jpg, "txt": caption, "json": meta})
+            rows.append({k: meta[k] for k in ("key", "uid", "caption", "url", "status", "error_message", "sha256")})
+    os.replace(tmp, Path(out) / f"{shard:0{SHARD_DIGITS}d}.tar")
+    pq.write_table(pa.Table.from_pylist(rows), Path(out) / f"{shard:0{SHARD_DIGITS}d}.parquet")
+    end = time.time()
+    stats = {"count": count, "successes": count, "failed_to_download": 0, "failed_to_resize": 0,
+             "duration": end - start, "start_time": start, "end_time": end, "status_dict": {"success": count}}
+    (Path(out) / f"{shard:0{SHARD_DIGITS}d}_stats.json").write_text(json.dumps(stats))
+    return count
+
+
+def _write_eval_task(out: str, settings: WorldSettings, index: int) -> str:
+    task = WORLD_TASKS[index]
+    rng = _rng("eval", settings.seed, task.name)
+    folder = Path(out) / task.name
+    (folder / "test").mkdir(parents=True, exist_ok=True)
+    scenes = []
+    nshards = (settings.eval_size + EVAL_SHARD_SIZE - 1) // EVAL_SHARD_SIZE
+    for shard in range(nshards):
+        with wds.TarWriter(str(folder / "test" / f"{shard}.tar"), mtime=TAR_MTIME) as sink:
+            for i in range(shard * EVAL_SHARD_SIZE, min(settings.eval_size, (shard + 1) * EVAL_SHARD_SIZE)):
+                image, label, scene = task.sample(rng)
+                sample = {"__key__": f"s{i:07d}", "jpg": w.encode_jpeg(image)}
+                if task.classes is None:
+                    sample["txt"] = "\n".join(label)
+                else:
+                    sample["cls"] = label
+                sink.write(sample)
+                scenes.append(w.scene_json(scene))
+    (folder / "test" / "nshards.txt").write_text(f"{nshards}\n")
+    if task.classes is None:
+        (folder / "dataset_type.txt").write_text("retrieval\n")
+    else:
+        (folder / "dataset_type.txt").write_text("classification\n")
+        (folder / "classnames.txt").write_text("\n".join(task.classes) + "\n")
+        (folder / "zeroshot_classification_templates.txt").write_text("\n".join(w.FRAMES) + "\n")
+    (folder / "scenes.json").write_text(json.dumps(scenes))
+    return task.name
+
+
+def caption_pool() -> list[dict]:
+    """Specs from the root to single objects in full detail: the hierarchy's levels."""
+    specs: list[dict] = [{"level": "family", "mentions": [{"family": f}]} for f in w.FAMILIES]
+    for key, values in [("colour", w.COLOURS), ("size", w.SIZES), ("fill", w.FILLS), ("position", w.POSITIONS)]:
+        specs += [{"level": "attribute", "mentions": [{key: v}]} for v in values]
+    specs += [{"level": "attribute", "count": n, "mentions": []} for n in (1, 2, 3)]
+    specs += [{"level": "shape", "mentions": [{"shape": s}]} for s in w.SHAPES]
+    specs += [{"level": "detailed", "mentions": [{"shape": s, "colour": c}]} for s in w.SHAPES for c in w.COLOURS]
+    specs += [{"level": "detailed", "mentions": [{"shape": s, "colour": c, "size": z, "position": p}]}
+              for s in w.SHAPES for c in w.COLOURS for z in w.SIZES for p in w.POSITIONS]
+    return specs
+
+
+def _write_hierarchy(out: Path) -> None:
+    scenes = [w.scene_from_json(s) for s in json.loads((out / "retrieval" / "scenes.json").read_text())]
+    captions = []
+    for spec in caption_pool():
+        images = [i for i, scene in enumerate(scenes) if w.entails(spec, scene)]
+        captions.append({"text": w.caption_text(spec), "level": spec["level"], "spec": spec, "entails": images})
+    doc = {"images": "retrieval/scenes.json", "levels": list(w.LEVELS), "captions": captions}
+    (out / "hierarchy.json").write_text(json.dumps(doc))
+
+
+def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None) -> dict:
+    """Write the world under ``out``; a no-op when ``out`` already holds the same settings.
+
+    Raises WorldExistsError when ``out`` holds anything else, so nothing is overwritten.
+    ``progress(done, total)`` is called after each shard or task.
+    """
+    manifest_path = out / "manifest.json"
+    wanted = {"generator_version": GENERATOR_VERSION, **asdict(settings)}
+    if manifest_path.exists():
+        found = json.loads(manifest_path.read_text())
+        if {k: found.get(k) for k in wanted} == wanted:
+            return found | {"skipped": True}
+        raise WorldExistsError(f"{out} holds a world generated with other settings "
+                               f"({', '.join(f'{k}={found.get(k)}' for k, v in wanted.items() if found.get(k) != v)}); "
+                               f"choose another --out or delete {out}")
+    if out.exists() and any(out.iterdir()):
+        raise WorldExistsError(f"{out} exists and is not an embedded world (no manifest.json); "
+                               f"choose another --out or delete it")
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    (out / "eval").mkdir(parents=True, exist_ok=True)
+    counts = [min(SAMPLES_PER_SHARD, settings.samples - s) for s in range(0, settings.samples, SAMPLES_PER_SHARD)]
+    total = len(counts) + len(WORLD_TASKS)
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        jobs = [pool.submit(_write_train_shard, str(out / "train"), settings, i, n) for i, n in enumerate(counts)]
+        jobs += [pool.submit(_write_eval_task, str(out / "eval"), settings, i) for i in range(len(WORLD_TASKS))]
+        for done, job in enumerate(jobs, 1):
+            job.result()
+            if progress:
+                progress(done, total)
+    _write_hierarchy(out / "eval")
+    manifest = wanted | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
+                         "seconds": round(time.time() - start, 1)}
+    # Written last: its presence means the world is complete.
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    return manifest

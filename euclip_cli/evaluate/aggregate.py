@@ -1,0 +1,28 @@
+"""Group means of per-task main metrics, as DataComp's ``aggregate_scores.py`` computes them."""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Optional
+
+from euclip_cli.evaluate.tasks import GROUPS, TASKS, list_tasks
+
+
+def aggregate(results: list[dict], suite: str) -> dict[str, Optional[float]]:
+    """``{main, shifts, attributes, retrieval, average}`` from eval.jsonl lines (fractions in [0, 1]).
+
+    Lines whose ``main_metric`` is null are dropped, as DataComp drops FairFace and UTKFace.
+    A group (or the average) with any task missing is None: a partial mean would mislead.
+    """
+    scores = {r["key"]: r["metrics"].get("main_metric") for r in results if r["key"] in TASKS}
+    scores = {k: v for k, v in scores.items() if v is not None}
+    tasks = [t for t in list_tasks(suite) if t.main_metric is not None]
+    out: dict[str, Optional[float]] = {}
+    for group in GROUPS:
+        members = [t.key for t in tasks if t.group == group]
+        out[group] = mean(scores[k] for k in members) if members and all(k in scores for k in members) else None
+    everything = [t.key for t in tasks]
+    out["average"] = mean(scores[k] for k in everything) if all(k in scores for k in everything) else None
+    out["tasks_done"] = sum(k in scores for k in everything)
+    out["tasks_total"] = len(everything)
+    return out

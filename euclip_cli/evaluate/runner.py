@@ -1,0 +1,142 @@
+"""Evaluate a run's latest checkpoint on a list of tasks; one eval.jsonl line per finished task.
+
+A line is appended (and flushed) as soon as its task finishes, so an interrupted evaluation
+loses at most the task in progress, and a re-run skips every task already scored for the
+same checkpoint and protocol version.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
+
+from euclip_cli import config as C
+from euclip_cli.evaluate.tasks import Task, select
+from euclip_cli.evaluate.zeroshot import class_prototypes, classification_metrics, retrieval_metrics
+from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
+from euclip_cli.train import checkpoint
+
+# Bump when a change alters any metric's value; lines of another protocol are not reused.
+PROTOCOL = "euclip-eval-1"
+
+
+class EvalError(Exception):
+    """The evaluation cannot proceed; the message says what to run or fix."""
+
+
+def load_run(run_dir: Path, device: torch.device) -> tuple[EuclipModel, C.Config, Path, int]:
+    """The model of a run's latest checkpoint, rebuilt from the config stored inside it."""
+    found = checkpoint.latest(run_dir / "checkpoints")
+    if found is None:
+        raise EvalError(f"{run_dir} has no checkpoint: train it first (euclip train --recipe RECIPE)")
+    state = checkpoint.load(found, map_location=str(device))
+    cfg = C.from_dict(state["config"])
+    model = EuclipModel(cfg)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), cfg, found, state["step"]
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash mid-write; its task is evaluated again
+    return lines
+
+
+@torch.no_grad()
+def _embed_images(model, loader, device) -> tuple[torch.Tensor, list]:
+    embs, labels = [], []
+    for images, label in loader:
+        embs.append(model.encode_image(images.to(device)))
+        labels.extend(label if isinstance(label, (list, tuple)) else label.tolist())
+    return torch.cat(embs), labels
+
+
+@torch.no_grad()
+def _embed_texts(model, tokenizer, texts: list[str], device, batch_size: int = 256) -> torch.Tensor:
+    return torch.cat([model.encode_text(tokenizer(texts[i:i + batch_size]).to(device))
+                      for i in range(0, len(texts), batch_size)])
+
+
+def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
+                  batch_size: int) -> dict:
+    if task.kind not in ("classification", "retrieval"):
+        raise EvalError(f"task {task.key}: {task.kind} scoring is not implemented yet; evaluate the other tasks")
+    if not (data_dir / "test" / "nshards.txt").exists():
+        hint = "euclip download world" if task.suite == "world" else f"euclip download evalsets --tasks {task.key}"
+        raise EvalError(f"task {task.key}: no data in {data_dir}: run '{hint}'")
+    _, transform = transforms_for(model.clip)
+    tokenizer = tokenizer_for(cfg.model.arch)
+    curv = model.curvature()
+    if task.kind == "retrieval":
+        ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test",
+                           task="zeroshot_retrieval")
+        loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
+                                             batch_size=None, num_workers=0)
+        image_emb, captions = _embed_images(model, loader, device)
+        texts = [c for caps in captions for c in caps]
+        owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
+        text_emb = _embed_texts(model, tokenizer, texts, device)
+        return retrieval_metrics(model.geometry, image_emb, text_emb, owner, curv)
+    ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
+    loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
+    image_emb, labels = _embed_images(model, loader, device)
+    texts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
+    text_emb = _embed_texts(model, tokenizer, texts, device).reshape(len(ds.classes), len(ds.templates), -1)
+    prototypes = class_prototypes(model.geometry, text_emb)
+    return classification_metrics(model.geometry, image_emb, prototypes, torch.tensor(labels, device=device), curv)
+
+
+def world_root(cfg: C.Config) -> Path:
+    """The embedded world a run was trained on (its eval tasks sit beside its training shards)."""
+    return C.train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
+
+
+def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]] = None,
+                 eval_root: Optional[Path] = None, world: Optional[Path] = None, batch_size: Optional[int] = None,
+                 on_task: Optional[Callable[[Task, Optional[dict]], None]] = None) -> list[dict]:
+    """Score every task not yet in ``run_dir/eval.jsonl`` for this checkpoint; return its latest lines.
+
+    Unset arguments come from the run's stored config (``eval.tasks``, ``eval.root``, the world it trained on).
+    """
+    model, cfg, ckpt, step = load_run(run_dir, device)
+    tasks = tasks if tasks is not None else select(cfg.eval.tasks)
+    eval_root = eval_root or Path(cfg.eval.root)
+    world = world or world_root(cfg)
+    batch_size = batch_size or cfg.eval.batch_size
+    out_path = run_dir / "eval.jsonl"
+    ckpt_name = str(ckpt.relative_to(run_dir))
+    done = {r["key"] for r in read_results(out_path) if r.get("checkpoint") == ckpt_name and r.get("protocol") == PROTOCOL}
+    for task in tasks:
+        if task.key in done:
+            if on_task:
+                on_task(task, None)
+            continue
+        metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size)
+        metrics["main_metric"] = metrics.get(task.main_metric) if task.main_metric else None
+        line = {"key": task.key, "dataset": task.name, "metrics": metrics, "checkpoint": ckpt_name,
+                "step": step, "protocol": PROTOCOL}
+        with out_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if on_task:
+            on_task(task, line)
+    return latest_results(out_path)
+
+
+def latest_results(path: Path) -> list[dict]:
+    """One line per task: the newest, by checkpoint step then file order."""
+    best: dict[str, dict] = {}
+    for line in read_results(path):
+        key = line["key"]
+        if key not in best or line.get("step", 0) >= best[key].get("step", 0):
+            best[key] = line
+    return list(best.values())

@@ -1,0 +1,120 @@
+"""The task registry: DataComp's 40 evaluation tasks and the embedded world's, one layout for both.
+
+Each suite groups its tasks the same way, so one report layout serves both:
+``main`` (ImageNet / Shapes), ``shifts`` (ImageNet distribution shifts / shifted
+renderings), ``attributes`` (VTAB / attribute tasks) and ``retrieval``. The average is
+over every task of the suite that produces a main metric (DataComp: 38 of 40).
+Imports only the standard library and the world's task list (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str  # clip-benchmark style id, the results key ("imagenet1k", "world/shapes")
+    name: str  # display name (DataComp's results "dataset")
+    kind: str  # classification, retrieval, winogavil, wilds, fairness
+    main_metric: Optional[str]  # None: produces no main metric (FairFace, UTKFace)
+    group: Optional[str]  # main, shifts, attributes, retrieval, or None
+    suite: str  # "datacomp" or "world"
+
+    def data_dir(self, eval_root: Path, world_root: Path) -> Path:
+        if self.suite == "world":
+            return world_root / "eval" / self.key.split("/", 1)[1]
+        key = self.key.split("/", 1)[1] if self.key.startswith("fairness/") else self.key
+        return eval_root / f"wds_{key.replace('/', '-')}_test"
+
+
+SUITE_COLUMNS = {
+    "datacomp": {"main": "ImageNet", "shifts": "ImageNet dist. shifts", "attributes": "VTAB",
+                 "retrieval": "Retrieval", "average": "Average over 38 datasets"},
+    "world": {"main": "Shapes", "shifts": "Shape shifts", "attributes": "Attributes",
+              "retrieval": "Retrieval", "average": "Average over 10 tasks"},
+}
+GROUPS = ("main", "shifts", "attributes", "retrieval")
+
+_C, _R = "classification", "retrieval"
+_DATACOMP = [
+    # key, name, kind, main metric, group
+    ("vtab/caltech101", "Caltech-101", _C, "mean_per_class_recall", "attributes"),
+    ("cifar10", "CIFAR-10", _C, "acc1", None),
+    ("vtab/cifar100", "CIFAR-100", _C, "acc1", "attributes"),
+    ("vtab/clevr_count_all", "CLEVR Counts", _C, "acc1", "attributes"),
+    ("vtab/clevr_closest_object_distance", "CLEVR Distance", _C, "acc1", "attributes"),
+    ("country211", "Country211", _C, "acc1", None),
+    ("vtab/dtd", "Describable Textures", _C, "acc1", "attributes"),
+    ("vtab/eurosat", "EuroSAT", _C, "acc1", "attributes"),
+    ("fgvc_aircraft", "FGVC Aircraft", _C, "mean_per_class_recall", None),
+    ("food101", "Food-101", _C, "acc1", None),
+    ("gtsrb", "GTSRB", _C, "acc1", None),
+    ("imagenet1k", "ImageNet 1k", _C, "acc1", "main"),
+    ("imagenet_sketch", "ImageNet Sketch", _C, "acc1", "shifts"),
+    ("imagenetv2", "ImageNet v2", _C, "acc1", "shifts"),
+    ("imagenet-a", "ImageNet-A", _C, "acc1", "shifts"),
+    ("imagenet-o", "ImageNet-O", _C, "acc1", "shifts"),
+    ("imagenet-r", "ImageNet-R", _C, "acc1", "shifts"),
+    ("vtab/kitti_closest_vehicle_distance", "KITTI Vehicle Distance", _C, "acc1", "attributes"),
+    ("mnist", "MNIST", _C, "acc1", None),
+    ("objectnet", "ObjectNet", _C, "acc1", "shifts"),
+    ("vtab/flowers", "Oxford Flowers-102", _C, "mean_per_class_recall", "attributes"),
+    ("vtab/pets", "Oxford-IIIT Pet", _C, "mean_per_class_recall", "attributes"),
+    ("voc2007", "Pascal VOC 2007", _C, "acc1", None),
+    ("vtab/pcam", "PatchCamelyon", _C, "acc1", "attributes"),
+    ("renderedsst2", "Rendered SST2", _C, "acc1", None),
+    ("vtab/resisc45", "RESISC45", _C, "acc1", "attributes"),
+    ("cars", "Stanford Cars", _C, "acc1", None),
+    ("stl10", "STL-10", _C, "acc1", None),
+    ("sun397", "SUN397", _C, "acc1", "attributes"),
+    ("vtab/svhn", "SVHN", _C, "acc1", "attributes"),
+    ("retrieval/flickr_1k_test_image_text_retrieval", "Flickr", _R, "mean_recall@1", "retrieval"),
+    ("retrieval/mscoco_2014_5k_test_image_text_retrieval", "MSCOCO", _R, "mean_recall@1", "retrieval"),
+    ("misc/winogavil", "WinoGAViL", "winogavil", "jaccard_score_10-12", "retrieval"),
+    ("wilds/iwildcam", "iWildCam", "wilds", "F1-macro_all", None),
+    ("wilds/camelyon17", "Camelyon17", "wilds", "acc1", None),
+    ("wilds/fmow", "FMoW", "wilds", "acc_worst_region", None),
+    ("fairness/dollar_street", "Dollar Street", "fairness", "acc_top5_wg", None),
+    ("fairness/geode", "GeoDE", "fairness", "acc_wg", None),
+    ("fairness/fairface", "FairFace", "fairness", None, None),
+    ("fairness/utkface", "UTKFace", "fairness", None, None),
+]
+
+
+def _world_tasks() -> list[Task]:
+    from euclip_cli.data.world_tasks import WORLD_TASKS
+
+    return [Task(f"world/{t.name}", t.title, _R if t.classes is None else _C,
+                 "mean_recall@1" if t.classes is None else "acc1", t.group, "world") for t in WORLD_TASKS]
+
+
+TASKS: dict[str, Task] = {t[0]: Task(*t, suite="datacomp") for t in _DATACOMP}
+TASKS.update({t.key: t for t in _world_tasks()})
+
+
+def list_tasks(suite: Optional[str] = None) -> list[Task]:
+    return [t for t in TASKS.values() if suite is None or t.suite == suite]
+
+
+def select(spec: str) -> list[Task]:
+    """Tasks named by a suite ("datacomp", "world"), a suite group ("world:attributes"), or comma-separated keys.
+
+    Raises ValueError naming the unknown entries.
+    """
+    chosen: list[Task] = []
+    unknown = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        suite, _, group = item.partition(":")
+        if suite in SUITE_COLUMNS and (not group or group in GROUPS):
+            chosen += [t for t in list_tasks(suite) if not group or t.group == group]
+        elif item in TASKS:
+            chosen.append(TASKS[item])
+        else:
+            unknown.append(item)
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}: use a suite (datacomp, world), "
+                         f"SUITE:GROUP (groups: {', '.join(GROUPS)}) or task keys ('euclip eval --list-tasks')")
+    return list(dict.fromkeys(chosen))

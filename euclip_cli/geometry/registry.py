@@ -1,0 +1,203 @@
+"""The geometry registry: one class per geometry, each a thin composition of the pure functions.
+
+Conventions shared by every geometry:
+- ``embed`` maps raw encoder features ``(B, D)`` to the geometry's *output space*, the space
+  in which the authors average prompts and interpolate traversals: unit vectors (clip,
+  elliptic), block-unit vectors (product-sphere), features / sqrt(D) (euclidean), or
+  tangent vectors at the origin alpha * f, before the exponential map (hyperbolic).
+- ``similarity(x, y)`` is higher for closer pairs; logits are beta * similarity.
+- ``curv`` is the hyperbolic curvature c (a 0-dim tensor) and ignored elsewhere.
+Callers run these in fp32 with autocast disabled (``euclip_cli.model`` and ``loss`` do).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Optional
+
+import torch
+
+from euclip_cli.geometry import euclidean, lorentz, sphere
+
+_REGISTRY: dict[str, type["Geometry"]] = {}
+
+
+def register(cls: type["Geometry"]) -> type["Geometry"]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def list_geometries() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_geometry(name: str, logit: str = "default", blocks: int = 8) -> "Geometry":
+    """The geometry ``name`` with the given logit ("default" = its first) and, for product-sphere, m blocks."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown geometry '{name}' (known: {', '.join(list_geometries())})")
+    return _REGISTRY[name](logit=logit, blocks=blocks)
+
+
+class Geometry:
+    name: ClassVar[str]
+    logits: ClassVar[tuple[str, ...]]
+    has_entailment: ClassVar[bool] = False
+    # Learnable per-modality embedding scales alpha (log-space) and curvature c.
+    learned_scales: ClassVar[bool] = False
+    has_curvature: ClassVar[bool] = False
+
+    def __init__(self, logit: str = "default", blocks: int = 8):
+        logit = self.logits[0] if logit == "default" else logit
+        if logit not in self.logits:
+            raise ValueError(f"geometry '{self.name}' has no logit '{logit}' (allowed: {', '.join(self.logits)})")
+        self.logit = logit
+        self.blocks = blocks
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(logit={self.logit!r})"
+
+    def embed(self, features: torch.Tensor, log_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Encoder features to output-space embeddings. ``(B, D) -> (B, D)``."""
+        raise NotImplementedError
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        """Back into the output space after averaging or interpolating (identity where it is a vector space)."""
+        return z
+
+    def similarity(self, x: torch.Tensor, y: torch.Tensor, curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Pairwise similarity of output-space embeddings, higher = closer. ``(B1, D), (B2, D) -> (B1, B2)``."""
+        raise NotImplementedError
+
+    def prototypes(self, text: torch.Tensor) -> torch.Tensor:
+        """Zero-shot class prototypes: the authors' rule, the template mean in output space, projected back.
+
+        ``(C, T, D) -> (C, D)``. For clip/elliptic: normalize, average, re-normalize; for hyperbolic
+        the mean of tangent vectors (the exponential map happens inside ``similarity``).
+        """
+        return self.project(text.mean(dim=-2))
+
+    def root(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """[ROOT]: the origin, or for spherical geometries the mean embedding. ``(N, D) -> (D,)``."""
+        return torch.zeros(embeddings.shape[-1], dtype=embeddings.dtype, device=embeddings.device)
+
+    def distance_to_root(self, z: torch.Tensor, root: torch.Tensor, curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Geodesic distance of each embedding from [ROOT]. ``(N, D), (D,) -> (N,)``."""
+        raise NotImplementedError
+
+    def entailment(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
+                   curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Entailment loss of y (specific, image) against the cone at x (generic, text). ``(..., D) -> (...)``."""
+        raise ValueError(f"geometry '{self.name}' has no entailment loss (only euclidean and hyperbolic)")
+
+
+@register
+class Clip(Geometry):
+    """Cosine similarity of L2-normalized embeddings (CLIP)."""
+
+    name = "clip"
+    logits = ("cos",)
+
+    def embed(self, features, log_scale=None):
+        return sphere.normalize(features)
+
+    def project(self, z):
+        return sphere.normalize(z)
+
+    def similarity(self, x, y, curv=None):
+        return sphere.cosine(x, y)
+
+    def root(self, embeddings):
+        # The mean of unit vectors, not re-normalized: its norm ||[ROOT]|| is itself a finding (paper, appendix D).
+        return embeddings.mean(dim=0)
+
+    def distance_to_root(self, z, root, curv=None):
+        return sphere.arc_distance(z, sphere.normalize(root)[None]).squeeze(-1)
+
+
+@register
+class Elliptic(Clip):
+    """Negative geodesic (arc) distance on the unit sphere: -acos(cosine)."""
+
+    name = "elliptic"
+    logits = ("arccos",)
+
+    def similarity(self, x, y, curv=None):
+        return -sphere.arc_distance(x, y)
+
+
+@register
+class ProductSphere(Geometry):
+    """PS(n/m, m): m blocks, each L2-normalized; sum of block cosines ("inner") or minus the geodesic distance."""
+
+    name = "product-sphere"
+    logits = ("inner", "geodesic")
+
+    def embed(self, features, log_scale=None):
+        return sphere.block_normalize(features, self.blocks)
+
+    def project(self, z):
+        return sphere.block_normalize(z, self.blocks)
+
+    def similarity(self, x, y, curv=None):
+        if self.logit == "inner":
+            return sphere.product_inner(x, y)
+        return -sphere.product_geodesic(x, y, self.blocks)
+
+    def root(self, embeddings):
+        return embeddings.mean(dim=0)
+
+    def distance_to_root(self, z, root, curv=None):
+        return sphere.product_geodesic(z, self.project(root)[None], self.blocks).squeeze(-1)
+
+
+@register
+class Euclidean(Geometry):
+    """Embeddings scaled by 1/sqrt(n); similarity -||x - y|| (d) or -||x - y||^2 (d2)."""
+
+    name = "euclidean"
+    logits = ("d", "d2")
+    has_entailment = True
+
+    def embed(self, features, log_scale=None):
+        # 1/sqrt(n) makes ||f|| ~ sqrt(n) at initialization an embedding of norm ~1 (paper, section 3.1).
+        return features / math.sqrt(features.shape[-1])
+
+    def similarity(self, x, y, curv=None):
+        if self.logit == "d":
+            return -euclidean.pairwise_dist(x, y)
+        return -euclidean.pairwise_sq_dist(x, y)
+
+    def distance_to_root(self, z, root, curv=None):
+        return (z - root).norm(dim=-1)
+
+    def entailment(self, x, y, min_radius, curv=None):
+        return euclidean.entailment(x, y, min_radius)
+
+
+@register
+class Hyperbolic(Geometry):
+    """MERU: alpha-scaled tangent vectors, exponential map onto the Lorentz hyperboloid, -d_L (d) or -d_L^2 (d2)."""
+
+    name = "hyperbolic"
+    logits = ("d", "d2")
+    has_entailment = True
+    learned_scales = True
+    has_curvature = True
+
+    def embed(self, features, log_scale=None):
+        if log_scale is None:
+            raise ValueError("the hyperbolic geometry needs its learned embedding scale (log alpha)")
+        return features * log_scale.exp()
+
+    def similarity(self, x, y, curv=None):
+        dist = lorentz.pairwise_dist(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv)
+        return -dist if self.logit == "d" else -dist.square()
+
+    def distance_to_root(self, z, root, curv=None):
+        if root.abs().sum() == 0:
+            # d_L(O, exp0(v)) = ||v|| exactly: no acosh, and no NaN at the origin itself.
+            return z.norm(dim=-1)
+        return lorentz.pairwise_dist(lorentz.exp_map0(z, curv), lorentz.exp_map0(root[None], curv), curv).squeeze(-1)
+
+    def entailment(self, x, y, min_radius, curv=None):
+        return lorentz.entailment(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv, min_radius)

@@ -1,0 +1,134 @@
+"""open_clip encoders plus the geometry's learnable scalars.
+
+``EuclipModel`` wraps an ``open_clip.CLIP`` (built with ``pretrained=None``; its tokenizer is
+open_clip's bundled BPE, so nothing is fetched) and adds what the geometry needs:
+the logit scale t (open_clip's own ``logit_scale`` parameter, beta = exp(t)), and for
+hyperbolic models the log embedding scales alpha_img, alpha_txt and the log curvature.
+Features always come from ``encode_image/encode_text(normalize=False)``; the geometry,
+not open_clip, decides what happens to them, in fp32 with autocast off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import open_clip
+import torch
+from torch import nn
+
+from euclip_cli.config import Config, initial_logit_scale, resolved_logit
+from euclip_cli.geometry import get_geometry
+from euclip_cli.loss import at_least_fp32
+
+# In-code configs for runs that fit a CPU: open_clip CLIP(embed_dim, vision_cfg, text_cfg) arguments.
+LOCAL_ARCHS: dict[str, dict] = {
+    # ~280 samples/s training on 2 CPU cores in bf16 (shared/reference/cpu-performance.md).
+    "tiny": dict(
+        embed_dim=128,
+        vision_cfg=dict(image_size=64, patch_size=8, width=128, layers=4, head_width=64, mlp_ratio=4.0),
+        text_cfg=dict(context_length=32, vocab_size=49408, width=128, heads=2, layers=4),
+    ),
+    # The shape cpu-performance.md measures OpenCLIP's trainer on (for `euclip bench`).
+    "small-cpu": dict(
+        embed_dim=256,
+        vision_cfg=dict(image_size=64, patch_size=8, width=256, layers=6, head_width=64, mlp_ratio=4.0),
+        text_cfg=dict(context_length=32, vocab_size=49408, width=256, heads=4, layers=6),
+    ),
+}
+
+
+def build_clip(arch: str) -> open_clip.CLIP:
+    if arch in LOCAL_ARCHS:
+        return open_clip.CLIP(**LOCAL_ARCHS[arch])
+    return open_clip.create_model(arch, pretrained=None)
+
+
+def remove_final_layernorm(clip: open_clip.CLIP) -> None:
+    """Replace the vision ``ln_post`` and text ``ln_final`` with identities; nothing else changes."""
+    clip.visual.ln_post = nn.Identity()
+    clip.ln_final = nn.Identity()
+
+
+def image_size(clip: open_clip.CLIP) -> int:
+    size = clip.visual.image_size
+    return size[0] if isinstance(size, (tuple, list)) else size
+
+
+def tokenizer_for(arch: str):
+    if arch in LOCAL_ARCHS:
+        return open_clip.tokenizer.SimpleTokenizer(context_length=LOCAL_ARCHS[arch]["text_cfg"]["context_length"])
+    return open_clip.get_tokenizer(arch)
+
+
+def transforms_for(clip: open_clip.CLIP):
+    """open_clip's (train, eval) image transforms at the model's resolution, OpenAI mean/std."""
+    size = image_size(clip)
+    return open_clip.image_transform(size, is_train=True), open_clip.image_transform(size, is_train=False)
+
+
+class EuclipModel(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.clip = build_clip(cfg.model.arch)
+        if not cfg.model.final_ln:
+            remove_final_layernorm(self.clip)
+        g = cfg.geometry
+        self.geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
+        self.embed_dim = self.clip.text_projection.shape[-1]
+        if g.name == "product-sphere" and self.embed_dim % g.blocks:
+            raise ValueError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
+        with torch.no_grad():
+            self.clip.logit_scale.fill_(initial_logit_scale(cfg))
+        self.clip.logit_scale.requires_grad_(g.learn_logit_scale)
+        self.max_log_scale = math.log(g.logit_scale_max)
+        self.min_log_scale = g.logit_scale_min_log
+        if self.geometry.learned_scales:
+            # alpha = 1/sqrt(n) at init, the Euclidean geometry's fixed scale (paper, section 3.1).
+            init = -0.5 * math.log(self.embed_dim)
+            self.log_alpha_img = nn.Parameter(torch.tensor(init))
+            self.log_alpha_txt = nn.Parameter(torch.tensor(init))
+        if self.geometry.has_curvature:
+            self.log_curv = nn.Parameter(torch.tensor(math.log(g.curvature_init)), requires_grad=g.learn_curvature)
+            self.log_curv_range = (math.log(g.curvature_min), math.log(g.curvature_max))
+
+    def _embed(self, features: torch.Tensor, log_scale: Optional[torch.Tensor]) -> torch.Tensor:
+        with torch.autocast(features.device.type, enabled=False):
+            return self.geometry.embed(at_least_fp32(features), log_scale)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """Images to fp32 output-space embeddings. ``(B, 3, H, W) -> (B, D)``."""
+        return self._embed(self.clip.encode_image(images), getattr(self, "log_alpha_img", None))
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``."""
+        return self._embed(self.clip.encode_text(tokens), getattr(self, "log_alpha_txt", None))
+
+    def logit_scale(self) -> torch.Tensor:
+        """beta = exp(t), 0-dim. t is kept in range by ``clamp_scalars_`` after each step."""
+        return at_least_fp32(self.clip.logit_scale).exp()
+
+    def curvature(self) -> Optional[torch.Tensor]:
+        return at_least_fp32(self.log_curv).exp() if self.geometry.has_curvature else None
+
+    @torch.no_grad()
+    def clamp_scalars_(self) -> None:
+        """Clamp t to [min, ln max] and log c to its interval, on the parameters themselves.
+
+        Clamping the parameter (as OpenCLIP does for t and MERU for c), not the value inside
+        forward (as the EuCLIP fork does for c), keeps the gradient alive at the bounds, so a
+        curvature pushed to its floor can come back.
+        """
+        self.clip.logit_scale.clamp_(min=self.min_log_scale, max=self.max_log_scale)
+        if self.geometry.has_curvature:
+            self.log_curv.clamp_(*self.log_curv_range)
+
+    def scalars(self) -> dict[str, float]:
+        """The learnable scalars, for logging."""
+        out = {"logit_scale": self.logit_scale().item()}
+        if self.geometry.has_curvature:
+            out["curvature"] = self.curvature().item()
+        if self.geometry.learned_scales:
+            out["alpha_img"] = self.log_alpha_img.exp().item()
+            out["alpha_txt"] = self.log_alpha_txt.exp().item()
+        return out

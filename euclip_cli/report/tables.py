@@ -1,0 +1,113 @@
+"""Tables from run directories: the embedded sweep, and the paper's tables beside our runs.
+
+A run's row comes from its recipe (``report.paper_rows``), never from its directory name.
+Several seeds of one configuration become one row, mean ± sample standard deviation.
+A paper row without a run of ours stays in the table, marked missing.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from euclip_cli.evaluate.aggregate import aggregate
+from euclip_cli.evaluate.runner import latest_results
+from euclip_cli.evaluate.tasks import SUITE_COLUMNS
+
+PAPER_CSV = Path(__file__).with_name("paper-tables.csv")
+METRICS = ("main", "shifts", "attributes", "retrieval", "average")
+PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
+                 "retrieval": "retrieval", "average": "avg38"}
+MISSING = "missing"
+
+
+@dataclass
+class Run:
+    name: str
+    recipe: str
+    config: dict
+    scores: dict[str, dict]  # suite -> aggregate
+
+
+def load_runs(runs_dir: Path) -> list[Run]:
+    runs = []
+    for config_path in sorted(runs_dir.glob("*/config.json")):
+        config = json.loads(config_path.read_text())
+        results = latest_results(config_path.parent / "eval.jsonl")
+        scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
+        runs.append(Run(config_path.parent.name, config.get("recipe", ""), config, scores))
+    return runs
+
+
+def _config_key(config: dict) -> str:
+    """Runs that differ only in their seed share a row."""
+    stripped = {k: (dict(v, seed=None) if k == "train" else v) for k, v in config.items()}
+    return json.dumps(stripped, sort_keys=True)
+
+
+def _cell(values: list[Optional[float]], digits: int = 1) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return MISSING
+    if len(values) == 1:
+        return f"{100 * values[0]:.{digits}f}"
+    return f"{100 * statistics.mean(values):.{digits}f} ± {100 * statistics.stdev(values):.{digits}f} (n={len(values)})"
+
+
+def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
+    """One row per configuration with any result in ``suite``; columns named as the suite names them."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.scores[suite]["tasks_done"]:
+            groups.setdefault(_config_key(run.config), []).append(run)
+    rows = []
+    for members in groups.values():
+        label = members[0].recipe or members[0].name
+        if len(members) == 1 or len({m.recipe for m in members}) > 1:
+            label = ", ".join(m.name for m in members) if len(members) > 1 else members[0].name
+        g = members[0].config["geometry"]
+        row = {"run": label, "geometry": g["name"], "logit": g["logit"],
+               "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
+               "λ": members[0].config["loss"]["entail_weight"]}
+        for metric in METRICS:
+            row[SUITE_COLUMNS[suite][metric]] = _cell([m.scores[suite][metric] for m in members])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def read_paper() -> pd.DataFrame:
+    return pd.read_csv(PAPER_CSV, comment="#")
+
+
+def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
+    """The paper's rows of ``table`` with ours beside each published number and the difference (points)."""
+    paper = read_paper()
+    rows = []
+    for _, ref in paper[paper["table"] == table].iterrows():
+        tag = f"{table}:{ref['label']}"
+        # Labels repeat across models within a table (Table 5), so the architecture must match too.
+        mine = [r for r in runs if tag in r.config.get("report", {}).get("paper_rows", [])
+                and r.config["model"]["arch"] == ref["model"]]
+        row = {"model": f"{ref['model']} {ref['label']}"}
+        for metric in METRICS:
+            title = SUITE_COLUMNS["datacomp"][metric]
+            published = float(ref[PAPER_COLUMNS[metric]])
+            values = [r.scores["datacomp"][metric] for r in mine if r.scores["datacomp"][metric] is not None]
+            row[f"{title} (paper)"] = published
+            row[f"{title} (ours)"] = _cell(values, digits=2)
+            row[f"{title} Δ"] = f"{100 * statistics.mean(values) - published:+.2f}" if values else MISSING
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def render(df: pd.DataFrame, fmt: str) -> str:
+    if df.empty:
+        return "(no runs with results)\n"
+    if fmt == "csv":
+        return df.to_csv(index=False)
+    return df.to_markdown(index=False) + "\n"

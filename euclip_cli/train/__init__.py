@@ -1,0 +1,1 @@
+"""The one trainer: ``run(config, run_dir)``."""

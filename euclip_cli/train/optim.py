@@ -1,0 +1,38 @@
+"""AdamW with OpenCLIP's weight-decay rule and a cosine schedule with linear warmup."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from euclip_cli.config import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: no decay on gains, biases and 0-dim learnable scalars.
+
+    That is OpenCLIP's rule (ndim < 2, or a name with bn/ln/bias/logit_scale), which covers
+    the logit scale, curvature and embedding scales, all 0-dim.
+    """
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        exempt = p.ndim < 2 or "bias" in name or "ln" in name or "bn" in name or "logit_scale" in name
+        (no_decay if exempt else decay).append(p)
+    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def cosine_lr(step: int, base_lr: float, warmup: int, total: int) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to 0 at ``total`` (OpenCLIP's schedule)."""
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * base_lr

@@ -1,0 +1,111 @@
+"""The schema, recipes and strict overrides."""
+
+import math
+
+import pytest
+
+from euclip_cli import config as C
+from euclip_cli.report.tables import read_paper
+
+
+def test_defaults_are_the_papers_common_setting():
+    cfg = C.Config()
+    assert (cfg.model.arch, cfg.data.batch_size, cfg.optim.lr, cfg.optim.warmup_steps) == ("ViT-B-32", 4096, 5e-4, 500)
+    assert (cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay) == (0.9, 0.98, 1e-6, 0.2)
+    assert C.total_steps(cfg) == 3125
+    assert C.initial_logit_scale(cfg) == pytest.approx(math.log(1 / 0.07))
+
+
+def test_d2_logits_start_at_beta_one():
+    assert C.initial_logit_scale(C.load_config(None, ["geometry.name=euclidean", "geometry.logit=d2"])) == 0.0
+
+
+def test_overrides_are_type_checked():
+    cfg = C.load_config("tiny-clip", ["optim.lr=2e-3", "model.final_ln=false", "optim.samples=1.28e4",
+                                      "geometry.logit_scale_min_log=none", "report.paper_rows=4:CLIP,8:CLIP"])
+    assert cfg.optim.lr == 2e-3 and cfg.model.final_ln is False and cfg.optim.samples == 12800
+    assert cfg.geometry.logit_scale_min_log is None and cfg.report.paper_rows == ["4:CLIP", "8:CLIP"]
+
+
+def test_every_problem_is_reported_together_naming_key_and_allowed_values():
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config("tiny-clip", ["optim.lrr=1", "geometry.name=poincare", "optim.lr=fast", "nodot", "train.precision=fp8"])
+    problems = err.value.problems
+    assert len(problems) == 5
+    assert any("unknown key 'optim.lrr'" in p and "lr" in p for p in problems)
+    assert any("'geometry.name'" in p and "clip, elliptic, euclidean, hyperbolic, product-sphere" in p for p in problems)
+    assert any("'optim.lr'" in p and "a number" in p for p in problems)
+    assert any("section.key=value" in p for p in problems)
+    assert any("fp32, bf16, fp16" in p for p in problems)
+
+
+def test_cross_field_rules():
+    with pytest.raises(C.ConfigError, match="no entailment"):
+        C.load_config(None, ["loss.entail_weight=0.1"])  # clip has no entailment cone
+    with pytest.raises(C.ConfigError, match="not a logit of geometry"):
+        C.load_config(None, ["geometry.logit=d2"])
+    with pytest.raises(C.ConfigError, match="does not divide"):
+        C.load_config("tiny-clip", ["optim.accum_steps=3"])
+
+
+def test_malformed_and_missing_recipes(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim\nlr = 1")
+    with pytest.raises(C.ConfigError, match="not valid TOML"):
+        C.load_config(str(bad))
+    typo = tmp_path / "typo.toml"
+    typo.write_text('extends = "tiny-clip"\n[optim]\nlearning_rate = 1e-3\n[geometri]\nname = "clip"\n')
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config(str(typo))
+    assert len(err.value.problems) == 2
+    with pytest.raises(C.ConfigError, match="not found"):
+        C.load_config("no-such-recipe")
+
+
+def test_extends_chain_applies_parents_first():
+    cfg = C.load_config("medium-b16-euclip")
+    assert cfg.model.arch == "ViT-B-16"  # its own
+    assert (cfg.geometry.name, cfg.geometry.logit, cfg.model.final_ln) == ("euclidean", "d2", False)  # medium-euclip
+    assert cfg.optim.samples == 128_000_000  # medium-clip
+    assert cfg.train.precision == "fp16"  # small-clip
+
+
+def test_config_round_trips_through_json():
+    cfg = C.load_config("tiny-meru")
+    assert C.from_dict(C.to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("name", C.list_recipes())
+def test_every_shipped_recipe_validates_and_has_a_header(name):
+    cfg = C.load_config(name)
+    header = C.recipe_header(name)
+    assert header.startswith(f"{name}:") and "Run:" in header and "Expected:" in header
+
+
+PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith("tiny-")]
+
+
+@pytest.mark.parametrize("name", PAPER_RECIPES)
+def test_paper_recipes_name_rows_that_exist_and_match_them(name):
+    cfg = C.load_config(name)
+    paper = read_paper()
+    assert cfg.report.paper_rows, f"{name} names no paper row"
+    for tag in cfg.report.paper_rows:
+        table, label = tag.split(":", 1)
+        rows = paper[(paper.table == int(table)) & (paper.label == label) & (paper.model == cfg.model.arch)]
+        assert len(rows) == 1, f"{name}: {tag} for {cfg.model.arch} not in the paper's tables"
+        row = rows.iloc[0]
+        assert row.geometry == cfg.geometry.name and row.logit == C.resolved_logit(cfg).replace("cos", "cos")
+        assert (row.final_ln == "ln") == cfg.model.final_ln
+        assert float(row.entail_lambda) == cfg.loss.entail_weight
+        if cfg.loss.entail_weight:
+            assert float(row.entail_K) == cfg.loss.entail_min_radius
+        scale = "medium" if cfg.optim.samples == 128_000_000 else "small"
+        assert row.scale == scale
+
+
+def test_every_paper_row_has_a_recipe():
+    covered = {(tag, C.load_config(n).model.arch) for n in PAPER_RECIPES for tag in C.load_config(n).report.paper_rows}
+    paper = read_paper()
+    missing = [f"{r.table}:{r.label} ({r.model})" for r in paper.itertuples() if (f"{r.table}:{r.label}", r.model) not in covered]
+    assert not missing, missing

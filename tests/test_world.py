@@ -1,0 +1,125 @@
+"""The embedded world: determinism, the real data's formats, and its entailment ground truth."""
+
+import hashlib
+import json
+import random
+import tarfile
+
+import pytest
+import torch
+
+from euclip_cli.data import world as w
+from euclip_cli.data.loader import DataError, SkipCounter, list_shards, train_batches
+from euclip_cli.data.world_files import WorldExistsError, WorldSettings, generate
+from euclip_cli.data.world_tasks import WORLD_TASKS
+from tests.conftest import SMALL_WORLD
+
+
+def digest(folder):
+    """Hashes of every data file; manifests and _stats.json hold timings, as img2dataset's do."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".tar", ".txt", ".json") and p.name != "manifest.json" and not p.name.endswith("_stats.json")}
+
+
+def test_generation_is_deterministic_from_the_seed(world, tmp_path):
+    again = tmp_path / "again"
+    generate(again, SMALL_WORLD, workers=1)  # another process count, same bytes
+    assert digest(again) == digest(world)
+    other = tmp_path / "other"
+    generate(other, WorldSettings(seed=8, samples=SMALL_WORLD.samples, eval_size=SMALL_WORLD.eval_size), workers=2)
+    assert digest(other) != digest(world)
+
+
+def test_second_run_is_a_no_op_and_other_settings_are_refused(world):
+    assert generate(world, SMALL_WORLD)["skipped"]
+    with pytest.raises(WorldExistsError, match="other settings"):
+        generate(world, WorldSettings(seed=99))
+
+
+def test_training_shards_are_img2dataset_webdataset(world):
+    shards = sorted((world / "train").glob("*.tar"))
+    assert [s.name for s in shards] == ["00000.tar"]
+    assert (world / "train" / "00000_stats.json").exists() and (world / "train" / "00000.parquet").exists()
+    with tarfile.open(shards[0]) as tar:
+        names = tar.getnames()
+        assert names[:3] == ["000000000.jpg", "000000000.json", "000000000.txt"]
+        meta = json.loads(tar.extractfile("000000000.json").read())
+    assert len(names) == 3 * SMALL_WORLD.samples
+    assert len(meta["uid"]) == 32 and int(meta["uid"], 16) >= 0
+    assert meta["status"] == "success" and meta["key"] == "000000000"
+    stats = json.loads((world / "train" / "00000_stats.json").read_text())
+    assert stats["successes"] == stats["count"] == SMALL_WORLD.samples
+
+
+def test_mismatch_fraction_and_caption_levels(world):
+    with tarfile.open(world / "train" / "00000.tar") as tar:
+        metas = [json.loads(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".json")]
+    mismatched = sum(m["world"]["mismatched"] for m in metas) / len(metas)
+    assert 0.06 < mismatched < 0.14
+    levels = {m["world"]["spec"]["level"] for m in metas}
+    assert levels == set(w.LEVELS)
+    for m in metas:  # a matched caption is always true of its image
+        if not m["world"]["mismatched"]:
+            assert w.entails(m["world"]["spec"], w.scene_from_json(m["world"]["objects"]))
+
+
+def test_generic_captions_describe_many_images(world):
+    hierarchy = json.loads((world / "eval" / "hierarchy.json").read_text())
+    by_level = {}
+    for cap in hierarchy["captions"]:
+        by_level.setdefault(cap["level"], []).append(len(cap["entails"]))
+    mean = {k: sum(v) / len(v) for k, v in by_level.items()}
+    assert mean["family"] > mean["shape"] > mean["detailed"]
+
+
+def test_entails_follows_the_taxonomy():
+    scene = [w.Obj("triangle", "red", "small", "solid", "left"), w.Obj("circle", "blue", "large", "outlined", "top")]
+    assert w.entails({"mentions": [{"family": "polygon"}]}, scene)
+    assert w.entails({"mentions": [{"family": "round shape"}, {"colour": "red"}]}, scene)
+    assert not w.entails({"mentions": [{"family": "symbol"}]}, scene)
+    assert not w.entails({"mentions": [{"shape": "triangle", "colour": "blue"}]}, scene)
+    assert w.entails({"count": 2, "mentions": []}, scene) and not w.entails({"count": 3, "mentions": []}, scene)
+    assert w.caption_text({"count": 2, "mentions": [{"shape": "triangle"}, {"shape": "oval"}]}) == "two shapes: a triangle and an oval"
+
+
+@pytest.mark.parametrize("task", WORLD_TASKS, ids=lambda t: t.name)
+def test_eval_tasks_read_back_through_clip_benchmark(world, task):
+    from clip_benchmark.datasets.builder import build_dataset
+
+    kind = "zeroshot_retrieval" if task.classes is None else "zeroshot_classification"
+    ds = build_dataset("wds/world/" + task.name, root=str(world / "eval" / task.name), transform=None, split="test", task=kind)
+    samples = list(ds)
+    assert len(samples) == SMALL_WORLD.eval_size
+    image, label = samples[0]
+    assert image.size == (w.IMAGE_SIZE, w.IMAGE_SIZE)
+    if task.classes is None:
+        assert isinstance(label, list) and len(label) == 2
+    else:
+        assert ds.classes == task.classes and ds.templates == w.FRAMES
+        assert {lab for _, lab in samples} <= set(range(len(task.classes)))
+
+
+def test_training_loader_reads_the_shards(world):
+    from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+
+    train_tf, _ = transforms_for(build_clip("tiny"))
+    batches = train_batches(list_shards(world / "train", "x"), 16, train_tf, tokenizer_for("tiny"),
+                            seed=0, shuffle_buffer=100, skips=SkipCounter())
+    images, tokens = next(batches)
+    assert images.shape == (16, 3, 64, 64) and tokens.shape == (16, 32) and tokens.dtype == torch.long
+
+
+def test_missing_or_empty_data_folder_names_the_command(tmp_path):
+    with pytest.raises(DataError, match="euclip download world"):
+        list_shards(tmp_path / "nope", "euclip download world")
+    with pytest.raises(DataError, match="no training shards"):
+        list_shards(tmp_path, "euclip download world")
+
+
+def test_every_shape_renders_inside_the_frame():
+    rng = random.Random(0)
+    for shape in w.SHAPES:
+        for position in w.POSITIONS:
+            img = w.render([w.Obj(shape, "red", "large", "solid", position)], rng)
+            red = sum(1 for r, g, b in img.get_flattened_data() if r > 150 and g < 100)
+            assert red > 40, (shape, position)
