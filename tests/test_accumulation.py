@@ -28,7 +28,8 @@ def gradients(cfg, images, tokens, k):
 @pytest.mark.parametrize("variant", list(RECIPES))
 @pytest.mark.parametrize("k", [2, 4])
 def test_accumulated_step_equals_full_batch(variant, k):
-    cfg = C.load_config("tiny-clip", RECIPES[variant] + ["data.batch_size=8"])
+    # The ViT tower (the paper's): BatchNorm in the tiny ResNet makes micro-batch statistics differ.
+    cfg = C.load_config("tiny-clip", RECIPES[variant] + ["data.batch_size=8", "model.arch=tiny-vit"])
     torch.manual_seed(1)
     images = torch.randn(8, 3, 64, 64, dtype=torch.float64)
     tokens = torch.randint(1, 400, (8, 32))

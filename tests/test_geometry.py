@@ -249,3 +249,16 @@ def test_root_and_distance_to_root(name):
         torch.testing.assert_close(d, z.norm(dim=-1))
     else:
         torch.testing.assert_close(root, z.mean(0))
+
+
+@pytest.mark.parametrize("name", ["euclidean", "hyperbolic"])
+def test_entails_is_the_zero_set_of_the_loss_and_broadcasts(name):
+    g = get_geometry(name)
+    texts = torch.randn(4, 8) * 0.5
+    images = torch.cat([texts * 3, -texts * 3])  # on the rays beyond the texts, and opposite them
+    curv = curv_for(g)
+    pairs = g.entails(texts[:, None], images[None], 0.1, curv)
+    assert pairs.shape == (4, 8) and pairs.dtype == torch.bool
+    assert torch.all(pairs[torch.arange(4), torch.arange(4)])  # each text entails its own ray
+    assert not torch.any(pairs[torch.arange(4), torch.arange(4) + 4])  # and not the opposite point
+    torch.testing.assert_close(pairs, g.entailment(texts[:, None], images[None], 0.1, curv) == 0)

@@ -10,7 +10,7 @@ from euclip_cli.model import EuclipModel, build_clip, remove_final_layernorm
 
 
 def test_removing_the_final_layernorm_removes_exactly_ln_post_and_ln_final():
-    clip = build_clip("tiny")
+    clip = build_clip("tiny-vit")
     before = set(dict(clip.named_parameters()))
     remove_final_layernorm(clip)
     after = set(dict(clip.named_parameters()))
@@ -19,7 +19,7 @@ def test_removing_the_final_layernorm_removes_exactly_ln_post_and_ln_final():
 
 
 def test_final_ln_flag_builds_the_model_without_them():
-    model = EuclipModel(C.load_config("tiny-euclip"))
+    model = EuclipModel(C.load_config("tiny-euclip", ["model.arch=tiny-vit"]))
     names = {n for n, _ in model.named_parameters()}
     assert not any("ln_post" in n or "ln_final" in n for n in names)
     assert any("ln_pre" in n for n in names)  # everything else stays
@@ -33,6 +33,13 @@ def test_hyperbolic_scalars_start_as_the_paper_says():
     assert model.curvature().item() == pytest.approx(1.0)
     assert model.logit_scale().item() == pytest.approx(1 / 0.07, rel=1e-5)
     assert not hasattr(EuclipModel(C.load_config("tiny-clip")), "log_curv")
+
+
+def test_resnet_tower_has_no_final_layernorm_to_remove():
+    model = EuclipModel(C.load_config("tiny-euclip"))  # the tiny default tower is a ResNet
+    names = {n for n, _ in model.named_parameters()}
+    assert not any("ln_final" in n for n in names) and not any("ln_post" in n for n in names)
+    assert model.encode_image(torch.randn(2, 3, 64, 64)).shape == (2, 128)
 
 
 def test_clamps_hold_the_scalars_in_range_after_a_step():
@@ -64,7 +71,7 @@ def test_frozen_logit_scale_gets_no_gradient():
 def test_weight_decay_spares_gains_biases_and_scalars():
     from euclip_cli.train.optim import param_groups
 
-    model = EuclipModel(C.load_config("tiny-meru"))
+    model = EuclipModel(C.load_config("tiny-meru", ["model.arch=tiny-vit"]))
     no_decay, decay = param_groups(model, 0.2)
     ids = {id(p) for p in no_decay["params"]}
     named = dict(model.named_parameters())

@@ -8,8 +8,12 @@ from typing import Optional
 import typer
 
 from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.config import DataConfig
 
-app = typer.Typer(help="Get training and evaluation data: the embedded world, or (with --recipe) what a recipe pins.",
+# The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
+_DATA = DataConfig()
+
+app = typer.Typer(
                   invoke_without_command=True)
 
 
@@ -33,7 +37,7 @@ def generate_world(out: Path, seed: int, samples: int, mismatch: float, eval_siz
 @app.callback()
 def download(ctx: typer.Context,
              recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Fetch what this recipe trains on.")) -> None:
-    """Without a subcommand, fetch the data pinned by --recipe.
+    """Get training and evaluation data: the embedded world, or what a recipe pins (--recipe).
 
     Examples:
       euclip download --recipe tiny-clip
@@ -57,9 +61,9 @@ def download(ctx: typer.Context,
 
 @app.command()
 def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
-          seed: int = typer.Option(0, help="Everything is deterministic from this seed."),
-          samples: int = typer.Option(100_000, help="Training pairs to write."),
-          mismatch: float = typer.Option(0.1, help="Fraction of pairs whose caption describes another image."),
+          seed: int = typer.Option(_DATA.world_seed, help="Everything is deterministic from this seed."),
+          samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
+          mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
           eval_size: int = typer.Option(1000, help="Images per evaluation task."),
           workers: int = typer.Option(2, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).

@@ -39,16 +39,16 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 UNSEEN_COLOURS: dict[str, tuple[int, int, int]] = {
     "brown": (125, 75, 35), "teal": (0, 115, 115), "olive": (120, 120, 20), "navy": (20, 30, 110), "black": (25, 25, 25),
 }
-SIZES = {"small": (5.0, 7.5), "large": (10.0, 13.0)}
+SIZES = {"small": (9.0, 11.0), "large": (13.5, 16.0)}
 FILLS = ["solid", "outlined"]
 POSITIONS: dict[str, tuple[int, int]] = {
-    "left": (14, 32), "right": (50, 32), "top": (32, 14), "bottom": (32, 50), "middle": (32, 32),
+    "left": (16, 32), "right": (48, 32), "top": (32, 16), "bottom": (32, 48), "middle": (32, 32),
 }
 POSITION_PHRASE = {"left": "on the left", "right": "on the right", "top": "at the top",
                    "bottom": "at the bottom", "middle": "in the middle"}
 COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
 # Caption levels from generic to specific, with their share of training captions.
-LEVELS = {"family": 0.10, "attribute": 0.15, "shape": 0.20, "detailed": 0.25, "full": 0.30}
+LEVELS = {"family": 0.10, "attribute": 0.10, "shape": 0.25, "detailed": 0.30, "full": 0.25}
 # Sentence frames around a noun phrase; also the zero-shot templates of the world's tasks.
 FRAMES = ["{c}", "a picture of {c}", "a drawing of {c}", "an image of {c}"]
 
@@ -109,10 +109,10 @@ class Obj:
 def sample_scene(rng: random.Random, count: Optional[int] = None, palette: Optional[list[str]] = None,
                  fill: Optional[str] = None, positions: Optional[list[str]] = None) -> list[Obj]:
     """1-3 objects in distinct positions; arguments pin what a task controls."""
-    count = count or rng.choices([1, 2, 3], weights=[0.5, 0.3, 0.2])[0]
+    count = count or rng.choices([1, 2, 3], weights=[0.7, 0.2, 0.1])[0]
     cells = rng.sample(positions or list(POSITIONS), count)
     return [Obj(shape=rng.choice(SHAPES), colour=rng.choice(palette or list(COLOURS)), size=rng.choice(list(SIZES)),
-                fill=fill or rng.choices(FILLS, weights=[0.75, 0.25])[0], position=cell) for cell in cells]
+                fill=fill or rng.choices(FILLS, weights=[0.8, 0.2])[0], position=cell) for cell in cells]
 
 
 def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_width: int = 2) -> Image.Image:

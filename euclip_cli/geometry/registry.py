@@ -89,6 +89,14 @@ class Geometry:
         """Entailment loss of y (specific, image) against the cone at x (generic, text). ``(..., D) -> (...)``."""
         raise ValueError(f"geometry '{self.name}' has no entailment loss (only euclidean and hyperbolic)")
 
+    def entails(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
+                curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The entailment test (for traversal filtering): y lies inside the cone at x. ``(..., D) -> (...)`` bool.
+
+        Broadcasts, so ``x[:, None], y[None]`` tests every (text, image) pair.
+        """
+        return self.entailment(x, y, min_radius, curv) == 0
+
 
 @register
 class Clip(Geometry):

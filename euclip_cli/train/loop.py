@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -122,7 +123,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         torch.set_rng_state(state["rng_torch"])
         step, branch = state["step"], f"resumed from {found.name}"
     if step >= total:
-        return {"branch": "already complete", "steps": step, "checkpoint": str(found), "run_dir": str(run_dir)}
+        return {"branch": "already complete", "steps": step, "total_steps": total, "checkpoint": str(found),
+                "run_dir": str(run_dir), "interrupted": False, "skipped_samples": 0, "nonfinite_steps": 0}
 
     # ---- data
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
@@ -131,7 +133,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     skips = SkipCounter()
     # Seeded by the step so a resumed run draws fresh shards instead of replaying the first ones.
     batches = train_batches(shards, cfg.data.batch_size, train_tf, tokenizer_for(cfg.model.arch),
-                            seed=cfg.train.seed * 1_000_003 + step, shuffle_buffer=cfg.data.shuffle_buffer, skips=skips)
+                            seed=cfg.train.seed * 1_000_003 + step, shuffle_buffer=cfg.data.shuffle_buffer, skips=skips,
+                            workers=cfg.data.workers)
 
     def save() -> Path:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
@@ -143,7 +146,10 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     def request_stop(signum, _frame):
         stop["signal"] = signum
 
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    # SIGTERM (preemption) and SIGINT finish the step, checkpoint, and return. Handlers can only
+    # be installed from the main thread; elsewhere the caller owns signals.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
     writer = None
     if cfg.train.tensorboard:
         from torch.utils.tensorboard import SummaryWriter

@@ -1,0 +1,39 @@
+# euclip: `make demo` runs the embedded sweep end to end; `make test` runs the test suite.
+# Both create the virtual environment (.venv) and install the pinned dependencies first.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EUCLIP := $(BIN)/euclip
+# The sweep `make demo` trains on the embedded world (override: make demo DEMO_RECIPES="tiny-clip").
+DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
+
+.PHONY: help install demo test test-fast clean-results
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)  ## Create .venv and install euclip with its pinned dependencies.
+
+demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write the report.
+	$(EUCLIP) download --recipe $(firstword $(DEMO_RECIPES))
+	@for r in $(DEMO_RECIPES); do $(EUCLIP) train --recipe $$r || exit 1; done
+	$(EUCLIP) eval $(addprefix results/runs/,$(DEMO_RECIPES))
+	$(EUCLIP) report
+	@echo "report: results/tables/embedded.md (all tables in results/tables/)"
+
+test: $(STAMP)  ## Run the whole test suite (about 10 minutes on 2 cores).
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  ## Skip the slow end-to-end runs.
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean-results:  ## Remove results/ (runs, tables); data/ is kept.
+	rm -rf results/runs results/tables

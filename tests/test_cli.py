@@ -1,0 +1,93 @@
+"""The command line: help, version, and one-line errors with exit code 2 for user mistakes."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_help_lists_the_commands_and_does_not_import_torch():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("download", "train", "eval", "report", "recipes"):
+        assert command in result.output
+    code = "import sys; from euclip_cli.cli import app; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_version():
+    from euclip_cli import __version__
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "report", "download", "recipes"])
+def test_every_command_has_help_with_examples(command):
+    result = invoke(command, "--help")
+    assert result.exit_code == 0
+    if command in ("train", "eval", "report", "download"):
+        assert "Example" in result.output
+
+
+def test_unknown_override_names_the_key_and_exits_2():
+    result = invoke("train", "--recipe", "tiny-clip", "optim.lrr=1", "geometry.name=poincare")
+    assert result.exit_code == 2
+    assert "optim.lrr" in result.output and "geometry.name" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_recipe_exits_2():
+    result = invoke("train", "--recipe", "no-such-recipe")
+    assert result.exit_code == 2 and "euclip recipes list" in result.output
+
+
+def test_corrupt_recipe_exits_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim]\nlr = 'fast'\n[model\n")
+    result = invoke("recipes", "validate", str(bad))
+    assert result.exit_code == 2 and "not valid TOML" in result.output
+
+
+def test_recipes_list_show_validate():
+    listed = invoke("recipes", "list")
+    assert listed.exit_code == 0 and "tiny-euclip" in listed.output and "medium-b16-meru" in listed.output
+    shown = invoke("recipes", "show", "tiny-euclip", "--resolved")
+    assert shown.exit_code == 0 and '"entail_weight": 0.1' in shown.output
+    valid = invoke("recipes", "validate")
+    assert valid.exit_code == 0 and "recipe(s) valid" in valid.output
+
+
+def test_missing_training_data_names_the_download_command(tmp_path):
+    result = invoke("train", "--recipe", "tiny-clip", f"data.train_dir={tmp_path / 'nothing'}",
+                    "--runs-dir", str(tmp_path / "runs"))
+    assert result.exit_code == 2 and "euclip download world" in result.output
+
+
+def test_missing_run_exits_2(tmp_path):
+    result = invoke("eval", str(tmp_path / "no-run"))
+    assert result.exit_code == 2 and "no run" in result.output
+    result = invoke("eval", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path))
+    assert result.exit_code == 2 and "euclip train --recipe tiny-clip" in result.output
+
+
+def test_bad_task_and_table_exit_2(tmp_path):
+    assert invoke("report", "--table", "9").exit_code == 2
+    result = invoke("eval", "--tasks", "imagenet2k", str(tmp_path))
+    assert result.exit_code == 2
+
+
+def test_download_world_refuses_a_folder_holding_something_else(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    result = invoke("download", "world", "--out", str(tmp_path), "--samples", "10", "--eval-size", "5")
+    assert result.exit_code == 2 and "not an embedded world" in result.output
+    assert (tmp_path / "keep.txt").read_text() == "mine"
