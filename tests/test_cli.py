@@ -43,6 +43,7 @@ def test_unknown_override_names_the_key_and_exits_2():
     result = invoke("train", "--recipe", "tiny-clip", "optim.lrr=1", "geometry.name=poincare")
     assert result.exit_code == 2
     assert "optim.lrr" in result.output and "geometry.name" in result.output
+    assert "keys in [optim]" in result.output  # bracketed text survives the console's markup
     assert "Traceback" not in result.output
 
 

@@ -8,7 +8,7 @@ import torch
 
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.evaluate.zeroshot import class_prototypes, classification_metrics, retrieval_metrics
+from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
 from euclip_cli.geometry import get_geometry, list_geometries
 
 CURV = torch.tensor(1.0)
@@ -31,7 +31,7 @@ def stub_embeddings(g, n_classes=6, per_class=20, dim=16, noise=0.6, seed=0):
 def test_classification_metrics_match_an_independent_computation(name):
     g = get_geometry(name, blocks=4)
     img, txt, targets = stub_embeddings(g)
-    protos = class_prototypes(g, txt)
+    protos = g.prototypes(txt)
     metrics = classification_metrics(g, img, protos, targets, CURV)
     scores = g.similarity(img, protos, CURV)
     # Independent: full argsort per image, rank of the true class.
@@ -49,14 +49,14 @@ def test_classification_metrics_match_an_independent_computation(name):
 def test_acc5_is_null_under_five_classes():
     g = get_geometry("clip")
     img, txt, targets = stub_embeddings(g, n_classes=4)
-    assert classification_metrics(g, img, class_prototypes(g, txt), targets)["acc5"] is None
+    assert classification_metrics(g, img, g.prototypes(txt), targets)["acc5"] is None
 
 
 def test_clip_logits_follow_clip_benchmarks_cosine_rule():
     g = get_geometry("clip")
     raw_img, raw_txt = torch.randn(10, 16), torch.randn(4, 5, 16)
     img = g.embed(raw_img)
-    protos = class_prototypes(g, g.embed(raw_txt.reshape(-1, 16)).reshape(4, 5, 16))
+    protos = g.prototypes(g.embed(raw_txt.reshape(-1, 16)).reshape(4, 5, 16))
     # clip-benchmark's zero_shot_classifier: normalize each template, mean, normalize; logits = img @ W.
     w = torch.nn.functional.normalize(torch.nn.functional.normalize(raw_txt, dim=-1).mean(1), dim=-1)
     torch.testing.assert_close(g.similarity(img, protos), torch.nn.functional.normalize(raw_img, dim=-1) @ w.T)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 err_console = Console(stderr=True)
@@ -20,7 +21,8 @@ RUNS_DIR = Path("results") / "runs"
 
 def fail(message: str, code: int = 2) -> None:
     for line in message.splitlines():
-        err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        # escape: messages quote things like "[model]" that Rich would take for markup.
+        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -40,5 +40,5 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             text = render(df, fmt)
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
             console.print(f"[bold]{title}[/]  ({path})")
-            console.print(text, highlight=False, markup=False)
+            console.print(text, highlight=False, markup=False, soft_wrap=True)
     console.print(f"tables written to {out}")

@@ -16,7 +16,7 @@ from clip_benchmark.datasets.builder import build_dataset, image_captions_collat
 
 from euclip_cli import config as C
 from euclip_cli.evaluate.tasks import Task, select
-from euclip_cli.evaluate.zeroshot import class_prototypes, classification_metrics, retrieval_metrics
+from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
 from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
 from euclip_cli.train import checkpoint
 
@@ -92,7 +92,7 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
     image_emb, labels = _embed_images(model, loader, device)
     texts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
     text_emb = _embed_texts(model, tokenizer, texts, device).reshape(len(ds.classes), len(ds.templates), -1)
-    prototypes = class_prototypes(model.geometry, text_emb)
+    prototypes = model.geometry.prototypes(text_emb)  # (C, D), the geometry's rule
     return classification_metrics(model.geometry, image_emb, prototypes, torch.tensor(labels, device=device), curv)
 
 

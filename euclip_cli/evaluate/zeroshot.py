@@ -16,11 +16,6 @@ from clip_benchmark.metrics.zeroshot_retrieval import recall_at_k
 from euclip_cli.geometry import Geometry
 
 
-def class_prototypes(geometry: Geometry, text_emb: torch.Tensor) -> torch.Tensor:
-    """``(C, T, D)`` template embeddings per class -> ``(C, D)`` prototypes by the geometry's rule."""
-    return geometry.prototypes(text_emb)
-
-
 def classification_metrics(geometry: Geometry, image_emb: torch.Tensor, prototypes: torch.Tensor,
                            targets: torch.Tensor, curv: Optional[torch.Tensor] = None) -> dict[str, Optional[float]]:
     """acc1, acc5 (None under 5 classes) and mean per-class recall of nearest-prototype predictions.

@@ -15,6 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
+from euclip_cli.config import GEOMETRY_LOGITS
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.runner import latest_results
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS
@@ -67,11 +68,12 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
             groups.setdefault(_config_key(run.config), []).append(run)
     rows = []
     for members in groups.values():
-        label = members[0].recipe or members[0].name
-        if len(members) == 1 or len({m.recipe for m in members}) > 1:
-            label = ", ".join(m.name for m in members) if len(members) > 1 else members[0].name
+        # Seeds of one recipe are named by the recipe; anything else by its run names.
+        same_recipe = len(members) > 1 and len({m.recipe for m in members}) == 1 and members[0].recipe
+        label = members[0].recipe if same_recipe else ", ".join(m.name for m in members)
         g = members[0].config["geometry"]
-        row = {"run": label, "geometry": g["name"], "logit": g["logit"],
+        logit = GEOMETRY_LOGITS[g["name"]][0] if g["logit"] == "default" else g["logit"]
+        row = {"run": label, "geometry": g["name"], "logit": logit,
                "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
                "λ": members[0].config["loss"]["entail_weight"]}
         for metric in METRICS:
