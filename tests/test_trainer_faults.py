@@ -1,0 +1,60 @@
+"""The trainer survives bad data and non-finite steps, and says so."""
+
+import io
+import tarfile
+
+import pytest
+import torch
+
+from euclip_cli import config as C
+from euclip_cli.train import checkpoint
+from euclip_cli.train import loop
+
+TINY = ["data.batch_size=16", "optim.warmup_steps=1", "train.precision=fp32", "train.log_every=1",
+        "train.tensorboard=false", "data.shuffle_buffer=50"]
+
+
+def test_corrupt_samples_and_truncated_shards_are_skipped_and_counted(world, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    def write(path, members):
+        with tarfile.open(path, "w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(world / "train" / "00000.tar") as src:  # a small good shard: 10 pairs
+        members = [(m.name, src.extractfile(m).read()) for m in src.getmembers()[:30]]
+    write(shards / "00000.tar", members)
+    good = (shards / "00000.tar").read_bytes()
+    (shards / "00001.tar").write_bytes(good[: len(good) // 2])  # truncated mid-file
+    write(shards / "00002.tar", [("bad.jpg", b"not a jpeg"), ("bad.txt", b"a caption"),  # undecodable image
+                                 ("lonely.jpg", members[0][1])])  # an image with no caption
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={shards}", "optim.samples=64", *TINY])
+    result = loop.run(cfg, tmp_path / "run")
+    # The truncated tar, the undecodable JPEG and the caption-less image each raise and are skipped.
+    assert result["steps"] == 4 and result["skipped_samples"] >= 3
+
+
+def test_a_nan_step_is_skipped_and_repeated_nans_stop_with_the_checkpoint_intact(world, tmp_path, monkeypatch):
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=128", "train.checkpoints=8", *TINY])
+    real = loop.forward_backward
+    calls = {"n": 0}
+
+    def poisoned(model, *args, **kwargs):
+        calls["n"] += 1
+        terms = real(model, *args, **kwargs)
+        if calls["n"] == 3 or calls["n"] >= 6:  # one isolated NaN, then NaNs forever
+            next(model.parameters()).grad.fill_(float("nan"))
+        return terms
+
+    monkeypatch.setattr(loop, "forward_backward", poisoned)
+    with pytest.raises(loop.RunError, match="non-finite steps in a row"):
+        loop.run(cfg, tmp_path / "run")
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert '"nonfinite_steps": 1' in lines[-1]  # the isolated NaN was skipped and counted, training went on
+    latest = checkpoint.latest(tmp_path / "run" / "checkpoints")
+    state = checkpoint.load(latest)
+    assert state["step"] == 4  # calls 1, 2, 4, 5 were good steps; the last good checkpoint is step 4
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
