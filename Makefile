@@ -29,7 +29,7 @@ demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write
 	$(EUCLIP) report
 	@echo "report: results/tables/embedded.md (all tables in results/tables/)"
 
-test: $(STAMP)  ## Run the whole test suite (about 10 minutes on 2 cores).
+test: $(STAMP)  ## Run the whole test suite (about 2 minutes on 2 cores, plus the first install).
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.

@@ -57,11 +57,18 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", [r for r in C.list_recipes() if r.startswith("tiny-")])
-def test_every_tiny_recipe_trains_without_non_finite_loss(world, tmp_path, recipe):
-    train(world, tmp_path / "runs", recipe, "optim.samples=256")
-    lines = [json.loads(l) for l in (tmp_path / "runs" / recipe / "metrics.jsonl").read_text().splitlines()]
+def test_every_tiny_recipe_trains_evaluates_and_reports(world, tmp_path, recipe):
+    runs = tmp_path / "runs"
+    train(world, runs, recipe, "optim.samples=256")
+    lines = [json.loads(l) for l in (runs / recipe / "metrics.jsonl").read_text().splitlines()]
     assert all(l["nonfinite_steps"] == 0 for l in lines)
     assert lines[-1]["loss"] < lines[0]["loss"], [l["loss"] for l in lines]
+    result = runner.invoke(app, ["eval", str(runs / recipe), "--tasks", "world/shapes,world/retrieval"])
+    assert result.exit_code == 0, result.output
+    scores = {json.loads(l)["key"]: json.loads(l)["metrics"]["main_metric"] for l in (runs / recipe / "eval.jsonl").read_text().splitlines()}
+    assert set(scores) == {"world/shapes", "world/retrieval"} and all(0 <= v <= 1 for v in scores.values())
+    report = runner.invoke(app, ["report", "--table", "embedded", "--runs-dir", str(runs), "--out", str(tmp_path / "t")])
+    assert report.exit_code == 0 and recipe in (tmp_path / "t" / "embedded.md").read_text()
 
 
 # Measured on this project's 2-core x86_64 CPU machine, fp32, seed 0 (the tolerance absorbs kernel-level differences).
