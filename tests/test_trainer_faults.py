@@ -58,3 +58,26 @@ def test_a_nan_step_is_skipped_and_repeated_nans_stop_with_the_checkpoint_intact
     state = checkpoint.load(latest)
     assert state["step"] == 4  # calls 1, 2, 4, 5 were good steps; the last good checkpoint is step 4
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(world, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=96", "train.checkpoints=1", *TINY])
+    real = loop.forward_backward
+    calls = {"n": 0}
+
+    def preempted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # a cluster preempting the job mid-step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "forward_backward", preempted)
+    first = loop.run(cfg, tmp_path / "run")
+    assert first["interrupted"] and first["steps"] == 2
+    assert checkpoint.load(checkpoint.latest(tmp_path / "run" / "checkpoints"))["step"] == 2
+    monkeypatch.setattr(loop, "forward_backward", real)
+    second = loop.run(cfg, tmp_path / "run")
+    assert second["branch"] == "resumed from step_2.pt" and second["steps"] == 6 and not second["interrupted"]
