@@ -12,9 +12,11 @@ from euclip_cli.config import DataConfig
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
+# Shared by `download world` and `download --recipe` (a recipe pins the training pool, not these).
+EVAL_SIZE = 1000
+WORKERS = 2
 
-app = typer.Typer(
-                  invoke_without_command=True)
+app = typer.Typer(invoke_without_command=True)
 
 
 def generate_world(out: Path, seed: int, samples: int, mismatch: float, eval_size: int, workers: int) -> None:
@@ -53,7 +55,7 @@ def download(ctx: typer.Context,
         cfg = C.load_config(recipe)
     if cfg.data.dataset == "world":
         generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
-                       cfg.data.world_mismatch, 1000, 2)
+                       cfg.data.world_mismatch, EVAL_SIZE, WORKERS)
         return
     fail(f"recipe '{recipe}' trains on {cfg.data.dataset} ({cfg.data.filter}); the DataComp download "
          f"is not built yet (see the README's status section)", 1)
@@ -64,8 +66,8 @@ def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
           seed: int = typer.Option(_DATA.world_seed, help="Everything is deterministic from this seed."),
           samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
           mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
-          eval_size: int = typer.Option(1000, help="Images per evaluation task."),
-          workers: int = typer.Option(2, help="Generator processes.")) -> None:
+          eval_size: int = typer.Option(EVAL_SIZE, help="Images per evaluation task."),
+          workers: int = typer.Option(WORKERS, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 
     Example: euclip download world --out data/world --samples 100000

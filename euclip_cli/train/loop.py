@@ -122,9 +122,13 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_torch"])
         step, branch = state["step"], f"resumed from {found.name}"
+    def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
+        return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
+                "run_dir": str(run_dir), "interrupted": interrupted, "skipped_samples": skipped,
+                "nonfinite_steps": nonfinite}
+
     if step >= total:
-        return {"branch": "already complete", "steps": step, "total_steps": total, "checkpoint": str(found),
-                "run_dir": str(run_dir), "interrupted": False, "skipped_samples": 0, "nonfinite_steps": 0}
+        return summary("already complete", found, interrupted=False, skipped=0, nonfinite=0)
 
     # ---- data
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
@@ -216,6 +220,4 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
             writer.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(last_ckpt),
-            "run_dir": str(run_dir), "interrupted": stop["signal"] is not None,
-            "skipped_samples": skips.skipped, "nonfinite_steps": nonfinite_total}
+    return summary(branch, last_ckpt, stop["signal"] is not None, skips.skipped, nonfinite_total)
