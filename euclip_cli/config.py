@@ -102,6 +102,8 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
+    # bf16/fp16: autocast around the encoders (the geometry and loss stay fp32). fp16 adds a
+    # gradient scaler; it is meant for GPUs (on a CPU it runs, slowly).
     precision: Precision = "bf16"
     device: str = "auto"
     # Checkpoint intervals over the budget (DataComp: 8), and how many to keep.
@@ -111,6 +113,9 @@ class TrainConfig:
     # The math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
     sdpa_math: bool = True
     tensorboard: bool = True
+    # Weights & Biases logging (rank 0), when the wandb package is installed.
+    wandb: bool = False
+    wandb_project: str = "euclip"
 
 
 @dataclass
@@ -260,7 +265,8 @@ def _apply(cfg: Config, section: str, key: str, value: Any, *, from_text: bool, 
 
 def recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    # A run directory named after its recipe (results/runs/tiny-clip) must not shadow the recipe.
+    if path.suffix == ".toml" or path.is_file():
         return path
     return RECIPES_DIR / f"{name_or_path}.toml"
 

@@ -35,6 +35,10 @@ LOCAL_ARCHS: dict[str, dict] = {
     # The same shapes as a ViT (64 px, patch 8, width 128, 4 layers): the paper's tower family.
     "tiny-vit": dict(embed_dim=128, vision_cfg=dict(image_size=64, patch_size=8, width=128, layers=4, head_width=64),
                      text_cfg=_TINY_TEXT),
+    # The speed benchmark's model (``euclip bench train``): the one OpenCLIP's trainer was measured
+    # with on this CPU (../shared/reference/cpu-performance.md), ~2.9 GFLOP per training sample.
+    "bench-vit": dict(embed_dim=256, vision_cfg=dict(image_size=64, patch_size=8, width=256, layers=6, head_width=64),
+                      text_cfg=dict(context_length=32, vocab_size=49408, width=256, heads=4, layers=6)),
 }
 
 

@@ -1,7 +1,10 @@
 """The trainer survives bad data and non-finite steps, and says so."""
 
 import io
+import json
+import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +84,60 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(worl
     monkeypatch.setattr(loop, "forward_backward", real)
     second = loop.run(cfg, tmp_path / "run")
     assert second["branch"] == "resumed from step_2.pt" and second["steps"] == 6 and not second["interrupted"]
+    # Resumed mid-segment (the data position is replayed), it ends bitwise where an uninterrupted run ends.
+    straight = loop.run(cfg, tmp_path / "straight")
+    resumed_state = checkpoint.load(Path(second["checkpoint"]))
+    straight_state = checkpoint.load(Path(straight["checkpoint"]))
+    for name, tensor in straight_state["model"].items():
+        assert torch.equal(resumed_state["model"][name], tensor), name
+
+
+def test_fp16_scales_the_loss_and_checkpoints_the_scaler(world, tmp_path):
+    overrides = [f"data.train_dir={world / 'train'}", "optim.samples=64", *TINY]
+    cfg = C.load_config("tiny-clip", [o for o in overrides if not o.startswith("train.precision")] +
+                        ["train.precision=fp16"])
+    result = loop.run(cfg, tmp_path / "run")
+    assert result["steps"] == 4
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # GradScaler starts at 2**16 and halves on every overflow (an overflowing step is skipped and counted).
+    assert all(r["loss_scale"] == 2.0 ** 16 / 2 ** r["nonfinite_steps"] for r in records)
+    state = checkpoint.load(checkpoint.latest(tmp_path / "run" / "checkpoints"))
+    assert state["scaler"]["scale"] == records[-1]["loss_scale"]
+
+
+class FakeWandb:
+    """Records what the trainer sends to W&B."""
+
+    def __init__(self):
+        self.inits, self.logged, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_gets_every_logged_record_and_resumes_the_same_wandb_run(world, tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "train.wandb=true",
+                                      "train.wandb_project=geom", *TINY])
+    loop.run(cfg, tmp_path / "run")
+    assert [step for step, _ in fake.logged] == [1, 2] and fake.finished == 1
+    assert fake.logged[0][1]["train/loss"] > 0 and "train/logit_scale" in fake.logged[0][1]
+    assert fake.inits[0]["project"] == "geom" and fake.inits[0]["resume"] == "allow"
+    assert fake.inits[0]["config"]["model"]["arch"] == "tiny"
+    loop.start_wandb(cfg, tmp_path / "run")  # what a resumed run does: it continues the same W&B run
+    assert fake.inits[1]["id"] == fake.inits[0]["id"] == (tmp_path / "run" / "wandb_id").read_text()
+
+
+def test_wandb_asked_for_but_missing_is_a_clear_error(world, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "train.wandb=true", *TINY])
+    with pytest.raises(loop.RunError, match="pip install wandb"):
+        loop.run(cfg, tmp_path / "run")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from euclip_cli.data import world as w
-from euclip_cli.data.loader import DataError, SkipCounter, list_shards, train_batches
+from euclip_cli.data.loader import DataError, list_shards
 from euclip_cli.data.world_files import WorldExistsError, WorldSettings, generate
 from euclip_cli.data.world_tasks import WORLD_TASKS
 from tests.conftest import SMALL_WORLD
@@ -97,18 +97,6 @@ def test_eval_tasks_read_back_through_clip_benchmark(world, task):
     else:
         assert ds.classes == task.classes and ds.templates == w.FRAMES
         assert {lab for _, lab in samples} <= set(range(len(task.classes)))
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_training_loader_reads_the_shards(world, workers):
-    from euclip_cli.model import build_clip, tokenizer_for, transforms_for
-
-    train_tf, _ = transforms_for(build_clip("tiny"))
-    batches = train_batches(list_shards(world / "train", "x"), 16, train_tf, tokenizer_for("tiny"),
-                            seed=0, shuffle_buffer=100, skips=SkipCounter(), workers=workers)
-    for _ in range(2):
-        images, tokens = next(batches)
-        assert images.shape == (16, 3, 64, 64) and tokens.shape == (16, 32) and tokens.dtype == torch.long
 
 
 def test_missing_or_empty_data_folder_names_the_command(tmp_path):

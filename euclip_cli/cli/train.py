@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,19 +22,41 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
                                                            show_default=False),
           name: Optional[str] = typer.Option(None, help="Run name under --runs-dir (default: the recipe, "
                                                         "plus -seedN when train.seed is overridden)."),
-          runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+          runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
+          nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1,
+                                             help="Processes on this machine (one per GPU, or CPU processes with "
+                                                  "gloo), started through torchrun; data.batch_size stays global.")
+          ) -> None:
     """Train a model; re-running the same command resumes it.
 
     Examples:
       euclip train --recipe tiny-clip
       euclip train --recipe tiny-euclip loss.entail_weight=0.2 --name tiny-euclip-l02
+      euclip train --recipe medium-euclip --nproc-per-node 8
     """
     from euclip_cli import config as C
 
     overrides = overrides or []
     with errors():
         cfg = C.load_config(recipe, overrides)
-    run_dir = runs_dir / (name or default_run_name(cfg.recipe, overrides))
+    name = name or default_run_name(cfg.recipe, overrides)
+    if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
+        # Become torchrun (exec, so preemption signals reach it and it forwards them to every rank).
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+                   "-m", "euclip_cli", "train", "--recipe", recipe, "--name", name, "--runs-dir", str(runs_dir),
+                   *overrides]
+        console.print(" ".join(command[1:]), highlight=False)
+        sys.stdout.flush()
+        os.execv(sys.executable, command)
+    run_dir = runs_dir / name
+    if int(os.environ.get("RANK", "0")) != 0:
+        from euclip_cli.train import distributed
+        from euclip_cli.train.loop import run
+
+        with errors():
+            run(cfg, run_dir, argv=sys.argv)
+        distributed.shutdown()
+        return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from euclip_cli.train.loop import run
@@ -44,12 +67,18 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
         bar = progress.add_task(run_dir.name, total=C.total_steps(cfg), info="starting")
 
         def on_step(step: int, total: int, record: dict) -> None:
-            info = f"loss {record['loss']:.3f}  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
+            info = f"loss {record['loss']:.3f}"
+            if "entailment" in record:
+                info += f" (contrastive {record['contrastive']:.3f}, entailment {record['entailment']:.3f})"
+            info += f"  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
             if "curvature" in record:
                 info += f"  c {record['curvature']:.3f}"
             progress.update(bar, completed=step, info=info)
 
         result = run(cfg, run_dir, argv=sys.argv, on_step=on_step)
+    from euclip_cli.train import distributed
+
+    distributed.shutdown()
     if result["interrupted"]:
         fail(f"stopped at step {result['steps']}; checkpoint {result['checkpoint']}; run the same command to resume", 1)
     console.print(f"{result['branch']}: {result['steps']} steps, checkpoint {result['checkpoint']}")

@@ -1,18 +1,39 @@
-"""The training loader: webdataset over img2dataset-format shards, sampled with replacement.
+"""The training loader: img2dataset-format shards, sampled with replacement, with an exact position.
 
 DataComp draws shards with replacement (``--dataset-resampled``), so the budget is counted
 in samples seen, never epochs. Undecodable samples and unreadable shards are skipped and
 counted, not fatal.
+
+The stream is a pure function of (seed, rank, step), so a run killed at any step and resumed
+from its checkpoint sees the very batches an uninterrupted run sees:
+
+- Global batch ``n`` of a rank is produced by logical worker ``n % workers``. Each logical
+  worker's stream restarts with a fresh seed at every *segment* (``segment_steps`` batches,
+  the checkpoint interval), so resuming at a segment boundary replays nothing.
+- Inside a segment every batch reports how many raw samples its worker has drawn; the
+  checkpoint keeps that, and a resume mid-segment re-reads (without decoding) that many
+  samples. Augmentation is seeded per raw sample, so skipped samples cost no RNG state.
+
+webdataset supplies the shard resampling, tar reading and shuffle buffer; decoding and
+batching are written here because webdataset's stages do not expose the raw-sample count
+the position needs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
 
 
 class DataError(Exception):
@@ -28,36 +49,130 @@ def list_shards(folder: Path, download_hint: str) -> list[str]:
     return shards
 
 
-class SkipCounter:
-    """A webdataset error handler that skips the bad sample or shard and counts it."""
+def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
+    """Each rank resamples from its own disjoint slice when there are enough shards to go round."""
+    return shards[rank::world] if len(shards) >= world else shards
 
-    def __init__(self):
-        self.skipped = 0
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed that depends on every part (stable across processes and Python versions)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class WorkerPosition:
+    """Where one logical worker's stream stands after the last batch the trainer consumed."""
+    segment: int = -1
+    raw: int = 0  # raw samples drawn in ``segment``, decoded or skipped
+    skipped: int = 0  # bad samples and shards since the start of the run
+
+
+class _Counter:
+    """A webdataset error handler: skip the bad shard or sample and count it."""
+
+    def __init__(self, start: int):
+        self.count = start
 
     def __call__(self, exn: Exception) -> bool:
-        self.skipped += 1
+        self.count += 1
         return True
 
 
-def train_batches(shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable,
-                  seed: int, shuffle_buffer: int, skips: SkipCounter,
-                  workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """An endless stream of ``(images (B, 3, H, W), tokens (B, L))`` batches.
+class TrainStream(IterableDataset):
+    """Yields ``(images (B, 3, H, W), tokens (B, L), info (4,))`` for one rank, from global batch ``start`` on.
 
-    With ``workers > 0`` decoding runs in that many processes, each drawing its own
-    resampled stream (webdataset seeds each worker from ``seed`` and its worker id);
-    skips in worker processes are not counted in ``skips``.
+    ``info`` is ``[logical worker, segment, raw samples drawn in segment, skipped so far]``.
     """
-    pipeline = wds.DataPipeline(
-        wds.ResampledShards(shards, seed=seed, deterministic=True),
-        wds.tarfile_to_samples(handler=skips),
-        wds.shuffle(shuffle_buffer, initial=shuffle_buffer, rng=random.Random(seed)),
-        wds.decode("pilrgb", handler=skips),
-        wds.to_tuple("jpg;png;webp;jpeg", "txt", handler=skips),
-        wds.map_tuple(transform, lambda text: tokenizer(text)[0], handler=skips),
-        wds.batched(batch_size, partial=False),
-    )
-    if workers == 0:
-        return iter(pipeline)
-    return iter(wds.WebLoader(pipeline, batch_size=None, num_workers=workers, persistent_workers=True,
-                              prefetch_factor=2))
+
+    def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
+                 rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
+                 positions: dict[int, WorkerPosition]):
+        super().__init__()
+        self.shards, self.batch_size, self.transform, self.tokenizer = shards, batch_size, transform, tokenizer
+        self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
+        self.segment_steps, self.workers, self.start, self.positions = segment_steps, max(1, workers), start, positions
+
+    def __iter__(self):
+        info = get_worker_info()
+        physical = info.id if info is not None else 0
+        # The DataLoader serves workers round-robin from physical 0, so physical 0 must play the
+        # logical worker that owns batch ``start``.
+        logical = (physical + self.start) % self.workers
+        n = self.start + (logical - self.start) % self.workers
+        position = self.positions.get(logical, WorkerPosition())
+        skips = _Counter(position.skipped)
+        while True:
+            segment = n // self.segment_steps
+            resume_raw = position.raw if position.segment == segment else 0
+            for images, tokens, raw in self._segment(segment, logical, resume_raw, skips):
+                yield images, tokens, torch.tensor([logical, segment, raw, skips.count])
+                n += self.workers
+                if n // self.segment_steps != segment:
+                    break
+
+    def _segment(self, segment: int, logical: int, resume_raw: int, skips: _Counter):
+        seed = derive_seed(self.seed, self.rank, segment, logical)
+        raw_samples = wds.DataPipeline(
+            wds.ResampledShards(self.shards, seed=seed, worker_seed=lambda: 0, deterministic=True),
+            wds.tarfile_to_samples(handler=skips),
+            wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(seed)),
+        )
+        images, tokens = [], []
+        for raw, sample in enumerate(raw_samples, start=1):
+            if raw <= resume_raw:
+                continue
+            try:
+                image_key = next(k for k in IMAGE_KEYS if k in sample)
+                image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
+                caption = sample["txt"].decode("utf-8")
+                # Per-sample augmentation seed: a skipped sample consumes no RNG state.
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(derive_seed(seed, raw))
+                    pixels = self.transform(image)
+                text = self.tokenizer(caption)[0]
+            except Exception:  # any undecodable or incomplete sample is data loss, not a crash
+                skips(None)
+                continue
+            images.append(pixels)
+            tokens.append(text)
+            if len(images) == self.batch_size:
+                yield torch.stack(images), torch.stack(tokens), raw
+                images, tokens = [], []
+
+
+class TrainBatches:
+    """The trainer's endless batch iterator; ``state()`` is the position to checkpoint."""
+
+    def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
+                 shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
+                 start: int = 0, state: dict | None = None):
+        self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
+        # A position from another process layout describes other streams; start those afresh.
+        usable = state is not None and state.get("signature") == self.signature
+        self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}
+        self.resumed_exactly = usable or start == 0
+        dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions))
+        if workers == 0:
+            self._iter = iter(dataset)
+        else:
+            self._iter = iter(DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
+                                         prefetch_factor=2))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, tokens, info = next(self._iter)
+        logical, segment, raw, skipped = (int(v) for v in info)
+        self.positions[logical] = WorkerPosition(segment, raw, skipped)
+        return images, tokens
+
+    @property
+    def skipped(self) -> int:
+        return sum(p.skipped for p in self.positions.values())
+
+    def state(self) -> dict:
+        return {"signature": self.signature,
+                "workers": {str(k): vars(p).copy() for k, p in sorted(self.positions.items())}}

@@ -23,9 +23,9 @@ from typing import Callable, Optional
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.data.loader import SkipCounter, list_shards, train_batches
+from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
-from euclip_cli.train import checkpoint
+from euclip_cli.train import checkpoint, distributed
 from euclip_cli.train.optim import build_optimizer, cosine_lr
 from euclip_cli.train.step import forward_backward
 
@@ -41,19 +41,35 @@ class RunConflict(RunError):
     """The run directory holds a run with another configuration."""
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto``: this process's GPU under torchrun (``cuda:LOCAL_RANK``), else the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
 
 
 def autocast_factory(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     if precision == "fp32":
         return contextlib.nullcontext
-    if precision == "fp16" and device.type != "cuda":
-        raise RunError("train.precision=fp16 needs a GPU (it relies on a gradient scaler); use bf16 or fp32 on the CPU")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def start_wandb(cfg: C.Config, run_dir: Path):
+    """A W&B run that resumes with the training run (its id is kept in the run directory)."""
+    try:
+        import wandb
+    except ImportError:
+        raise RunError("train.wandb=true but the wandb package is not installed: pip install wandb, "
+                       "or set train.wandb=false") from None
+    id_file = run_dir / "wandb_id"
+    if not id_file.exists():
+        id_file.write_text(f"{run_dir.name}-{time.strftime('%Y%m%d%H%M%S')}")
+    return wandb.init(project=cfg.train.wandb_project, name=run_dir.name, id=id_file.read_text().strip(),
+                      resume="allow", dir=str(run_dir), config=C.to_dict(cfg))
 
 
 def run_meta(cfg: C.Config, argv: list[str]) -> dict:
@@ -100,49 +116,80 @@ def checkpoint_meta(cfg: C.Config, model: EuclipModel) -> dict:
 
 def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         on_step: Optional[Callable[[int, int, dict], None]] = None) -> dict:
-    """Train ``cfg`` into ``run_dir``; returns a summary. Resumes automatically from ``run_dir``."""
+    """Train ``cfg`` into ``run_dir``; returns a summary. Resumes automatically from ``run_dir``.
+
+    Under torchrun every rank calls this; rank 0 writes the run directory and the logs.
+    """
     # ---- set-up
-    prepare_run_dir(cfg, run_dir, argv or sys.argv)
-    device = resolve_device(cfg.train.device)
+    wanted = resolve_device(cfg.train.device)
+    ranks = distributed.from_environment(wanted.type)
+    device = resolve_device(cfg.train.device, ranks.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
+        raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
+                       f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
+    if ranks.main:
+        prepare_run_dir(cfg, run_dir, argv or sys.argv)
+    ranks.barrier()
     autocast = autocast_factory(cfg.train.precision, device)
+    # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
     model = EuclipModel(cfg).to(device)
     optimizer = build_optimizer(model, cfg.optim)
+    params = [p for p in model.parameters() if p.requires_grad]
     total = C.total_steps(cfg)
     interval = max(1, math.ceil(total / cfg.train.checkpoints))
     ckpt_dir = run_dir / "checkpoints"
 
     # ---- resume
-    step, branch = 0, "scratch"
+    step, branch, data_state = 0, "scratch", None
     found = checkpoint.latest(ckpt_dir)
     if found is not None:
         state = checkpoint.load(found, map_location=str(device))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng_torch"])
         step, branch = state["step"], f"resumed from {found.name}"
+        data_states = state["data"]
+        data_state = data_states[ranks.rank] if len(data_states) == ranks.world else None
+    ranks.broadcast_parameters(model)
+
     def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
                 "run_dir": str(run_dir), "interrupted": interrupted, "skipped_samples": skipped,
-                "nonfinite_steps": nonfinite}
+                "nonfinite_steps": nonfinite, "processes": ranks.world}
 
     if step >= total:
         return summary("already complete", found, interrupted=False, skipped=0, nonfinite=0)
 
-    # ---- data
+    # ---- data: this rank's share of the global batch, from the exact position the checkpoint holds
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
     shards = list_shards(C.train_dir(cfg), hint)
     train_tf, _ = transforms_for(model.clip)
-    skips = SkipCounter()
-    # Seeded by the step so a resumed run draws fresh shards instead of replaying the first ones.
-    batches = train_batches(shards, cfg.data.batch_size, train_tf, tokenizer_for(cfg.model.arch),
-                            seed=cfg.train.seed * 1_000_003 + step, shuffle_buffer=cfg.data.shuffle_buffer, skips=skips,
-                            workers=cfg.data.workers)
+    batches = TrainBatches(shards, cfg.data.batch_size // ranks.world, train_tf, tokenizer_for(cfg.model.arch),
+                           seed=cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
+                           workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state)
+    if found is not None and not batches.resumed_exactly:
+        branch += " (data stream restarted: the checkpoint came from another number of processes or workers)"
 
-    def save() -> Path:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                 "config": C.to_dict(cfg), "meta": checkpoint_meta(cfg, model), "rng_torch": torch.get_rng_state()}
+    saved = {"step": step if found is not None else -1}
+
+    def save() -> Optional[Path]:
+        """Collective: every rank contributes its data position; rank 0 writes."""
+        saved["step"] = step
+        data = [batches.state()]
+        if ranks.enabled:
+            data = [None] * ranks.world
+            torch.distributed.all_gather_object(data, batches.state())
+        if not ranks.main:
+            return None
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                 "step": step, "data": data, "config": C.to_dict(cfg), "meta": checkpoint_meta(cfg, model),
+                 "rng_torch": torch.get_rng_state()}
         return checkpoint.save(state, ckpt_dir, step, cfg.train.keep_checkpoints)
 
     stop = {"signal": None}
@@ -154,23 +201,28 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # be installed from the main thread; elsewhere the caller owns signals.
     in_main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
-    writer = None
-    if cfg.train.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-        writer = SummaryWriter(str(run_dir / "tensorboard"))
+    writer = wandb_run = metrics = None
+    if ranks.main:
+        metrics = (run_dir / "metrics.jsonl").open("a")
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(str(run_dir / "tensorboard"))
+        if cfg.train.wandb:
+            wandb_run = start_wandb(cfg, run_dir)
     sdpa = contextlib.nullcontext()
     if cfg.train.sdpa_math:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         sdpa = sdpa_kernel([SDPBackend.MATH])
+    # fp16: the scaler may halve its scale up to 16 times (from 2**16) before a step is finite.
+    max_nonfinite = MAX_NONFINITE + (16 if scaler.is_enabled() else 0)
 
     # ---- loop
-    nonfinite_run, nonfinite_total, last_ckpt = 0, 0, found
-    metrics = (run_dir / "metrics.jsonl").open("a")
+    nonfinite_run, nonfinite_total, last_ckpt, stopping = 0, 0, found, False
     window_start, window_samples = time.time(), 0
     model.train()
     try:
         with sdpa:
-            while step < total and stop["signal"] is None:
+            while step < total and not stopping:
                 lr = cosine_lr(step, cfg.optim.lr, cfg.optim.warmup_steps, total)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -178,46 +230,69 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
                 images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
-                                         cfg.loss.entail_min_radius, autocast)
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                finite = bool(torch.isfinite(terms["loss"])) and all(bool(torch.isfinite(g).all()) for g in grads)
+                                         cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
+                                         owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward())
+                ranks.sum_gradients(params)
+                scaler.unscale_(optimizer)
+                # Every rank holds the same summed gradients and global loss, so all decide alike.
+                finite = bool(torch.isfinite(terms["loss"])) and all(
+                    bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
                 if not finite:
+                    scaler.update()
                     nonfinite_run += 1
                     nonfinite_total += 1
-                    if nonfinite_run >= MAX_NONFINITE:
+                    if nonfinite_run >= max_nonfinite:
                         raise RunError(f"{nonfinite_run} non-finite steps in a row at step {step}; stopped. "
                                        f"The last good checkpoint is {last_ckpt or 'none (no checkpoint yet)'}; "
                                        f"try a lower optim.lr or geometry.logit_scale_init")
+                    stopping = ranks.any(stop["signal"] is not None, device)
                     continue
                 nonfinite_run = 0
                 if cfg.optim.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                optimizer.step()
+                    torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
                 model.clamp_scalars_()
                 step += 1
-                window_samples += images.shape[0]
+                window_samples += images.shape[0] * ranks.world
                 if step % cfg.train.log_every == 0 or step == 1 or step == total:
+                    skipped = batches.skipped
+                    if ranks.enabled:
+                        count = torch.tensor([skipped], dtype=torch.float64, device=device)
+                        torch.distributed.all_reduce(count)
+                        skipped = int(count.item())
                     elapsed = time.time() - window_start
                     record = {"step": step, "samples": step * cfg.data.batch_size, "lr": lr,
                               **{k: v.item() for k, v in terms.items()}, **model.scalars(),
                               "samples_per_s": window_samples / max(elapsed, 1e-9),
-                              "skipped_samples": skips.skipped, "nonfinite_steps": nonfinite_total}
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
-                    if writer:
-                        for key, value in record.items():
-                            writer.add_scalar(f"train/{key}", value, step)
-                    if on_step:
-                        on_step(step, total, record)
+                              "skipped_samples": skipped, "nonfinite_steps": nonfinite_total}
+                    if scaler.is_enabled():
+                        record["loss_scale"] = scaler.get_scale()
+                    if device.type == "cuda":
+                        record["gpu_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+                    if ranks.main:
+                        metrics.write(json.dumps(record) + "\n")
+                        metrics.flush()
+                        if writer:
+                            for key, value in record.items():
+                                writer.add_scalar(f"train/{key}", value, step)
+                        if wandb_run:
+                            wandb_run.log({f"train/{k}": v for k, v in record.items()}, step=step)
+                        if on_step:
+                            on_step(step, total, record)
                     window_start, window_samples = time.time(), 0
+                stopping = ranks.any(stop["signal"] is not None, device)
                 if step % interval == 0 or step == total:
                     last_ckpt = save()
-        if stop["signal"] is not None and (last_ckpt is None or not last_ckpt.name.endswith(f"_{step}.pt")):
+        if stopping and saved["step"] != step:
             last_ckpt = save()
     finally:
-        metrics.close()
+        if metrics:
+            metrics.close()
         if writer:
             writer.close()
+        if wandb_run:
+            wandb_run.finish()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return summary(branch, last_ckpt, stop["signal"] is not None, skips.skipped, nonfinite_total)
+    return summary(branch, last_ckpt, stopping, batches.skipped, nonfinite_total)

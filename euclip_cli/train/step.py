@@ -7,6 +7,9 @@ gradients in exactly one pass, so encoder weights and the embedding scales get t
 full-batch gradient. The logit scale and curvature appear in every pass, though, and the
 EuCLIP fork back-propagates them k times (k x their gradient); here they are live in the
 first pass only, which gives them exactly the full-batch gradient too.
+
+Across ranks, ``gather`` turns the rank's batch into the global one (see
+``euclip_cli.train.distributed``) and ``owns_scalars`` is true on rank 0 only.
 """
 
 from __future__ import annotations
@@ -20,21 +23,34 @@ from euclip_cli.loss import objective
 from euclip_cli.model import EuclipModel
 
 
+def _plain_backward(loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+def _no_gather(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Tensor, accum_steps: int,
                      entail_weight: float, min_radius: float,
-                     autocast: Callable[[], contextlib.AbstractContextManager]) -> dict[str, torch.Tensor]:
-    """Accumulate the gradient of the loss on the whole batch; return the detached loss terms."""
+                     autocast: Callable[[], contextlib.AbstractContextManager],
+                     gather: Callable[[torch.Tensor], torch.Tensor] = _no_gather, owns_scalars: bool = True,
+                     backward: Callable[[torch.Tensor], None] = _plain_backward) -> dict[str, torch.Tensor]:
+    """Accumulate the gradient of the loss on the whole (global) batch; return the detached loss terms.
+
+    ``backward`` lets a gradient scaler scale the loss first.
+    """
     def loss(image_emb, text_emb, live_scalars: bool):
         scale, curv = model.logit_scale(), model.curvature()
-        if not live_scalars:
+        if not (live_scalars and owns_scalars):
             scale = scale.detach()
             curv = curv.detach() if curv is not None else None
-        return objective(model.geometry, image_emb, text_emb, scale, curv, entail_weight, min_radius)
+        return objective(model.geometry, gather(image_emb), gather(text_emb), scale, curv, entail_weight, min_radius)
 
     if accum_steps == 1:
         with autocast():
             out = loss(model.encode_image(images), model.encode_text(tokens), live_scalars=True)
-        out["loss"].backward()
+        backward(out["loss"])
         return {k: v.detach() for k, v in out.items()}
 
     image_chunks, token_chunks = images.chunk(accum_steps), tokens.chunk(accum_steps)
@@ -47,5 +63,5 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
             all_images = torch.cat(cached_images[:j] + [image_j] + cached_images[j + 1:])
             all_texts = torch.cat(cached_texts[:j] + [text_j] + cached_texts[j + 1:])
             out = loss(all_images, all_texts, live_scalars=(j == 0))
-        out["loss"].backward()
+        backward(out["loss"])
     return {k: v.detach() for k, v in out.items()}

@@ -1,0 +1,168 @@
+"""Training speed: euclip's trainer against OpenCLIP's reference trainer, measured in one invocation.
+
+Both run as child processes on the same model (``LOCAL_ARCHS["bench-vit"]``, written out as an
+open_clip model config for OpenCLIP), the same batch size, precision, device and thread count.
+euclip's trainer reads img2dataset-format shards of the embedded world through its real loader;
+OpenCLIP's reads its ``--dataset-type synthetic`` images. Throughput is the median of the
+per-step rates each trainer logs itself, after ``warmup`` steps; peak memory is each child's
+maximum resident set (and on a GPU, euclip's peak allocated memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+BENCH_ARCH = "bench-vit"
+OPENCLIP_MODEL = "euclip-bench-vit"
+OPENCLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp"}
+# OpenCLIP logs "... Batch (t): 2.345, 109.2/s, 109.2/s/gpu LR: ..." once per step here.
+OPENCLIP_RATE = re.compile(r"([0-9.]+)/s/gpu")
+
+# Targets of the trainer issue, for the verdict column.
+TARGET_SPEEDUP = 2.0
+TARGET_ACCUM_OVERHEAD = 1.40
+
+
+class BenchError(Exception):
+    """A benchmark child failed; the message carries the end of its output."""
+
+
+@dataclass
+class Measurement:
+    name: str
+    samples_per_s: float
+    steps_timed: int
+    peak_rss_mib: float
+    peak_gpu_mib: Optional[float] = None
+
+
+@dataclass
+class Settings:
+    batch_size: int = 256
+    steps: int = 10
+    warmup: int = 2
+    threads: int = 2
+    precision: str = "bf16"
+    device: str = "cpu"
+    workers: int = 0
+
+
+def run_child(command: list[str], env: dict, cwd: Path) -> tuple[str, float]:
+    """Run to completion; return (output, peak resident set in MiB) or raise BenchError."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(command[:4])} ... exited with {proc.returncode}:\n{output[-3000:]}")
+    return output, usage.ru_maxrss / 1024  # Linux reports KiB
+
+
+def child_env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def ensure_world(work: Path) -> Path:
+    from euclip_cli.data.world_files import WorldSettings, generate
+
+    out = work / "world"
+    generate(out, WorldSettings(seed=0, samples=4096, eval_size=16), workers=2)
+    return out / "train"
+
+
+def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
+    name = f"euclip-accum{accum_steps}"
+    runs = work / "runs"
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(runs),
+               "--name", name, f"model.arch={BENCH_ARCH}", f"data.batch_size={s.batch_size}",
+               f"optim.samples={s.batch_size * (s.steps + s.warmup)}", f"optim.accum_steps={accum_steps}",
+               f"data.train_dir={world_train}", f"data.workers={s.workers}", "train.log_every=1",
+               "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
+               f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2"]
+    _, rss = run_child(command, child_env(s.threads), work)
+    records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["samples_per_s"] for r in records if r["step"] > s.warmup]
+    gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
+    return Measurement(name, statistics.median(rates), len(rates), rss, gpu)
+
+
+OPENCLIP_SCRIPT = """
+import sys
+import open_clip
+open_clip.add_model_config(sys.argv[1])
+from open_clip_train.main import main
+main(sys.argv[2:])
+"""
+
+
+def openclip_run(work: Path, s: Settings) -> Measurement:
+    from euclip_cli.model import LOCAL_ARCHS
+
+    model_config = work / f"{OPENCLIP_MODEL}.json"
+    model_config.write_text(json.dumps(LOCAL_ARCHS[BENCH_ARCH]))
+    command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "--model", OPENCLIP_MODEL,
+               "--dataset-type", "synthetic", "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
+               "--batch-size", str(s.batch_size), "--epochs", "1", "--workers", str(s.workers),
+               "--precision", OPENCLIP_PRECISION[s.precision], "--lr", "1e-3", "--warmup", "2", "--wd", "0.2",
+               "--logs", str(work / "openclip"), "--name", f"bench-{os.getpid()}", "--log-every-n-steps", "1",
+               "--save-frequency", "0", "--seed", "0"]
+    if s.device == "cpu":
+        command += ["--device", "cpu"]
+    output, rss = run_child(command, child_env(s.threads), work)
+    rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
+    if not rates:
+        raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
+    return Measurement("openclip", statistics.median(rates), len(rates), rss)
+
+
+def flops_per_sample(arch: str = BENCH_ARCH) -> float:
+    """Forward + backward FLOPs of one training sample (the encoders), counted by torch."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from euclip_cli.model import LOCAL_ARCHS, build_clip
+
+    clip = build_clip(arch)
+    size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
+    ctx = LOCAL_ARCHS[arch]["text_cfg"]["context_length"]
+    batch = 2
+    with FlopCounterMode(display=False) as counter:
+        image = clip.encode_image(torch.randn(batch, 3, size, size))
+        text = clip.encode_text(torch.randint(1, 1000, (batch, ctx)))
+        (image.sum() + text.sum()).backward()
+    return counter.get_total_flops() / batch
+
+
+def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True,
+                on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    on_stage("embedded world for the loader")
+    world_train = ensure_world(work)
+    measurements = {}
+    on_stage("euclip, accumulation 1")
+    measurements["euclip"] = euclip_run(work, world_train, s, 1)
+    if accumulation:
+        on_stage("euclip, accumulation 2")
+        measurements["euclip_accum2"] = euclip_run(work, world_train, s, 2)
+    if openclip:
+        on_stage("OpenCLIP's trainer")
+        measurements["openclip"] = openclip_run(work, s)
+    flops = flops_per_sample()
+    result = {"settings": asdict(s), "flops_per_sample": flops,
+              "measurements": {k: asdict(v) for k, v in measurements.items()}}
+    if openclip:
+        result["speedup_vs_openclip"] = measurements["euclip"].samples_per_s / measurements["openclip"].samples_per_s
+    if accumulation:
+        result["accumulation_overhead"] = (measurements["euclip"].samples_per_s /
+                                           measurements["euclip_accum2"].samples_per_s)
+    result["euclip_tflops"] = flops * measurements["euclip"].samples_per_s / 1e12
+    return result

@@ -1,0 +1,77 @@
+"""The training loader: shapes, exact resume positions, per-rank streams, skip counts from workers."""
+
+import io
+import tarfile
+
+import pytest
+import torch
+
+from euclip_cli.data.loader import TrainBatches, list_shards, shards_for_rank
+from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+
+
+@pytest.fixture(scope="module")
+def pipeline_parts():
+    train_tf, _ = transforms_for(build_clip("tiny"))
+    return train_tf, tokenizer_for("tiny")
+
+
+def batches(world_dir, parts, **kwargs):
+    defaults = dict(batch_size=8, seed=3, shuffle_buffer=40, segment_steps=3)
+    shards = kwargs.pop("shards", None) or list_shards(world_dir / "train", "x")
+    return TrainBatches(shards, transform=parts[0], tokenizer=parts[1], **{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batches_have_the_model_input_shapes(world, pipeline_parts, workers):
+    stream = batches(world, pipeline_parts, workers=workers, batch_size=16)
+    for _ in range(2):
+        images, tokens = next(stream)
+        assert images.shape == (16, 3, 64, 64) and tokens.shape == (16, 32) and tokens.dtype == torch.long
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("resume_at", [3, 4])  # a segment boundary, and mid-segment
+def test_a_resumed_stream_continues_with_the_same_batches(world, pipeline_parts, workers, resume_at):
+    full = batches(world, pipeline_parts, workers=workers)
+    expected = [next(full) for _ in range(resume_at + 3)]
+    first = batches(world, pipeline_parts, workers=workers)
+    for _ in range(resume_at):
+        next(first)
+    resumed = batches(world, pipeline_parts, workers=workers, start=resume_at, state=first.state())
+    assert resumed.resumed_exactly
+    for want in expected[resume_at:]:
+        got = next(resumed)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_a_position_from_another_layout_restarts_the_stream(world, pipeline_parts):
+    first = batches(world, pipeline_parts, workers=0)
+    next(first)
+    other = batches(world, pipeline_parts, workers=2, start=1, state=first.state())
+    assert not other.resumed_exactly
+    assert next(other)[0].shape == (8, 3, 64, 64)
+
+
+def test_ranks_read_disjoint_shards_and_different_batches(world, pipeline_parts):
+    names = [f"{i:05d}.tar" for i in range(5)]
+    assert shards_for_rank(names, 0, 2) == names[0::2] and shards_for_rank(names, 1, 2) == names[1::2]
+    assert shards_for_rank(names[:1], 1, 2) == names[:1]  # too few shards: every rank resamples all
+    rank0 = next(batches(world, pipeline_parts, rank=0, world=2))
+    rank1 = next(batches(world, pipeline_parts, rank=1, world=2))
+    assert not torch.equal(rank0[0], rank1[0])
+
+
+def test_skips_inside_worker_processes_are_counted(world, pipeline_parts, tmp_path):
+    with tarfile.open(world / "train" / "00000.tar") as src:
+        members = [(m.name, src.extractfile(m).read()) for m in src.getmembers()[:30]]
+    with tarfile.open(tmp_path / "00000.tar", "w") as tar:
+        for name, data in members + [("bad.jpg", b"not a jpeg"), ("bad.txt", b"a caption")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    stream = batches(world, pipeline_parts, workers=1, shards=list_shards(tmp_path, "x"), shuffle_buffer=5)
+    for _ in range(6):  # 48 good samples: the shard (10 good, 1 bad) is read whole at least 4 times
+        next(stream)
+    assert stream.skipped >= 3
+    assert sum(p["skipped"] for p in stream.state()["workers"].values()) == stream.skipped
