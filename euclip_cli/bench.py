@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 BENCH_ARCH = "bench-vit"
-OPENCLIP_MODEL = "euclip-bench-vit"
 OPENCLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp"}
 # OpenCLIP logs "... Batch (t): 2.345, 109.2/s, 109.2/s/gpu LR: ..." once per step here.
 OPENCLIP_RATE = re.compile(r"([0-9.]+)/s/gpu")
@@ -46,6 +46,7 @@ class Measurement:
 
 @dataclass
 class Settings:
+    arch: str = BENCH_ARCH  # a key of LOCAL_ARCHS
     batch_size: int = 256
     steps: int = 10
     warmup: int = 2
@@ -53,6 +54,7 @@ class Settings:
     precision: str = "bf16"
     device: str = "cpu"
     workers: int = 0
+    compile: bool = True  # euclip's train.compile; OpenCLIP runs as its users run it by default
 
 
 def run_child(command: list[str], env: dict, cwd: Path) -> tuple[str, float]:
@@ -82,12 +84,14 @@ def ensure_world(work: Path) -> Path:
 def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
     name = f"euclip-accum{accum_steps}"
     runs = work / "runs"
+    shutil.rmtree(runs / name, ignore_errors=True)  # the bench's own scratch run: always from scratch
     command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(runs),
-               "--name", name, f"model.arch={BENCH_ARCH}", f"data.batch_size={s.batch_size}",
+               "--name", name, f"model.arch={s.arch}", f"data.batch_size={s.batch_size}",
                f"optim.samples={s.batch_size * (s.steps + s.warmup)}", f"optim.accum_steps={accum_steps}",
                f"data.train_dir={world_train}", f"data.workers={s.workers}", "train.log_every=1",
                "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
-               f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2"]
+               f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2",
+               f"train.compile={str(s.compile).lower()}"]
     _, rss = run_child(command, child_env(s.threads), work)
     records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
     rates = [r["samples_per_s"] for r in records if r["step"] > s.warmup]
@@ -107,9 +111,10 @@ main(sys.argv[2:])
 def openclip_run(work: Path, s: Settings) -> Measurement:
     from euclip_cli.model import LOCAL_ARCHS
 
-    model_config = work / f"{OPENCLIP_MODEL}.json"
-    model_config.write_text(json.dumps(LOCAL_ARCHS[BENCH_ARCH]))
-    command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "--model", OPENCLIP_MODEL,
+    model_name = f"euclip-{s.arch}"
+    model_config = work / f"{model_name}.json"
+    model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
+    command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "--model", model_name,
                "--dataset-type", "synthetic", "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
                "--batch-size", str(s.batch_size), "--epochs", "1", "--workers", str(s.workers),
                "--precision", OPENCLIP_PRECISION[s.precision], "--lr", "1e-3", "--warmup", "2", "--wd", "0.2",
@@ -117,6 +122,7 @@ def openclip_run(work: Path, s: Settings) -> Measurement:
                "--save-frequency", "0", "--seed", "0"]
     if s.device == "cpu":
         command += ["--device", "cpu"]
+    shutil.rmtree(work / "openclip", ignore_errors=True)
     output, rss = run_child(command, child_env(s.threads), work)
     rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
     if not rates:
@@ -144,6 +150,7 @@ def flops_per_sample(arch: str = BENCH_ARCH) -> float:
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True,
                 on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+    work = work.resolve()  # the children run inside it
     work.mkdir(parents=True, exist_ok=True)
     on_stage("embedded world for the loader")
     world_train = ensure_world(work)
@@ -156,7 +163,7 @@ def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bo
     if openclip:
         on_stage("OpenCLIP's trainer")
         measurements["openclip"] = openclip_run(work, s)
-    flops = flops_per_sample()
+    flops = flops_per_sample(s.arch)
     result = {"settings": asdict(s), "flops_per_sample": flops,
               "measurements": {k: asdict(v) for k, v in measurements.items()}}
     if openclip:

@@ -77,9 +77,10 @@ def transforms_for(clip: open_clip.CLIP):
 
 
 class EuclipModel(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, clip: Optional[open_clip.CLIP] = None):
+        """``clip``: already-built towers (e.g. an open_clip pretrained model) instead of fresh ones."""
         super().__init__()
-        self.clip = build_clip(cfg.model.arch)
+        self.clip = clip if clip is not None else build_clip(cfg.model.arch)
         if not cfg.model.final_ln:
             remove_final_layernorm(self.clip)
         g = cfg.geometry
@@ -87,8 +88,9 @@ class EuclipModel(nn.Module):
         self.embed_dim = self.clip.text_projection.shape[-1]
         if g.name == "product-sphere" and self.embed_dim % g.blocks:
             raise ValueError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
-        with torch.no_grad():
-            self.clip.logit_scale.fill_(initial_logit_scale(cfg))
+        if clip is None:
+            with torch.no_grad():
+                self.clip.logit_scale.fill_(initial_logit_scale(cfg))
         self.clip.logit_scale.requires_grad_(g.learn_logit_scale)
         self.max_log_scale = math.log(g.logit_scale_max)
         self.min_log_scale = g.logit_scale_min_log

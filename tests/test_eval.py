@@ -115,3 +115,119 @@ def test_datacomp_data_folders_follow_download_evalsets():
     assert TASKS["vtab/caltech101"].data_dir(root, Path("w")) == root / "wds_vtab-caltech101_test"
     assert TASKS["fairness/dollar_street"].data_dir(root, Path("w")) == root / "wds_dollar_street_test"
     assert TASKS["world/count"].data_dir(root, Path("w")) == Path("w/eval/count")
+
+
+def by_hand_worst(values, groups):
+    means = {}
+    for g in set(groups):
+        members = [v for v, gg in zip(values, groups) if gg == g]
+        means[g] = sum(members) / len(members)
+    return min(means.values())
+
+
+def test_wilds_and_fairness_metrics_match_an_independent_computation():
+    from euclip_cli.evaluate.zeroshot import wilds_metrics
+
+    gen = torch.Generator().manual_seed(0)
+    n = 200
+    targets = torch.randint(0, 7, (n,), generator=gen)
+    topk = torch.stack([torch.randperm(7, generator=gen)[:5] for _ in range(n)])
+    topk[:80, 0] = targets[:80]  # some right answers
+    metadata = torch.randint(0, 4, (n, 3), generator=gen)
+    pred, t, m = topk[:, 0].tolist(), targets.tolist(), metadata.tolist()
+    hit = [float(p == y) for p, y in zip(pred, t)]
+    hit5 = [float(y in row) for row, y in zip(topk.tolist(), t)]
+
+    f1s = []
+    for c in sorted(set(t)):  # macro-F1 over the labels present in the targets only
+        tp = sum(p == c and y == c for p, y in zip(pred, t))
+        fp = sum(p == c and y != c for p, y in zip(pred, t))
+        fn = sum(p != c and y == c for p, y in zip(pred, t))
+        f1s.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    assert wilds_metrics("wilds/iwildcam", topk, targets, metadata)["F1-macro_all"] == pytest.approx(sum(f1s) / len(f1s))
+    fmow = wilds_metrics("wilds/fmow", topk, targets, metadata)
+    assert fmow["acc_worst_region"] == pytest.approx(by_hand_worst(hit, [r[0] for r in m]))
+    assert fmow["acc_worst_year"] == pytest.approx(by_hand_worst(hit, [r[1] for r in m]))
+    assert wilds_metrics("wilds/camelyon17", topk, targets, metadata)["acc_wg"] == pytest.approx(
+        by_hand_worst(hit, [r[1] for r in m]))
+    assert wilds_metrics("fairness/dollar_street", topk, targets, metadata)["acc_top5_wg"] == pytest.approx(
+        by_hand_worst(hit5, [r[0] for r in m]))
+    assert wilds_metrics("fairness/geode", topk, targets, metadata)["acc_wg"] == pytest.approx(
+        by_hand_worst(hit, [r[0] for r in m]))
+
+
+def with_metadata(source, dest, rows_for):
+    """Copy a wds task, adding an ``npy`` metadata array per sample (as DataComp's WILDS shards have)."""
+    import io
+    import shutil
+    import tarfile
+
+    import numpy as np
+
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.tar"))
+    with tarfile.open(source / "test" / "0.tar") as src, tarfile.open(dest / "test" / "0.tar", "w") as out:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            out.addfile(member, io.BytesIO(data))
+            if member.name.endswith(".cls"):
+                buf = io.BytesIO()
+                np.save(buf, np.array(rows_for(int(data.decode()))))
+                info = tarfile.TarInfo(member.name[:-4] + ".npy")
+                info.size = buf.getbuffer().nbytes
+                buf.seek(0)
+                out.addfile(info, buf)
+
+
+def test_a_wilds_task_reads_its_metadata_in_image_order(world, tmp_path):
+    from euclip_cli import config as C
+    from euclip_cli.evaluate.runner import evaluate_task, read_metadata
+    from euclip_cli.model import EuclipModel
+
+    source = world / "eval" / "shapes"
+    fmow = tmp_path / "wds_wilds-fmow_test"
+    with_metadata(source, fmow, lambda label: [label % 3, label % 2, label])
+    labels, metadata = read_metadata(fmow)
+    assert metadata.shape == (len(labels), 3) and torch.equal(metadata[:, 2], labels)
+    assert torch.equal(metadata[:, 0], labels % 3)
+
+    cfg = C.load_config("tiny-clip")
+    torch.manual_seed(0)
+    model = EuclipModel(cfg).eval()
+    metrics = evaluate_task(model, cfg, TASKS["wilds/fmow"], fmow, torch.device("cpu"), 64)
+    assert metrics["acc_avg"] == pytest.approx(metrics["acc1"])
+    # The worst group's accuracy never exceeds the overall mean, which weighs every group's.
+    assert metrics["acc_worst_region"] <= metrics["acc1"] + 1e-9 and metrics["acc_worst_year"] <= metrics["acc1"] + 1e-9
+
+
+def test_an_openclip_checkpoint_is_evaluated_as_a_clip_run(world, tmp_path):
+    import json as _json
+
+    import open_clip
+    from typer.testing import CliRunner
+
+    from euclip_cli import config as C
+    from euclip_cli.cli import app
+    from euclip_cli.evaluate.runner import evaluate_task
+    from euclip_cli.model import LOCAL_ARCHS, EuclipModel
+
+    # A stand-in for a published checkpoint: an open_clip model config and a weights file.
+    (tmp_path / "euclip-test-vit.json").write_text(_json.dumps(LOCAL_ARCHS["tiny-vit"]))
+    open_clip.add_model_config(tmp_path / "euclip-test-vit.json")
+    torch.manual_seed(3)
+    clip = open_clip.create_model("euclip-test-vit")
+    torch.save(clip.state_dict(), tmp_path / "weights.pt")
+
+    runs = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["eval", "--openclip", f"euclip-test-vit:{tmp_path / 'weights.pt'}",
+                                      "--tasks", "world/shapes", "--world", str(world), "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    line = _json.loads((runs / "openclip-euclip-test-vit-weights" / "eval.jsonl").read_text().splitlines()[0])
+
+    cfg = C.load_config(None, ["model.arch=tiny-vit"])
+    direct = evaluate_task(EuclipModel(cfg, clip=clip).eval(), cfg, TASKS["world/shapes"], world / "eval" / "shapes",
+                           torch.device("cpu"), 64)
+    assert line["metrics"]["acc1"] == pytest.approx(direct["acc1"])
+    assert line["metrics"]["mean_per_class_recall"] == pytest.approx(direct["mean_per_class_recall"])
+
+    missing = CliRunner().invoke(app, ["eval", "--openclip", "no-such-arch:x", "--runs-dir", str(runs)])
+    assert missing.exit_code == 2 and "no-such-arch" in missing.output and "Traceback" not in missing.output

@@ -19,13 +19,16 @@ KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 @app.command("train")
-def train_bench(batch_size: int = typer.Option(256, min=2, help="Global batch (the reference measurement used 256)."),
+def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.model.LOCAL_ARCHS); the default is "
+                                                             "the one OpenCLIP was measured with on this CPU."),
+                batch_size: int = typer.Option(256, min=2, help="Global batch (the reference measurement used 256)."),
                 steps: int = typer.Option(10, min=1, help="Timed steps per trainer (after the warm-up steps)."),
                 warmup: int = typer.Option(2, min=0, help="Untimed first steps."),
                 threads: int = typer.Option(0, help="Threads per trainer; 0 = every core of this machine."),
                 precision: str = typer.Option("bf16", help="fp32, bf16 or fp16 (both trainers)."),
                 device: str = typer.Option("auto", help="cpu, cuda or auto."),
                 workers: int = typer.Option(0, min=0, help="Loader worker processes (both trainers)."),
+                compile: bool = typer.Option(True, help="euclip with train.compile=true (compiling is not timed)."),
                 openclip: bool = typer.Option(True, help="Also run OpenCLIP's trainer (--no-openclip skips it)."),
                 accumulation: bool = typer.Option(True, help="Also time accumulation 2 at the same global batch."),
                 peak_tflops: Optional[float] = typer.Option(None, help="The device's peak TFLOP/s, for MFU."),
@@ -45,8 +48,12 @@ def train_bench(batch_size: int = typer.Option(256, min=2, help="Global batch (t
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    settings = Settings(batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
-                        precision=precision, device=device, workers=workers)
+    from euclip_cli.model import LOCAL_ARCHS
+
+    if arch not in LOCAL_ARCHS:
+        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
+                        precision=precision, device=device, workers=workers, compile=compile)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with common.errors():
         try:
@@ -60,7 +67,8 @@ def train_bench(batch_size: int = typer.Option(256, min=2, help="Global batch (t
 
         name = torch.cuda.get_device_name()
         peak_tflops = next((v for k, v in KNOWN_PEAK_TFLOPS.items() if k in name), None)
-    table = Table(title=f"training throughput: batch {batch_size}, {precision}, {device}, {settings.threads} threads")
+    table = Table(title=f"training throughput: {arch}, batch {batch_size}, {precision}, {device}, "
+                        f"{settings.threads} threads")
     for column in ("trainer", "samples/s", "steps timed", "peak RSS MiB", "peak GPU MiB"):
         table.add_column(column, justify="left" if column == "trainer" else "right")
     for m in result["measurements"].values():

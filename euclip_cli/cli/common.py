@@ -35,11 +35,12 @@ def errors():
     with contextlib.suppress(ImportError):
         from euclip_cli.data.loader import DataError
         from euclip_cli.data.world_files import WorldExistsError
-        from euclip_cli.evaluate.runner import EvalError
+        from euclip_cli.evaluate.evalsets import DownloadError
+        from euclip_cli.evaluate.runner import EvalError, FetchError
         from euclip_cli.train.loop import RunConflict, RunError
 
         usage += [DataError, WorldExistsError, EvalError, RunConflict]
-        runtime += [RunError]
+        runtime += [RunError, FetchError, DownloadError]
     try:
         yield
     except tuple(usage) as err:

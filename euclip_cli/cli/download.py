@@ -1,4 +1,4 @@
-"""``euclip download world | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | evalsets | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -75,3 +75,52 @@ def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
     if samples < 1 or eval_size < 1 or not 0 <= mismatch < 1:
         fail("--samples and --eval-size must be positive and --mismatch in [0, 1)", 2)
     generate_world(out, seed, samples, mismatch, eval_size, workers)
+
+
+@app.command()
+def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or task keys (euclip eval --list-tasks)."),
+             root: Path = typer.Option(Path("data/eval"), help="Where task folders go (eval.root in recipes)."),
+             base_url: str = typer.Option("https://huggingface.co/datasets",
+                                          help="Dataset host; a mirror or a local server for tests.")) -> None:
+    """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
+
+    Re-running continues interrupted files and skips finished ones.
+
+    Examples:
+      euclip download evalsets --tasks imagenet1k
+      euclip download evalsets --tasks datacomp:main,wilds/fmow
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from euclip_cli.evaluate.evalsets import DownloadError, download_task
+    from euclip_cli.evaluate.tasks import select
+
+    with errors():
+        chosen = select(tasks)
+    chosen = [t for t in chosen if t.suite == "datacomp"]
+    if not chosen:
+        fail(f"--tasks '{tasks}' names no DataComp task (the embedded world's come from 'euclip download world')", 2)
+    skipped = [t for t in chosen if t.kind == "winogavil"]
+    for task in skipped:
+        console.print(f"[yellow]skipped[/] {task.key}: WinoGAViL has no wds repo to fetch (see the README)")
+    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
+    with Progress(*columns, console=console, transient=True) as progress:
+        bars: dict[str, int] = {}
+
+        def on_progress(name: str, advance: int, total: Optional[int]) -> None:
+            if name not in bars:
+                bars[name] = progress.add_task(name, total=total)
+            progress.advance(bars[name], advance)
+
+        for task in chosen:
+            if task in skipped:
+                continue
+            bars.clear()
+            folder = task.data_dir(root, Path("data/world"))
+            try:
+                result = download_task(task, folder, base_url,
+                                       lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
+            except DownloadError as err:
+                fail(f"{task.key}: {err}", 1)
+            console.print(f"{task.key}: {result['shards']} shard(s) in {folder} "
+                          f"({result['fetched']} fetched, {result['present']} already there)")

@@ -15,6 +15,9 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                  recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Evaluate every run of this recipe."),
                  tasks: Optional[str] = typer.Option(None, help="Suite (datacomp, world), SUITE:GROUP, or task keys; "
                                                                 "default: the recipe's eval.tasks."),
+                 openclip: Optional[list[str]] = typer.Option(None, "--openclip", help="An open_clip pretrained model "
+                                                              "ARCH:TAG (or ARCH:checkpoint.pt), evaluated as a "
+                                                              "clip-geometry run; repeatable."),
                  list_tasks: bool = typer.Option(False, "--list-tasks", help="List the task registry and exit."),
                  eval_root: Optional[Path] = typer.Option(None, help="DataComp evaluation sets (default: eval.root)."),
                  world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
@@ -25,6 +28,7 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
     Examples:
       euclip eval --recipe tiny-clip
       euclip eval results/runs/tiny-clip results/runs/tiny-euclip --tasks world:shifts
+      euclip eval --openclip ViT-B-32:datacomp_m_s128m_b4k --tasks datacomp
     """
     if list_tasks:
         from euclip_cli.evaluate.tasks import list_tasks as all_tasks
@@ -39,30 +43,43 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             if not found:
                 raise FileNotFoundError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
             targets += found
+        if openclip:
+            from euclip_cli.evaluate.runner import import_openclip
+
+            targets += [import_openclip(spec, runs_dir) for spec in openclip]
         if not targets:
-            fail("name runs to evaluate, or --recipe NAME (euclip eval --help)", 2)
+            fail("name runs to evaluate, --recipe NAME or --openclip ARCH:TAG (euclip eval --help)", 2)
         from euclip_cli.evaluate.tasks import select
 
         chosen = select(tasks) if tasks else None
-    from rich.progress import Progress
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from euclip_cli.evaluate.aggregate import aggregate
     from euclip_cli.evaluate.runner import evaluate_run
     from euclip_cli.train.loop import resolve_device
 
-    with errors(), Progress(console=console, transient=True) as progress:
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
+               TimeElapsedColumn()]
+    with errors(), Progress(*columns, console=console, transient=True) as progress:
         for run_dir in targets:
-            bar = progress.add_task(f"{run_dir.name}", total=None)
+            bars: dict[str, int] = {}
 
-            def on_task(task, line, bar=bar):
+            def on_images(task, n):
+                if task.key not in bars:
+                    bars[task.key] = progress.add_task(f"{run_dir.name} {task.key}", total=None)
+                progress.advance(bars[task.key], n)
+
+            def on_task(task, line):
+                if task.key in bars:
+                    progress.remove_task(bars.pop(task.key))
                 if line is None:
                     progress.console.print(f"  {task.key}: already evaluated", highlight=False)
                 else:
                     progress.console.print(f"  {task.key}: {line['metrics']['main_metric']:.4f}", highlight=False)
-                progress.advance(bar)
 
             progress.console.print(f"[bold]{run_dir}[/]")
-            results = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task)
+            results = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
+                                   on_images=on_images)
             for suite in ("world", "datacomp"):
                 agg = aggregate(results, suite)
                 if agg["tasks_done"]:

@@ -12,7 +12,7 @@ from its checkpoint sees the very batches an uninterrupted run sees:
   the checkpoint interval), so resuming at a segment boundary replays nothing.
 - Inside a segment every batch reports how many raw samples its worker has drawn; the
   checkpoint keeps that, and a resume mid-segment re-reads (without decoding) that many
-  samples. Augmentation is seeded per raw sample, so skipped samples cost no RNG state.
+  samples. Augmentation is seeded per batch, so skipped samples cost no RNG state.
 
 webdataset supplies the shard resampling, tar reading and shuffle buffer; decoding and
 batching are written here because webdataset's stages do not expose the raw-sample count
@@ -118,6 +118,7 @@ class TrainStream(IterableDataset):
             wds.tarfile_to_samples(handler=skips),
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(seed)),
         )
+        batch_start, rng_state = resume_raw, None
         images, tokens = [], []
         for raw, sample in enumerate(raw_samples, start=1):
             if raw <= resume_raw:
@@ -126,10 +127,13 @@ class TrainStream(IterableDataset):
                 image_key = next(k for k in IMAGE_KEYS if k in sample)
                 image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
                 caption = sample["txt"].decode("utf-8")
-                # Per-sample augmentation seed: a skipped sample consumes no RNG state.
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(derive_seed(seed, raw))
-                    pixels = self.transform(image)
+                if rng_state is None:
+                    # Augmentation is seeded per batch, from the raw position it starts at, so a
+                    # resume (always at a batch boundary) needs no RNG state. Private to the loader:
+                    # the trainer's own generator is saved and restored around the batch.
+                    rng_state = torch.get_rng_state()
+                    torch.manual_seed(derive_seed(seed, batch_start))
+                pixels = self.transform(image)
                 text = self.tokenizer(caption)[0]
             except Exception:  # any undecodable or incomplete sample is data loss, not a crash
                 skips(None)
@@ -137,7 +141,9 @@ class TrainStream(IterableDataset):
             images.append(pixels)
             tokens.append(text)
             if len(images) == self.batch_size:
+                torch.set_rng_state(rng_state)
                 yield torch.stack(images), torch.stack(tokens), raw
+                batch_start, rng_state = raw, None
                 images, tokens = [], []
 
 

@@ -2,18 +2,29 @@
 
 clip-benchmark supplies the datasets, class names, templates and ``recall_at_k``; its own
 zero-shot loops hard-code cosine similarity and its accuracy helper breaks under numpy 2.4,
-so the prototype rule, the logits and top-k accuracy here are euclip's. Everything takes
+so the prototype rule, the logits and top-k accuracy here are euclip's, as are the
+group metrics of DataComp's WILDS and fairness evaluators (DataComp patches the ``wilds``
+package to run them; the arithmetic is a few lines). Everything takes
 output-space embeddings and a geometry, so one code path serves every geometry.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 from clip_benchmark.metrics.zeroshot_retrieval import recall_at_k
+from sklearn.metrics import f1_score, recall_score
 
 from euclip_cli.geometry import Geometry
+
+
+def top_classes(geometry: Geometry, image_emb: torch.Tensor, prototypes: torch.Tensor,
+                curv: Optional[torch.Tensor] = None, k: int = 5) -> torch.Tensor:
+    """``(N, min(k, C))`` class indices, most similar prototype first, in the geometry's similarity."""
+    scores = geometry.similarity(image_emb, prototypes, curv)  # (N, C)
+    return scores.topk(min(k, prototypes.shape[0]), dim=1).indices
 
 
 def classification_metrics(geometry: Geometry, image_emb: torch.Tensor, prototypes: torch.Tensor,
@@ -22,9 +33,8 @@ def classification_metrics(geometry: Geometry, image_emb: torch.Tensor, prototyp
 
     ``image_emb (N, D)``, ``prototypes (C, D)``, ``targets (N,)`` class indices.
     """
-    scores = geometry.similarity(image_emb, prototypes, curv)  # (N, C)
     n_classes = prototypes.shape[0]
-    topk = scores.topk(min(5, n_classes), dim=1).indices
+    topk = top_classes(geometry, image_emb, prototypes, curv)
     hit = topk == targets[:, None]
     pred = topk[:, 0]
     # Balanced accuracy, as sklearn's balanced_accuracy_score: mean over classes present in targets.
@@ -55,3 +65,50 @@ def retrieval_metrics(geometry: Geometry, image_emb: torch.Tensor, text_emb: tor
         out[f"text_retrieval_recall@{k}"] = (recall_at_k(scores.T, positive.T, k_i2t) > 0).float().mean().item()
     out["mean_recall@1"] = (out["image_retrieval_recall@1"] + out["text_retrieval_recall@1"]) / 2
     return out
+
+
+def group_means(values: torch.Tensor, groups: torch.Tensor) -> dict[int, float]:
+    """Mean of ``values (N,)`` for each group id in ``groups (N,)`` that has members."""
+    return {int(g): values[groups == g].float().mean().item() for g in groups.unique()}
+
+
+def worst_group(values: torch.Tensor, groups: torch.Tensor) -> float:
+    """WILDS' worst-group number: the minimum over groups with a non-zero count."""
+    return min(group_means(values, groups).values())
+
+
+def macro_over_present(metric: Callable, targets: torch.Tensor, pred: torch.Tensor) -> float:
+    """A macro-averaged sklearn metric over the labels present in ``targets`` (as WILDS passes them)."""
+    y_true, y_pred = targets.cpu().numpy(), pred.cpu().numpy()
+    return float(metric(y_true, y_pred, average="macro", labels=np.unique(y_true), zero_division=0))
+
+
+def wilds_metrics(task_key: str, topk: torch.Tensor, targets: torch.Tensor,
+                  metadata: torch.Tensor) -> dict[str, float]:
+    """The extra metrics DataComp's WILDS and fairness evaluators add to a classification pass.
+
+    ``topk (N, k)`` predicted classes, ``targets (N,)``, ``metadata (N, F)`` the shards' ``npy``
+    arrays, whose columns are the evaluators' metadata fields:
+    iWildCam [location, sequence, year, month, day, hour, minute, second, y], Camelyon17
+    [hospital, slide, y], FMoW [region, year, y], Dollar Street [income_ds, income_meta, region],
+    GeoDE [region, country].
+    """
+    hit = topk[:, 0] == targets
+    if task_key == "wilds/iwildcam":
+        return {"acc_avg": hit.float().mean().item(),
+                "recall-macro_all": macro_over_present(recall_score, targets, topk[:, 0]),
+                "F1-macro_all": macro_over_present(f1_score, targets, topk[:, 0])}
+    if task_key == "wilds/camelyon17":
+        return {"acc_avg": hit.float().mean().item(), "acc_wg": worst_group(hit, metadata[:, 1])}
+    if task_key == "wilds/fmow":
+        # WILDS' own FMoW evaluator skips the "Other" region, recognised by its name; DataComp's
+        # evaluator has no region names (its groups print as "region:5"), so in the numbers
+        # DataComp publishes every non-empty region, "Other" included, competes for the minimum.
+        return {"acc_avg": hit.float().mean().item(), "acc_worst_year": worst_group(hit, metadata[:, 1]),
+                "acc_worst_region": worst_group(hit, metadata[:, 0])}
+    if task_key == "fairness/dollar_street":
+        hit5 = (topk[:, :5] == targets[:, None]).any(dim=1)
+        return {"acc_top5_avg": hit5.float().mean().item(), "acc_top5_wg": worst_group(hit5, metadata[:, 0])}
+    if task_key == "fairness/geode":
+        return {"acc_avg": hit.float().mean().item(), "acc_wg": worst_group(hit, metadata[:, 0])}
+    raise KeyError(task_key)

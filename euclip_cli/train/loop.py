@@ -157,6 +157,9 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         data_states = state["data"]
         data_state = data_states[ranks.rank] if len(data_states) == ranks.world else None
     ranks.broadcast_parameters(model)
+    if cfg.train.compile:
+        model.clip.visual.compile()
+        model.clip.transformer.compile()
 
     def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
