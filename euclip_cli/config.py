@@ -110,7 +110,8 @@ class TrainConfig:
     checkpoints: int = 8
     keep_checkpoints: int = 2
     log_every: int = 10
-    # The math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
+    # CPU only: the math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
+    # GPUs always use PyTorch's fused kernels (flash / memory-efficient attention).
     sdpa_math: bool = True
     # torch.compile both encoders in place (checkpoints keep their keys). On this CPU it made the
     # bench model's bf16 steps ~1.3x faster after ~2.5 minutes of compiling: worth it for long runs.

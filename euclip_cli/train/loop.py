@@ -213,7 +213,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         if cfg.train.wandb:
             wandb_run = start_wandb(cfg, run_dir)
     sdpa = contextlib.nullcontext()
-    if cfg.train.sdpa_math:
+    if cfg.train.sdpa_math and device.type == "cpu":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         sdpa = sdpa_kernel([SDPBackend.MATH])
     # fp16: the scaler may halve its scale up to 16 times (from 2**16) before a step is finite.
