@@ -1,4 +1,4 @@
-"""The ``euclip`` command line: ``download | train | eval | report | recipes | bench``.
+"""The ``euclip`` command line: ``download | train | eval | report | analyze | recipes | bench``.
 
 Each command lives in its own module and imports torch, open_clip and friends inside
 the command body, so ``euclip --help`` answers at once.
@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli import bench, download, evaluate, recipes, report, train
+from euclip_cli.cli import analyze, bench, download, evaluate, recipes, report, train
 
 app = typer.Typer(
     name="euclip",
@@ -41,8 +41,14 @@ app.add_typer(download.app, name="download")
 app.command(name="train")(train.train)
 app.command(name="eval")(evaluate.eval_command)
 app.command(name="report")(report.report)
+app.add_typer(analyze.app, name="analyze")
 app.add_typer(bench.app, name="bench")
 
 
 def main() -> None:
+    import warnings
+
+    # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
+    # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.
+    warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle=\.\.\.\) is None")
     app()

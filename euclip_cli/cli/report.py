@@ -1,4 +1,4 @@
-"""``euclip report``: tables of every run's results, beside the paper's numbers."""
+"""``euclip report``: tables of every run's results beside the paper's numbers, figures, one HTML page."""
 
 from __future__ import annotations
 
@@ -12,33 +12,68 @@ TABLES = ("embedded", "1", "4", "5", "8", "all")
 
 
 def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables) or all."),
-           fmt: str = typer.Option("md", "--format", help="md or csv."),
+           fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
+                                                           "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
            out: Path = typer.Option(Path("results") / "tables", help="Where the tables are written.")) -> None:
-    """Write result tables to --out and print them.
+    """Write result tables to --out and print them; figures go to --out/../figures (PNG and PDF).
 
     Examples:
       euclip report
       euclip report --table 4 --format csv
+      euclip report --format html
     """
     if table not in TABLES:
         fail(f"--table {table!r} is not one of {', '.join(TABLES)}", 2)
-    if fmt not in ("md", "csv"):
-        fail(f"--format {fmt!r} is not one of md, csv", 2)
+    if fmt not in ("md", "csv", "tex", "html"):
+        fail(f"--format {fmt!r} is not one of md, csv, tex, html", 2)
     with errors():
         from euclip_cli.report.tables import load_runs, paper_table, render, suite_table
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
         wanted = ["embedded", "1", "4", "5", "8"] if table == "all" else [table]
+        sections = []
         for name in wanted:
             if name == "embedded":
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
             else:
                 df, title = paper_table(runs, int(name)), f"Paper Table {name}: published vs ours (%)"
-            path = out / f"{'embedded' if name == 'embedded' else 'table' + name}.{fmt}"
             text = render(df, fmt)
+            sections.append((title, text))
+            if fmt == "html":
+                continue
+            path = out / f"{'embedded' if name == 'embedded' else 'table' + name}.{fmt}"
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
             console.print(f"[bold]{title}[/]  ({path})")
             console.print(text, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"tables written to {out}")
+        figures = write_figures(runs, runs_dir, out.parent / "figures")
+    if fmt == "html":
+        from euclip_cli.report.html import page
+
+        analysis = [(f"{p.parent.parent.name}: {p.stem}", p) for p in sorted(runs_dir.glob("*/analysis/*.png"))]
+        path = out / "report.html"
+        path.write_text(page("euclip report", sections, figures + analysis))
+        console.print(f"report page: {path} ({len(sections)} tables, {len(figures) + len(analysis)} figures)")
+        return
+    console.print(f"tables written to {out}; figures to {out.parent / 'figures'}")
+
+
+def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:
+    """Training curves and per-group zero-shot bars of every run; returns (caption, PNG) pairs."""
+    from euclip_cli.evaluate.tasks import SUITE_COLUMNS
+    from euclip_cli.report.figures import group_bars, training_curves
+    from euclip_cli.report.tables import training_metrics
+
+    made = []
+    metrics = training_metrics(runs_dir, [r.name for r in runs])
+    if metrics:
+        png = training_curves(metrics, folder / "training_curves")[0]
+        made.append(("Training curves: loss terms, logit scale, curvature", png))
+    for suite in SUITE_COLUMNS:
+        scores = {r.name: r.scores[suite] for r in runs if r.scores[suite]["tasks_done"]}
+        if scores:
+            columns = {k: v for k, v in SUITE_COLUMNS[suite].items()}
+            png = group_bars(scores, columns, folder / f"zero_shot_{suite}")[0]
+            made.append((f"Zero-shot results per group ({suite})", png))
+    return made

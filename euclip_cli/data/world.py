@@ -236,3 +236,29 @@ def training_pair(rng: random.Random, mismatch: float) -> tuple[Image.Image, str
     mismatched = rng.random() < mismatch
     spec = sample_spec(sample_scene(rng) if mismatched else scene, rng, level)
     return image, frame_caption(spec, rng), spec, scene, mismatched
+
+
+# ---------------------------------------------------------------- traversal vocabulary
+
+# Specificity of a single-object caption: how many properties it pins down.
+SPECIFICITY = {"family": 1, "attribute": 1, "shape": 2, "detailed": 3, "detailed2": 4}
+
+
+def traversal_vocabulary() -> list[dict]:
+    """Every single-object caption spec from generic to specific, each with its ``rank`` (SPECIFICITY).
+
+    Families and single attributes (rank 1), shapes (2), a shape with one property (3) and a
+    shape with colour and size (4): the hierarchy a traversal towards [ROOT] should climb.
+    """
+    specs: list[dict] = [{"level": "family", "mentions": [{"family": f}]} for f in FAMILIES]
+    attributes = [("colour", c) for c in COLOURS] + [("size", s) for s in SIZES] + \
+                 [("fill", f) for f in FILLS] + [("position", p) for p in POSITIONS]
+    specs += [{"level": "attribute", "mentions": [{k: v}]} for k, v in attributes]
+    specs += [{"level": "attribute", "count": n, "mentions": []} for n in COUNT_WORDS]
+    specs += [{"level": "shape", "mentions": [{"shape": s}]} for s in SHAPES]
+    specs += [{"level": "detailed", "mentions": [{"shape": s, k: v}]} for s in SHAPES for k, v in attributes]
+    specs += [{"level": "detailed2", "mentions": [{"shape": s, "size": z, "colour": c}]}
+              for s in SHAPES for z in SIZES for c in COLOURS]
+    for spec in specs:
+        spec["rank"] = SPECIFICITY[spec["level"]]
+    return specs

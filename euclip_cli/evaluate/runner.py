@@ -59,7 +59,7 @@ def read_results(path: Path) -> list[dict]:
 
 
 @torch.no_grad()
-def _embed_images(model, loader, device, on_images: Callable[[int], None]) -> tuple[torch.Tensor, list]:
+def embed_images(model, loader, device, on_images: Callable[[int], None]) -> tuple[torch.Tensor, list]:
     embs, labels = [], []
     for images, label in loader:
         embs.append(model.encode_image(images.to(device)))
@@ -69,7 +69,7 @@ def _embed_images(model, loader, device, on_images: Callable[[int], None]) -> tu
 
 
 @torch.no_grad()
-def _embed_texts(model, tokenizer, texts: list[str], device, batch_size: int = 256) -> torch.Tensor:
+def embed_texts(model, tokenizer, texts: list[str], device, batch_size: int = 256) -> torch.Tensor:
     return torch.cat([model.encode_text(tokenizer(texts[i:i + batch_size]).to(device))
                       for i in range(0, len(texts), batch_size)])
 
@@ -132,17 +132,17 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                            task="zeroshot_retrieval")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
                                              batch_size=None, num_workers=0)
-        image_emb, captions = cache.get(task, lambda: _embed_images(model, loader, device, on_images))
+        image_emb, captions = cache.get(task, lambda: embed_images(model, loader, device, on_images))
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
-        text_emb = _embed_texts(model, tokenizer, texts, device)
+        text_emb = embed_texts(model, tokenizer, texts, device)
         return retrieval_metrics(model.geometry, image_emb.to(device), text_emb, owner, curv)
     ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task, lambda: _embed_images(model, loader, device, on_images))
+    image_emb, labels = cache.get(task, lambda: embed_images(model, loader, device, on_images))
     image_emb, targets = image_emb.to(device), torch.tensor(labels, device=device)
     texts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
-    text_emb = _embed_texts(model, tokenizer, texts, device).reshape(len(ds.classes), len(ds.templates), -1)
+    text_emb = embed_texts(model, tokenizer, texts, device).reshape(len(ds.classes), len(ds.templates), -1)
     prototypes = model.geometry.prototypes(text_emb)  # (C, D), the geometry's rule
     metrics = classification_metrics(model.geometry, image_emb, prototypes, targets, curv)
     if task.kind in ("wilds", "fairness"):

@@ -108,8 +108,29 @@ def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
 
 
 def render(df: pd.DataFrame, fmt: str) -> str:
+    """md, csv, tex (a LaTeX tabular) or html (a bare <table> for the report page)."""
     if df.empty:
-        return "(no runs with results)\n"
+        return "<p>(no runs with results)</p>\n" if fmt == "html" else "(no runs with results)\n"
     if fmt == "csv":
         return df.to_csv(index=False)
+    if fmt == "tex":
+        return df.to_latex(index=False, escape=True, float_format="%g")
+    if fmt == "html":
+        return df.to_html(index=False, border=0)
     return df.to_markdown(index=False) + "\n"
+
+
+def training_metrics(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
+    """Each run's ``metrics.jsonl`` records (lines cut short by a crash are skipped)."""
+    out = {}
+    for name in names:
+        path = runs_dir / name / "metrics.jsonl"
+        if path.exists():
+            records = []
+            for line in path.read_text().splitlines():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            out[name] = records
+    return out

@@ -1,0 +1,81 @@
+"""Figures (matplotlib, PNG and PDF) from the analyses' result dicts; nothing here computes a metric."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a window
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def distance_histogram(study: dict, title: str, stem: Path) -> list[Path]:
+    """Distances per modality from [ROOT] (and from the embedding average where that differs),
+    as the paper's Figures 2, 4 and 6-8."""
+    refs = list(study["arrays"])
+    fig, axes = plt.subplots(len(refs), 1, figsize=(5, 3 * len(refs)), squeeze=False)
+    for ax, ref in zip(axes[:, 0], refs):
+        for modality, colour in (("image", "tab:blue"), ("text", "tab:orange")):
+            ax.hist(study["arrays"][ref][modality], bins=40, alpha=0.6, color=colour, label=modality, density=True)
+        info = study["references"][ref]
+        name = "[ROOT]" if ref == "root" else "the embedding average"
+        ax.set_xlabel(f"distance from {name}")
+        ax.set_ylabel("density")
+        ax.set_title(f"||{name}|| = {info['norm']:.3f}, P(text closer) = {info['auc_text_closer']:.2f}", fontsize=9)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem)
+
+
+def spectra_plot(study: dict, title: str, stem: Path) -> list[Path]:
+    """Singular values of the unit-normalized image and text embeddings, before and after centering."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for name, values in study["spectra"].items():
+        ax.semilogy(range(1, len(values) + 1), values, label=name, linestyle="--" if "centered" in name else "-")
+    ax.set_xlabel("index")
+    ax.set_ylabel("singular value")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, stem)
+
+
+def training_curves(metrics: dict[str, list[dict]], stem: Path) -> list[Path]:
+    """Every loss term, the logit scale and (where learned) the curvature against step, one line per run."""
+    keys = ["loss", "contrastive", "entailment", "logit_scale", "curvature"]
+    present = [k for k in keys if any(k in r for records in metrics.values() for r in records)]
+    fig, axes = plt.subplots(1, len(present), figsize=(3.2 * len(present), 3), squeeze=False)
+    colours = {name: f"C{i % 10}" for i, name in enumerate(metrics)}  # one colour per run in every panel
+    for ax, key in zip(axes[0], present):
+        for name, records in metrics.items():
+            points = [(r["step"], r[key]) for r in records if key in r]
+            if points:
+                ax.plot(*zip(*points), label=name, color=colours[name])
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, stem)
+
+
+def group_bars(scores: dict[str, dict[str, float]], columns: dict[str, str], stem: Path) -> list[Path]:
+    """Zero-shot results per group (percent), one bar per run in each group."""
+    groups = [g for g in columns if any(s.get(g) is not None for s in scores.values())]
+    fig, ax = plt.subplots(figsize=(1.6 * max(len(groups), 1) + 2, 3.2))
+    width = 0.8 / max(len(scores), 1)
+    for i, (name, s) in enumerate(scores.items()):
+        xs = [j + i * width for j in range(len(groups))]
+        ax.bar(xs, [100 * (s.get(g) or 0) for g in groups], width=width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], [columns[g] for g in groups], fontsize=8)
+    ax.set_ylabel("zero-shot (%)")
+    ax.legend(fontsize=7)
+    return _save(fig, stem)
