@@ -9,7 +9,7 @@ EUCLIP := $(BIN)/euclip
 # The sweep `make demo` trains on the embedded world (override: make demo DEMO_RECIPES="tiny-clip").
 DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 
-.PHONY: help install demo test test-fast clean-results
+.PHONY: help install demo analyze test test-fast clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -29,7 +29,13 @@ demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write
 	$(EUCLIP) report
 	@echo "report: results/tables/embedded.md (all tables in results/tables/)"
 
-test: $(STAMP)  ## Run the whole test suite (about 2 minutes on 2 cores, plus the first install).
+analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of each run, then report.html.
+	@for r in $(DEMO_RECIPES); do \
+		$(EUCLIP) analyze distances $$r && $(EUCLIP) analyze isotropy $$r && $(EUCLIP) analyze traverse $$r || exit 1; \
+	done
+	$(EUCLIP) report --format html
+
+test: $(STAMP)  ## Run the whole test suite (about 5 minutes on 2 cores, plus the first install).
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.

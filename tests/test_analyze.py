@@ -114,3 +114,32 @@ def test_traverse_scores_traversals_against_the_worlds_hierarchy(runs, world):
     refused = runner.invoke(app, ["analyze", "traverse", "tiny-clip", "--entail", "0.1", "--world", str(world),
                                   "--runs-dir", str(runs)])
     assert refused.exit_code == 2 and "no entailment cones" in refused.output
+
+
+def test_distances_over_the_training_set(runs, world):
+    analyze(runs, world, "distances", "tiny-clip", "--split", "train", "--samples", "100")
+    study = json.loads((runs / "tiny-clip" / "analysis" / "distances_train.json").read_text())
+    assert study["split"] == "train" and len(study["arrays"]["root"]["image"]) == 100
+    assert (runs / "tiny-clip" / "analysis" / "distances_train.png").exists()
+
+
+def test_traverse_a_folder_of_images_over_a_meru_style_vocabulary(runs, world, tmp_path):
+    import tarfile
+
+    images = tmp_path / "images"
+    images.mkdir()
+    with tarfile.open(world / "eval" / "shapes" / "test" / "0.tar") as tar:
+        for member in [m for m in tar.getmembers() if m.name.endswith(".jpg")][:3]:
+            (images / member.name).write_bytes(tar.extractfile(member).read())
+    (tmp_path / "nouns.txt").write_text("star\ncircle\n# a comment\nshape\n")
+    (tmp_path / "adjectives.txt").write_text("red\nsmall\n")
+    analyze(runs, world, "traverse", "tiny-meru", "--image-dir", str(images), "--nouns", str(tmp_path / "nouns.txt"),
+            "--adjectives", str(tmp_path / "adjectives.txt"), "--entail", "0.3")
+    study = json.loads((runs / "tiny-meru" / "analysis" / "traverse_custom.json").read_text())
+    assert study["images"] == 3 and study["vocabulary"] == 5
+    vocabulary = {"a photo of a star.", "a photo of a circle.", "a photo of a shape.", "this photo is red.",
+                  "this photo is small."}
+    for name in ("none", "K=0.3"):
+        traversals = study["filters"][name]["traversals"]
+        assert len(traversals) == 3 and all(set(seq) <= vocabulary for seq in traversals.values())
+    assert all(study["filters"]["none"]["traversals"].values())  # unfiltered, every step has a nearest caption

@@ -58,3 +58,65 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     extra = embed_texts(model, tokenizer, vocabulary, device).cpu() if vocabulary else None
     return RunEmbeddings(model.geometry, None if curv is None else curv.detach().cpu(), image.cpu(), text.cpu(),
                          class_images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu(), extra)
+
+
+@torch.no_grad()
+def training_pairs(run_dir: Path, device: torch.device, samples: int,
+                   batch_size: int = 64) -> tuple[Geometry, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``(geometry, curv, image (N, D), text (N, D))`` for the first ``samples`` pairs of the run's
+    training shards, in shard order, through the evaluation transform (no augmentation)."""
+    import webdataset as wds
+
+    from euclip_cli import config as C
+    from euclip_cli.data.loader import list_shards
+
+    model, cfg, _, _ = load_run(run_dir, device)
+    _, transform = transforms_for(model.clip)
+    tokenizer = tokenizer_for(cfg.model.arch)
+    hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
+    pipeline = (wds.WebDataset(list_shards(C.train_dir(cfg), hint), shardshuffle=False, handler=wds.ignore_and_continue)
+                .decode("pilrgb", handler=wds.ignore_and_continue)
+                .to_tuple("jpg;png;webp;jpeg", "txt", handler=wds.ignore_and_continue))
+    images, texts, image_emb, text_emb = [], [], [], []
+
+    def flush() -> None:
+        if images:
+            image_emb.append(model.encode_image(torch.stack(images).to(device)).cpu())
+            text_emb.append(embed_texts(model, tokenizer, texts, device).cpu())
+            images.clear()
+            texts.clear()
+
+    taken = 0
+    for image, caption in pipeline:
+        if taken == samples:
+            break
+        images.append(transform(image))
+        texts.append(caption)
+        taken += 1
+        if len(images) == batch_size:
+            flush()
+    flush()
+    curv = model.curvature()
+    return model.geometry, None if curv is None else curv.detach().cpu(), torch.cat(image_emb), torch.cat(text_emb)
+
+
+@torch.no_grad()
+def folder_embeddings(run_dir: Path, device: torch.device, image_dir: Path, captions: list[str],
+                      batch_size: int = 64) -> tuple[Geometry, Optional[torch.Tensor], list[str], torch.Tensor,
+                                                     torch.Tensor]:
+    """``(geometry, curv, image names, image (N, D), captions (C, D))`` for a folder of images and a caption list."""
+    from PIL import Image
+
+    model, cfg, _, _ = load_run(run_dir, device)
+    _, transform = transforms_for(model.clip)
+    paths = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
+    if not paths:
+        raise EvalError(f"no images (.jpg, .jpeg, .png, .webp) in {image_dir}")
+    embs = []
+    for i in range(0, len(paths), batch_size):
+        batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[i:i + batch_size]])
+        embs.append(model.encode_image(batch.to(device)).cpu())
+    text = embed_texts(model, tokenizer_for(cfg.model.arch), captions, device).cpu()
+    curv = model.curvature()
+    return (model.geometry, None if curv is None else curv.detach().cpu(), [p.name for p in paths], torch.cat(embs),
+            text)

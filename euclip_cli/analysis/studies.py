@@ -15,11 +15,12 @@ from sklearn.metrics import roc_auc_score
 from euclip_cli.analysis.embeddings import RunEmbeddings
 from euclip_cli.analysis.traverse import traverse
 from euclip_cli.data import world as W
+from euclip_cli.geometry import Geometry
 from euclip_cli.analysis.isotropy import (apply_linear, fit_lstsq, fit_pca, fit_procrustes, fit_whitening,
                                           partition_isotropy, singular_values)
 
 
-def distance_study(emb: RunEmbeddings) -> dict:
+def distance_study(g: Geometry, image: torch.Tensor, text: torch.Tensor, curv: Optional[torch.Tensor]) -> dict:
     """Each modality's distances from [ROOT] and from the embedding average, and their separation.
 
     [ROOT] is the geometry's (the origin for Euclidean and hyperbolic models, the average of the
@@ -27,16 +28,16 @@ def distance_study(emb: RunEmbeddings) -> dict:
     also reported with its norm, as the paper's appendix D does for EuCLIP and MERU.
     ``auc_text_closer``: the probability that a random caption lies closer to [ROOT] than a random
     image (0.5: no gap; near 1: captions nearer the root, the hierarchy entailment asks for).
+    ``image (N, D)`` and ``text (M, D)`` are output-space embeddings.
     """
-    g = emb.geometry
-    both = torch.cat([emb.image, emb.text])
+    both = torch.cat([image, text])
     out = {"geometry": g.name, "logit": g.logit, "references": {}, "arrays": {}}
     references = {"root": g.root(both), "average": both.mean(dim=0)}
     if g.name in ("clip", "elliptic", "product-sphere"):
         del references["average"]  # [ROOT] is the average already
     for ref_name, ref in references.items():
-        image_d = g.distance_to_root(emb.image, ref, emb.curv)
-        text_d = g.distance_to_root(emb.text, ref, emb.curv)
+        image_d = g.distance_to_root(image, ref, curv)
+        text_d = g.distance_to_root(text, ref, curv)
         labels = [0] * len(image_d) + [1] * len(text_d)
         out["references"][ref_name] = {
             "norm": ref.norm().item(),

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import RUNS_DIR, console, errors, resolve_run
+from euclip_cli.cli.common import RUNS_DIR, console, errors, fail, resolve_run
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
                   no_args_is_help=True)
@@ -32,22 +32,40 @@ def _write(run_dir: Path, name: str, result: dict) -> Path:
 
 @app.command()
 def distances(run: str = typer.Argument(..., help="Run directory or name."),
+              split: str = typer.Option("eval", help="eval: the world's retrieval pairs; train: the first "
+                                                     "--samples pairs of the run's training shards."),
+              samples: int = typer.Option(2000, min=2, help="Training pairs read with --split train."),
               world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
     """[ROOT], ||[ROOT]||, distance histograms per modality and the modality gap.
 
-    Example: euclip analyze distances tiny-meru
+    Examples:
+      euclip analyze distances tiny-meru
+      euclip analyze distances tiny-meru --split train --samples 5000
     """
     from euclip_cli.analysis.studies import distance_study
     from euclip_cli.report.figures import distance_histogram
 
+    if split not in ("eval", "train"):
+        fail(f"--split '{split}' is not one of eval, train")
     with errors():
-        run_dir, emb = _collect(run, runs_dir, world, device)
-        result = distance_study(emb)
-    figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']})",
-                                 run_dir / "analysis" / "distances")
-    out = _write(run_dir, "distances", result)
+        if split == "eval":
+            run_dir, emb = _collect(run, runs_dir, world, device)
+            result = distance_study(emb.geometry, emb.image, emb.text, emb.curv)
+        else:
+            from euclip_cli.analysis.embeddings import training_pairs
+            from euclip_cli.train.loop import resolve_device
+
+            run_dir = resolve_run(run, runs_dir)
+            with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
+                geometry, curv, image, text = training_pairs(run_dir, resolve_device(device), samples)
+            result = distance_study(geometry, image, text, curv)
+        result["split"] = split
+    name = "distances" if split == "eval" else "distances_train"
+    figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}), {split} pairs",
+                                 run_dir / "analysis" / name)
+    out = _write(run_dir, name, result)
     for ref, d in result["references"].items():
         name = "[ROOT]" if ref == "root" else "the embedding average"
         console.print(f"||{name}|| = {d['norm']:.4f}; mean distance from it: image {d['image']['mean']:.4f}, "
@@ -99,12 +117,19 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
              steps: int = typer.Option(50, min=2, help="Points from the image to [ROOT]."),
              entail: Optional[str] = typer.Option(None, help="Comma-separated entailment radii K; each adds a "
                                                              "filtered traversal (Euclidean and hyperbolic runs)."),
+             image_dir: Optional[Path] = typer.Option(None, help="Traverse these images instead of the world's "
+                                                                  "(with --nouns and/or --adjectives)."),
+             nouns: Optional[Path] = typer.Option(None, help="One noun per line, captioned 'a photo of a {}.' (MERU)."),
+             adjectives: Optional[Path] = typer.Option(None, help="One adjective per line, 'this photo is {}.'"),
              world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
              device: str = typer.Option("auto", help="cpu, cuda or auto."),
              runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
-    """Image traversals to [ROOT] over the embedded world's captions, scored against its hierarchy.
+    """Image traversals to [ROOT]: over the embedded world's captions, scored against its hierarchy,
+    or over your own images and MERU-style vocabulary.
 
-    Example: euclip analyze traverse tiny-meru --entail 0.1,0.3
+    Examples:
+      euclip analyze traverse tiny-meru --entail 0.1,0.3
+      euclip analyze traverse tiny-meru --image-dir photos/ --nouns nouns.txt --adjectives adjectives.txt
     """
     from rich.table import Table
 
@@ -129,6 +154,9 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
         if len(ks) > 1 and cfg.geometry.name not in ("euclidean", "hyperbolic"):
             raise ValueError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
                              f"entailment cones (only euclidean and hyperbolic)")
+        if image_dir is not None:
+            _custom_traversal(run_dir, image_dir, nouns, adjectives, steps, ks, device)
+            return
         world = world or world_root(cfg)
         specs = W.traversal_vocabulary()
         with console.status(f"embedding images, captions and {len(specs)} vocabulary captions"):
@@ -151,4 +179,42 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
         console.print(f"entailment test {name}: precision {test['precision']:.3f}, recall {test['recall']:.3f} "
                       f"(cones contain {100 * test['predicted_share']:.1f}% of pairs; "
                       f"{100 * test['true_share']:.1f}% are true)", highlight=False)
+    console.print(f"written: {out}")
+
+
+def _words(path: Optional[Path]) -> list[str]:
+    if path is None:
+        return []
+    return [w.strip() for w in path.read_text().splitlines() if w.strip() and not w.startswith("#")]
+
+
+def _custom_traversal(run_dir: Path, image_dir: Path, nouns: Optional[Path], adjectives: Optional[Path], steps: int,
+                      ks: list, device: str) -> None:
+    """Traversals of a folder of images over a noun/adjective vocabulary (no ground truth to score)."""
+    import torch
+
+    from euclip_cli.analysis.embeddings import folder_embeddings
+    from euclip_cli.analysis.traverse import traverse as walk
+    from euclip_cli.train.loop import resolve_device
+
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"--image-dir {image_dir} is not a folder")
+    captions = [f"a photo of a {w}." for w in _words(nouns)] + [f"this photo is {w}." for w in _words(adjectives)]
+    if not captions:
+        raise ValueError("--image-dir needs a vocabulary: --nouns FILE and/or --adjectives FILE, one word per line")
+    with console.status(f"embedding the images in {image_dir} and {len(captions)} captions"):
+        g, curv, names, images, texts = folder_embeddings(run_dir, resolve_device(device), image_dir, captions)
+    root = g.root(torch.cat([images, texts]))
+    result = {"geometry": g.name, "logit": g.logit, "images": len(names), "steps": steps, "vocabulary": len(captions),
+              "filters": {}}
+    for k in ks:
+        sequences = [walk(g, z, root, texts, curv, steps, k) for z in images]
+        name = "none" if k is None else f"K={k:g}"
+        result["filters"][name] = {
+            "captions_per_image": sum(map(len, sequences)) / len(sequences),
+            "traversals": {n: [captions[c] for c in seq] for n, seq in zip(names, sequences)}}
+        console.print(f"[bold]{name}[/]: {result['filters'][name]['captions_per_image']:.2f} captions per image")
+        for n, seq in result["filters"][name]["traversals"].items():
+            console.print(f"  {n}: " + " → ".join(seq), highlight=False)
+    out = _write(run_dir, "traverse_custom", result)
     console.print(f"written: {out}")
