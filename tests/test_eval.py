@@ -231,3 +231,57 @@ def test_an_openclip_checkpoint_is_evaluated_as_a_clip_run(world, tmp_path):
 
     missing = CliRunner().invoke(app, ["eval", "--openclip", "no-such-arch:x", "--runs-dir", str(runs)])
     assert missing.exit_code == 2 and "no-such-arch" in missing.output and "Traceback" not in missing.output
+
+
+@pytest.mark.parametrize("name", list_geometries())
+def test_winogavil_jaccard_matches_an_independent_computation(name):
+    from euclip_cli.evaluate.zeroshot import winogavil_metrics
+
+    g = get_geometry(name, blocks=4)
+    img, txt, _ = stub_embeddings(g, n_classes=12, per_class=1, noise=0.5, seed=5)
+    cues = txt[:, 0]
+    gen = torch.Generator().manual_seed(1)
+    sizes = [5, 6, 10, 12, 12, 10]
+    candidates, truths, expected = [], [], {}
+    for i, n in enumerate(sizes):
+        chosen = torch.randperm(12, generator=gen)[:n]
+        truth = set(torch.randperm(n, generator=gen)[:2 + i % 3].tolist())
+        candidates.append(img[chosen])
+        truths.append(truth)
+        s = g.similarity(cues[i][None], img[chosen], CURV)[0].tolist()
+        ranked = sorted(range(n), key=lambda j: -s[j])[:len(truth)]  # top-|truth| by hand
+        expected.setdefault(n, []).append(len(set(ranked) & truth) / len(set(ranked) | truth))
+    m = winogavil_metrics(g, cues[:len(sizes)], candidates, truths, CURV)
+    mean = lambda xs: sum(xs) / len(xs)
+    assert m["jaccard_score_10-12"] == pytest.approx(mean(expected[10] + expected[12]))
+    assert m["jaccard_score_5-6"] == pytest.approx(mean(expected[5] + expected[6]))
+    assert m["avg_jaccard_score"] == pytest.approx(mean([v for vs in expected.values() for v in vs]))
+
+
+def test_an_interrupted_evaluation_resumes_without_duplicating_or_losing_a_line(world, tmp_path, monkeypatch):
+    from euclip_cli import config as C
+    from euclip_cli.evaluate import runner as R
+    from euclip_cli.train import loop
+
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "data.batch_size=16",
+                                      "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=50"])
+    loop.run(cfg, tmp_path / "run")
+    tasks = select("world:shifts") + select("world:attributes")
+    real, calls = R.evaluate_task, {"n": 0}
+
+    def dies_on_the_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # Ctrl-C, or a preempted job, mid-evaluation
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(R, "evaluate_task", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        R.evaluate_run(tmp_path / "run", torch.device("cpu"), tasks, world=world)
+    out = tmp_path / "run" / "eval.jsonl"
+    with out.open("a") as f:
+        f.write('{"key": "world/count", "metr')  # a line cut short by a crash mid-write
+    monkeypatch.setattr(R, "evaluate_task", real)
+    R.evaluate_run(tmp_path / "run", torch.device("cpu"), tasks, world=world)
+    keys = [json.loads(line)["key"] for line in out.read_text().splitlines() if line.endswith("}")]
+    assert sorted(keys) == sorted(t.key for t in tasks)  # each task exactly once

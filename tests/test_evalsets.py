@@ -1,7 +1,11 @@
 """``euclip download evalsets`` against a Hugging Face-shaped server on 127.0.0.1: fetch, verify, resume."""
 
 import hashlib
+import io
+import json
+import tarfile
 import threading
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -29,13 +33,22 @@ class FakeHub:
 
             def do_GET(self):
                 parts = self.path.lstrip("/").split("/")
+                if parts[0] == "api":  # the Hub API's file listing of a dataset repo
+                    repo = "/".join(parts[2:4])
+                    siblings = [{"rfilename": k[len(repo) + 1:]} for k in hub.files if k.startswith(repo + "/")]
+                    body = json.dumps({"siblings": siblings}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 repo, kind, rel = "/".join(parts[:2]), parts[2], "/".join(parts[4:])
                 data = hub.files.get(f"{repo}/{rel}")
                 hub.requests.append((kind, rel, self.headers.get("Range")))
                 if data is None:
                     self.send_error(404)
                     return
-                if kind == "raw" and rel.endswith(".tar"):
+                if kind == "raw" and rel.endswith((".tar", ".zip")):  # large files live in LFS
                     data = hub.pointer_source.get(f"{repo}/{rel}", data)
                     data = (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
                             f"size {len(data)}\n").encode()
@@ -77,8 +90,7 @@ def test_repo_names_follow_datacomp():
     assert repo_for(TASKS["vtab/caltech101"]) == "djghosh/wds_vtab-caltech101_test"
     assert repo_for(TASKS["fairness/dollar_street"]) == "djghosh/wds_dollar_street_test"
     assert repo_for(TASKS["wilds/iwildcam"]) == "djghosh/wds_wilds-iwildcam_test"
-    with pytest.raises(DownloadError, match="WinoGAViL"):
-        repo_for(TASKS["misc/winogavil"])
+    assert repo_for(TASKS["misc/winogavil"]) == "nlphuji/winogavil"
     assert parse_pointer("just text") is None
 
 
@@ -133,3 +145,44 @@ def test_an_unreachable_host_is_one_clear_error(tmp_path):
     result = runner.invoke(app, ["download", "evalsets", "--tasks", "imagenet1k", "--root", str(tmp_path),
                                  "--base-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1 and "could not reach" in result.output and "Traceback" not in result.output
+
+
+def test_winogavil_is_fetched_converted_and_scored(world, tmp_path):
+    import torch
+
+    from euclip_cli import config as C
+    from euclip_cli.evaluate.runner import evaluate_task
+    from euclip_cli.model import EuclipModel
+
+    with tarfile.open(world / "eval" / "shapes" / "test" / "0.tar") as tar:
+        jpgs = [tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg")][:12]
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        for i, data in enumerate(jpgs):
+            z.writestr(f"winogavil_images/img{i}.jpg", data)
+    rows = [(0, "Apple", [f"img{i}" for i in range(5)], ["img1", "img3"]),
+            (1, "moon", [f"img{i}" for i in range(10)], ["img2", "img4", "img9"]),
+            (2, "sea", [f"img{i}" for i in range(12)], ["img0", "img11"])]
+    csv = "ID,cue,candidates,associations\n" + "".join(
+        f'{i},{cue},"{json.dumps(c).replace(chr(34), chr(34) * 2)}","{json.dumps(a).replace(chr(34), chr(34) * 2)}"\n'
+        for i, cue, c, a in rows)
+    fake = FakeHub({"nlphuji/winogavil/winogavil_dataset.csv": csv.encode(),
+                    "nlphuji/winogavil/winogavil_images.zip": archive.getvalue()})
+    try:
+        result = runner.invoke(app, ["download", "evalsets", "--tasks", "misc/winogavil", "--root", str(tmp_path),
+                                     "--base-url", fake.url])
+    finally:
+        fake.server.shutdown()
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "winogavil"
+    instances = [json.loads(line) for line in (folder / "instances.jsonl").read_text().splitlines()]
+    assert [i["cue"] for i in instances] == ["Apple", "moon", "sea"] and instances[1]["associations"] == rows[1][3]
+    assert len(list((folder / "images").glob("*.jpg"))) == 12
+
+    cfg = C.load_config("tiny-meru")
+    torch.manual_seed(0)
+    metrics = evaluate_task(EuclipModel(cfg).eval(), cfg, TASKS["misc/winogavil"], folder, torch.device("cpu"), 8)
+    assert set(metrics) >= {"avg_jaccard_score", "jaccard_score_5", "jaccard_score_10", "jaccard_score_12",
+                            "jaccard_score_5-6", "jaccard_score_10-12"}
+    assert metrics["jaccard_score_10-12"] == pytest.approx((metrics["jaccard_score_10"] + metrics["jaccard_score_12"]) / 2)
+    assert all(0 <= v <= 1 for v in metrics.values() if v is not None)

@@ -92,7 +92,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from euclip_cli.evaluate.evalsets import DownloadError, download_task
+    from euclip_cli.evaluate.evalsets import DownloadError, download_task, download_winogavil
     from euclip_cli.evaluate.tasks import select
 
     with errors():
@@ -100,9 +100,6 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     chosen = [t for t in chosen if t.suite == "datacomp"]
     if not chosen:
         fail(f"--tasks '{tasks}' names no DataComp task (the embedded world's come from 'euclip download world')", 2)
-    skipped = [t for t in chosen if t.kind == "winogavil"]
-    for task in skipped:
-        console.print(f"[yellow]skipped[/] {task.key}: WinoGAViL has no wds repo to fetch (see the README)")
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:
         bars: dict[str, int] = {}
@@ -113,14 +110,13 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             progress.advance(bars[name], advance)
 
         for task in chosen:
-            if task in skipped:
-                continue
             bars.clear()
             folder = task.data_dir(root, Path("data/world"))
+            fetch = download_winogavil if task.kind == "winogavil" else lambda *a: download_task(task, *a)
             try:
-                result = download_task(task, folder, base_url,
-                                       lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
+                result = fetch(folder, base_url,
+                               lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
             except DownloadError as err:
                 fail(f"{task.key}: {err}", 1)
-            console.print(f"{task.key}: {result['shards']} shard(s) in {folder} "
-                          f"({result['fetched']} fetched, {result['present']} already there)")
+            what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
+            console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import io
 import os
 import urllib.error
 import urllib.request
@@ -34,6 +35,8 @@ RETRIEVAL_REPOS = {
     "retrieval/flickr_1k_test_image_text_retrieval": "clip-benchmark/wds_flickr30k",
     "retrieval/mscoco_2014_5k_test_image_text_retrieval": "clip-benchmark/wds_mscoco_captions",
 }
+# A gated loading-script dataset: a csv of instances and a zip of candidate images.
+WINOGAVIL_REPO = "nlphuji/winogavil"
 OPTIONAL_FILES = ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt")
 
 
@@ -47,7 +50,7 @@ def repo_for(task: Task) -> str:
     if task.key in RETRIEVAL_REPOS:
         return RETRIEVAL_REPOS[task.key]
     if task.kind == "winogavil":
-        raise DownloadError(f"task {task.key}: WinoGAViL is not distributed as a wds repo; euclip cannot fetch it yet")
+        return WINOGAVIL_REPO
     key = task.key.split("/", 1)[1] if task.key.startswith("fairness/") else task.key
     return f"djghosh/wds_{key.replace('/', '-')}_test"
 
@@ -67,10 +70,16 @@ def parse_pointer(text: str) -> Optional[LfsPointer]:
 
 
 def _open(url: str, start: int = 0):
-    request = urllib.request.Request(url, headers={"Range": f"bytes={start}-"} if start else {})
+    headers = {"Range": f"bytes={start}-"} if start else {}
+    if os.environ.get("HF_TOKEN"):  # gated repos (WinoGAViL) need the user's token
+        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
+    request = urllib.request.Request(url, headers=headers)
     try:
         return urllib.request.urlopen(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise DownloadError(f"{url}: HTTP {err.code}: the repository is gated; accept its terms on Hugging Face "
+                                f"and set HF_TOKEN") from None
         raise DownloadError(f"{url}: HTTP {err.code} {err.reason}") from None
     except (urllib.error.URLError, OSError) as err:
         raise DownloadError(f"could not reach {url} ({getattr(err, 'reason', err)}); check the network "
@@ -80,6 +89,16 @@ def _open(url: str, start: int = 0):
 def fetch_text(url: str) -> str:
     with _open(url) as response:
         return response.read().decode("utf-8")
+
+
+def fetch_pointer(url: str) -> Optional[LfsPointer]:
+    """The LFS pointer served at a ``raw/main`` URL; None when the file is stored in git itself."""
+    with _open(url) as response:
+        head = response.read(1024)  # a pointer is ~130 bytes; a plain file is not read in full
+    try:
+        return parse_pointer(head.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
 
 
 def sha256_of(path: Path) -> str:
@@ -158,7 +177,7 @@ def download_task(task: Task, folder: Path, base_url: str = HF_DATASETS,
     nshards = int(fetch_text(f"{repo}/resolve/main/test/nshards.txt").strip())
     for i in range(nshards):
         rel = f"test/{i}.tar"
-        pointer = parse_pointer(fetch_text(f"{repo}/raw/main/{rel}"))
+        pointer = fetch_pointer(f"{repo}/raw/main/{rel}")
         dest = folder / rel
         if is_complete(dest, pointer, verified_before=marker.exists()):
             present += 1
@@ -169,3 +188,52 @@ def download_task(task: Task, folder: Path, base_url: str = HF_DATASETS,
     if not marker.exists():
         marker.write_text(f"{nshards}\n")
     return {"task": task.key, "folder": str(folder), "shards": nshards, "fetched": fetched, "present": present}
+
+
+def download_winogavil(folder: Path, base_url: str = HF_DATASETS,
+                       on_progress: Callable[[str, int, Optional[int]], None] = lambda name, n, total: None) -> dict:
+    """WinoGAViL's instances and images as ``instances.jsonl`` + ``images/NAME.jpg`` (DataComp loads the
+    same repo through its loading script, which current ``datasets`` releases no longer run).
+
+    The repo's files are listed through the Hub API (its csv and its image zip); ``instances.jsonl``
+    is written last, so a folder with it is complete.
+    """
+    import json
+    import zipfile
+
+    import pandas as pd
+
+    marker = folder / "instances.jsonl"
+    if marker.exists():
+        return {"task": "misc/winogavil", "folder": str(folder), "fetched": 0, "present": 1}
+    api = f"{base_url.rstrip('/').removesuffix('/datasets')}/api/datasets/{WINOGAVIL_REPO}"
+    files = [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+    csvs, zips = [f for f in files if f.endswith(".csv")], [f for f in files if f.endswith(".zip")]
+    if len(csvs) != 1 or len(zips) != 1:
+        raise DownloadError(f"{api}: expected one csv and one zip in {WINOGAVIL_REPO}, found {files}")
+    repo = f"{base_url.rstrip('/')}/{WINOGAVIL_REPO}"
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / zips[0]
+    pointer = fetch_pointer(f"{repo}/raw/main/{zips[0]}")
+    if not is_complete(archive, pointer, verified_before=False):
+        on_progress(zips[0], 0, pointer.size if pointer else None)
+        fetch_file(f"{repo}/resolve/main/{zips[0]}", archive, pointer, lambda n: on_progress(zips[0], n, None))
+    images = folder / "images"
+    images.mkdir(exist_ok=True)
+    with zipfile.ZipFile(archive) as z:
+        for member in z.namelist():
+            if member.lower().endswith(".jpg"):
+                (images / Path(member).name).write_bytes(z.read(member))
+    table = pd.read_csv(io.StringIO(fetch_text(f"{repo}/resolve/main/{csvs[0]}")))
+    lines = []
+    for row in table.itertuples():
+        candidates, associations = json.loads(row.candidates), json.loads(row.associations)
+        missing = [c for c in candidates if not (images / f"{c}.jpg").exists()]
+        if missing:
+            raise DownloadError(f"{WINOGAVIL_REPO}: instance {row.ID} names images missing from {zips[0]}: {missing[:3]}")
+        lines.append(json.dumps({"id": int(row.ID), "cue": row.cue, "candidates": candidates,
+                                 "associations": associations}))
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, marker)
+    return {"task": "misc/winogavil", "folder": str(folder), "instances": len(lines), "fetched": 1, "present": 0}

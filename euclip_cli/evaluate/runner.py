@@ -16,7 +16,8 @@ from clip_benchmark.datasets.builder import build_dataset, image_captions_collat
 
 from euclip_cli import config as C
 from euclip_cli.evaluate.tasks import Task, select
-from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics, top_classes, wilds_metrics
+from euclip_cli.evaluate.zeroshot import (classification_metrics, retrieval_metrics, top_classes, wilds_metrics,
+                                         winogavil_metrics)
 from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
 from euclip_cli.train import checkpoint
 
@@ -119,8 +120,10 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                   on_images: Callable[[int], None] = lambda n: None) -> dict:
     """The task's metrics; ``on_images(n)`` is called as each batch of n images is embedded."""
     cache = cache or FeatureCache(None)
-    if task.kind == "winogavil" or task.key in ("fairness/fairface", "fairness/utkface"):
+    if task.key in ("fairness/fairface", "fairness/utkface"):
         raise EvalError(f"task {task.key}: {task.kind} scoring is not implemented yet; evaluate the other tasks")
+    if task.kind == "winogavil":
+        return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     if not (data_dir / "test" / "nshards.txt").exists():
         hint = "euclip download world" if task.suite == "world" else f"euclip download evalsets --tasks {task.key}"
         raise EvalError(f"task {task.key}: no data in {data_dir}: run '{hint}'")
@@ -188,6 +191,34 @@ def import_openclip(spec: str, runs_dir: Path) -> Path:
     return run_dir
 
 
+def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
+                       batch_size: int, cache: FeatureCache, on_images: Callable[[int], None]) -> dict:
+    """DataComp's WinoGAViL protocol on ``instances.jsonl`` + ``images/`` (``euclip download evalsets``)."""
+    from PIL import Image
+
+    instances_path = data_dir / "instances.jsonl"
+    if not instances_path.exists():
+        raise EvalError(f"task {task.key}: no data in {data_dir}: run 'euclip download evalsets --tasks {task.key}'")
+    instances = [json.loads(line) for line in instances_path.read_text().splitlines() if line.strip()]
+    names = sorted({c for inst in instances for c in inst["candidates"]})
+    _, transform = transforms_for(model.clip)
+
+    def images():
+        for i in range(0, len(names), batch_size):
+            chunk = names[i:i + batch_size]
+            yield torch.stack([transform(Image.open(data_dir / "images" / f"{n}.jpg").convert("RGB")) for n in chunk]), chunk
+
+    image_emb, order = cache.get(task, lambda: embed_images(model, images(), device, on_images))
+    index = {name: i for i, name in enumerate(order)}
+    image_emb = image_emb.to(device)
+    # DataComp's prompt: the lower-cased cue after "A" or "An", no period.
+    prompts = [("An " if inst["cue"].lower()[0] in "aeiou" else "A ") + inst["cue"].lower() for inst in instances]
+    cue_emb = embed_texts(model, tokenizer_for(cfg.model.arch), prompts, device)
+    candidates = [image_emb[[index[c] for c in inst["candidates"]]] for inst in instances]
+    truth = [{inst["candidates"].index(a) for a in inst["associations"]} for inst in instances]
+    return winogavil_metrics(model.geometry, cue_emb, candidates, truth, model.curvature())
+
+
 def world_root(cfg: C.Config) -> Path:
     """The embedded world a run was trained on (its eval tasks sit beside its training shards)."""
     return C.train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
@@ -221,8 +252,13 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         metrics["main_metric"] = metrics.get(task.main_metric) if task.main_metric else None
         line = {"key": task.key, "dataset": task.name, "metrics": metrics, "checkpoint": ckpt_name,
                 "step": step, "protocol": PROTOCOL}
-        with out_path.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        with out_path.open("a+b") as f:  # appends always go to the end, whatever was read
+            cut_short = False
+            if f.tell() > 0:
+                # A line cut short by a crash has no newline: end it, or this line would be glued to it.
+                f.seek(-1, 2)
+                cut_short = f.read(1) != b"\n"
+            f.write((("\n" if cut_short else "") + json.dumps(line) + "\n").encode())
         if on_task:
             on_task(task, line)
     return latest_results(out_path)

@@ -26,6 +26,8 @@ class Task:
     def data_dir(self, eval_root: Path, world_root: Path) -> Path:
         if self.suite == "world":
             return world_root / "eval" / self.key.split("/", 1)[1]
+        if self.kind == "winogavil":
+            return eval_root / "winogavil"  # instances.jsonl + images/, see euclip_cli.evaluate.evalsets
         key = self.key.split("/", 1)[1] if self.key.startswith("fairness/") else self.key
         return eval_root / f"wds_{key.replace('/', '-')}_test"
 

@@ -112,3 +112,26 @@ def wilds_metrics(task_key: str, topk: torch.Tensor, targets: torch.Tensor,
     if task_key == "fairness/geode":
         return {"acc_avg": hit.float().mean().item(), "acc_wg": worst_group(hit, metadata[:, 0])}
     raise KeyError(task_key)
+
+
+def winogavil_metrics(geometry: Geometry, cue_emb: torch.Tensor, candidate_emb: list[torch.Tensor],
+                      associations: list[set[int]], curv: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """WinoGAViL: for each cue pick its top-|associations| candidates in the geometry's similarity; Jaccard.
+
+    ``cue_emb (I, D)``; ``candidate_emb[i] (n_i, D)`` the instance's candidate images; ``associations[i]``
+    the indices of the true ones. Reports the mean Jaccard overall, per candidate count, and
+    DataComp's main metric ``jaccard_score_10-12`` (instances with at least 10 candidates).
+    """
+    scores: dict[int, list[float]] = {}
+    for cue, candidates, truth in zip(cue_emb, candidate_emb, associations):
+        sims = geometry.similarity(cue[None], candidates, curv)[0]
+        predicted = set(sims.topk(len(truth)).indices.tolist())
+        scores.setdefault(len(candidates), []).append(len(predicted & truth) / len(predicted | truth))
+    everything = [v for values in scores.values() for v in values]
+    out = {"avg_jaccard_score": sum(everything) / len(everything)}
+    for n, values in sorted(scores.items()):
+        out[f"jaccard_score_{n}"] = sum(values) / len(values)
+    for name, sizes in (("5-6", (5, 6)), ("10-12", (10, 12))):
+        values = [v for n in sizes for v in scores.get(n, [])]
+        out[f"jaccard_score_{name}"] = sum(values) / len(values) if values else None
+    return out
