@@ -50,11 +50,11 @@ def test_isotropy_rows_obey_the_transforms_invariants(runs, world):
     rows = study["transforms"]
     assert set(rows) == {"none", "whitening-16", "pca-16", "procrustes text->image", "lstsq text->image"}
     # For the clip geometry, cosine zero-shot on untransformed embeddings is the geometry's own rule.
-    assert rows["none"]["zero_shot_shapes"] == pytest.approx(study["zero_shot_shapes_own_geometry"])
-    # A rotation moves the eigenvectors with the points: I1 and I2 of the text set cannot change
-    # (up to the arbitrary basis eigh picks inside degenerate eigenspaces: 60 pairs in 128 dimensions).
-    assert rows["procrustes text->image"]["I1_text"] == pytest.approx(rows["none"]["I1_text"], rel=1e-5)
-    assert rows["procrustes text->image"]["I2_text"] == pytest.approx(rows["none"]["I2_text"], rel=1e-5)
+    assert rows["none"]["zero_shot"] == pytest.approx(study["zero_shot_own_geometry"])
+    assert len(rows["none"]["zero_shot"]) == 9  # every classification task of the world
+    # Procrustes and least squares map captions only: the image rows are untouched.
+    for name in ("procrustes text->image", "lstsq text->image"):
+        assert rows[name]["I1_image"] == rows["none"]["I1_image"] and rows[name]["I2_image"] == rows["none"]["I2_image"]
     # Procrustes is fitted to bring captions onto their images: held-out pairs get closer.
     assert rows["procrustes text->image"]["pair_cosine"] > rows["none"]["pair_cosine"]
     assert all(0 <= r["I1_image"] <= 1 and r["I2_image"] >= 0 for r in rows.values())

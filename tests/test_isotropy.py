@@ -1,5 +1,6 @@
 """Isotropy measures and transforms on point sets whose answers are known."""
 
+import pytest
 import torch
 
 from euclip_cli.analysis.isotropy import (apply_linear, fit_lstsq, fit_pca, fit_procrustes, fit_whitening,
@@ -44,3 +45,11 @@ def test_procrustes_recovers_a_planted_rotation_and_lstsq_a_planted_map():
 def test_centering_removes_the_mean_direction_from_the_spectrum():
     w = torch.ones(10, 3) * torch.tensor([1.0, 2.0, 3.0])  # every row the same point
     assert singular_values(w, center=False)[0] > 1 and singular_values(w, center=True).abs().max() < 1e-9
+
+
+def test_isotropy_measures_do_not_change_under_a_rotation():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.nn.functional.normalize(torch.randn(300, 6, generator=gen, dtype=torch.float64) + 0.5, dim=1)
+    rotation, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))
+    before, after = partition_isotropy(w), partition_isotropy(w @ rotation)
+    assert after[0] == pytest.approx(before[0], rel=1e-9) and after[1] == pytest.approx(before[1], rel=1e-9)

@@ -1,8 +1,9 @@
 """A run's embeddings of the embedded world's evaluation images and captions, for the analyses.
 
-Pairs come from the retrieval task (each image with its first caption), classes from the
-shapes task (images, labels and the geometry's class prototypes). Everything is in the
-geometry's output space, as ``similarity`` consumes it (tangent vectors for hyperbolic runs).
+Pairs come from the retrieval task (each image with its first caption), classes from every
+classification task (images, labels and the geometry's class prototypes; image features are
+shared with ``euclip eval``'s per-checkpoint cache). Everything is in the geometry's output
+space, as ``similarity`` consumes it (tangent vectors for hyperbolic runs).
 """
 
 from __future__ import annotations
@@ -14,9 +15,17 @@ from typing import Optional
 import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
-from euclip_cli.evaluate.runner import EvalError, embed_images, embed_texts, load_run, world_root
+from euclip_cli.evaluate.runner import EvalError, embed_images, embed_texts, feature_cache, load_run, world_root
+from euclip_cli.evaluate.tasks import TASKS, list_tasks
 from euclip_cli.geometry import Geometry
 from euclip_cli.model import tokenizer_for, transforms_for
+
+
+@dataclass
+class ClassTask:
+    images: torch.Tensor  # (M, D)
+    labels: torch.Tensor  # (M,)
+    prototypes: torch.Tensor  # (C, D) the geometry's class prototypes
 
 
 @dataclass
@@ -25,39 +34,42 @@ class RunEmbeddings:
     curv: Optional[torch.Tensor]
     image: torch.Tensor  # (N, D) retrieval images
     text: torch.Tensor  # (N, D) their first captions, row-aligned with ``image``
-    class_images: torch.Tensor  # (M, D) shapes-task images
-    class_labels: torch.Tensor  # (M,)
-    prototypes: torch.Tensor  # (C, D) the geometry's class prototypes
+    classes: dict[str, "ClassTask"]  # every classification task of the world, by task key
     vocabulary: Optional[torch.Tensor] = None  # (V, D) extra captions, when asked for
 
 
 @torch.no_grad()
 def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, batch_size: int = 64,
             vocabulary: Optional[list[str]] = None) -> RunEmbeddings:
-    model, cfg, _, _ = load_run(run_dir, device)
+    model, cfg, ckpt, _ = load_run(run_dir, device)
     world = world or world_root(cfg)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
-    for task in ("retrieval", "shapes"):
-        if not (world / "eval" / task / "test" / "nshards.txt").exists():
-            raise EvalError(f"no embedded-world task '{task}' under {world}/eval: run 'euclip download world'")
+    tasks = [t for t in list_tasks("world") if t.kind == "classification"]
+    for task in [TASKS["world/retrieval"], *tasks]:
+        if not (task.data_dir(Path(), world) / "test" / "nshards.txt").exists():
+            raise EvalError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
+    cache = feature_cache(run_dir, ckpt)
 
     retrieval = build_dataset("wds/world/retrieval", root=str(world / "eval" / "retrieval"), transform=transform,
                               split="test", task="zeroshot_retrieval")
     loader = torch.utils.data.DataLoader(retrieval.batched(batch_size, collation_fn=image_captions_collate_fn),
                                          batch_size=None, num_workers=0)
-    image, captions = embed_images(model, loader, device, lambda n: None)
+    image, captions = cache.get(TASKS["world/retrieval"], lambda: embed_images(model, loader, device, lambda n: None))
     text = embed_texts(model, tokenizer, [caps[0] for caps in captions], device)
 
-    shapes = build_dataset("wds/world/shapes", root=str(world / "eval" / "shapes"), transform=transform, split="test")
-    loader = torch.utils.data.DataLoader(shapes.batched(batch_size), batch_size=None, num_workers=0)
-    class_images, labels = embed_images(model, loader, device, lambda n: None)
-    prompts = [template.replace("{c}", name) for name in shapes.classes for template in shapes.templates]
-    templates = embed_texts(model, tokenizer, prompts, device).reshape(len(shapes.classes), len(shapes.templates), -1)
+    classes = {}
+    for task in tasks:
+        ds = build_dataset("wds/" + task.key, root=str(task.data_dir(Path(), world)), transform=transform, split="test")
+        loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
+        images, labels = cache.get(task, lambda: embed_images(model, loader, device, lambda n: None))
+        prompts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
+        templates = embed_texts(model, tokenizer, prompts, device).reshape(len(ds.classes), len(ds.templates), -1)
+        classes[task.key] = ClassTask(images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu())
     curv = model.curvature()
     extra = embed_texts(model, tokenizer, vocabulary, device).cpu() if vocabulary else None
     return RunEmbeddings(model.geometry, None if curv is None else curv.detach().cpu(), image.cpu(), text.cpu(),
-                         class_images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu(), extra)
+                         classes, extra)
 
 
 @torch.no_grad()

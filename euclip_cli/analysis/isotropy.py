@@ -13,10 +13,12 @@ def partition_isotropy(w: torch.Tensor) -> tuple[float, float]:
     """``(I1, I2)`` of ``w (n, d)``: Z(v) = sum_i exp(<v, w_i>) over the eigenvectors v of WᵀW.
 
     I1 = min Z / max Z (1 when isotropic); I2 = std(Z) / mean(Z) over the eigenvectors (0 when isotropic).
+    An eigenvector's sign is arbitrary (the solver picks one) and Z(v) != Z(-v), so E holds both
+    signs of each: that makes both measures well defined and invariant under rotations of ``w``.
     """
     w = w.double()
     _, vectors = torch.linalg.eigh(w.T @ w)  # columns: orthonormal eigenvectors
-    z = torch.exp(w @ vectors).sum(dim=0)  # (d,)
+    z = torch.exp(w @ torch.cat([vectors, -vectors], dim=1)).sum(dim=0)  # (2d,)
     i1 = (z.min() / z.max()).item()
     i2 = torch.sqrt(((z - z.mean()) ** 2).sum() / (len(z) * z.mean() ** 2)).item()
     return i1, i2

@@ -73,14 +73,14 @@ def isotropy_study(emb: RunEmbeddings, k: int) -> dict:
     """I1/I2, spectra and zero-shot accuracy before and after each transform (the isotropy paper).
 
     Transforms are fitted on the first half of the image-caption pairs and measured on the second
-    half and on the shapes task: whitening-k and PCA-k on both modalities together; orthogonal
+    half and on every classification task of the world (``zero_shot``, and their mean): whitening-k and PCA-k on both modalities together; orthogonal
     Procrustes and least squares mapping captions onto their images (applied to text, including
     the class prototypes). Embeddings are unit-normalized before and after every transform.
     """
     image, text = _unit(emb.image.double()), _unit(emb.text.double())
     half = len(image) // 2
     fit_i, fit_t, test_i, test_t = image[:half], text[:half], image[half:], text[half:]
-    cls_i, protos = _unit(emb.class_images.double()), _unit(emb.prototypes.double())
+    classes = {k: (_unit(t.images.double()), _unit(t.prototypes.double()), t.labels) for k, t in emb.classes.items()}
     both = torch.cat([fit_i, fit_t])
     transforms = {"none": (lambda x: x, lambda x: x)}
     mean, proj = fit_whitening(both, k)
@@ -101,13 +101,15 @@ def isotropy_study(emb: RunEmbeddings, k: int) -> dict:
             "I1_image": i1_img, "I2_image": i2_img, "I1_text": i1_txt, "I2_text": i2_txt,
             "pair_cosine": (ti * tt).sum(dim=1).mean().item(),
             "separability": _separability(_unit(on_image(fit_i)), _unit(on_text(fit_t)), ti, tt),
-            "zero_shot_shapes": _zero_shot(on_image(cls_i), on_text(protos), emb.class_labels),
+            "zero_shot": {k: _zero_shot(on_image(i), on_text(p), y) for k, (i, p, y) in classes.items()},
         }
+        rows[name]["zero_shot_mean"] = sum(rows[name]["zero_shot"].values()) / len(classes)
     spectra = {f"{m}{'' if not c else ' centered'}": singular_values(x, center=c).tolist()
                for m, x in (("image", image), ("text", text)) for c in (False, True)}
-    own = emb.geometry.similarity(emb.class_images, emb.prototypes, emb.curv).argmax(dim=1) == emb.class_labels
+    own = {key: (emb.geometry.similarity(t.images, t.prototypes, emb.curv).argmax(dim=1) == t.labels).double().mean()
+           .item() for key, t in emb.classes.items()}
     return {"geometry": emb.geometry.name, "logit": emb.geometry.logit, "pairs": len(image), "fit_pairs": half,
-            "k": k, "zero_shot_shapes_own_geometry": own.double().mean().item(), "transforms": rows, "spectra": spectra}
+            "k": k, "zero_shot_own_geometry": own, "transforms": rows, "spectra": spectra}
 
 
 def traversal_study(emb: RunEmbeddings, specs: list[dict], scenes: list[list], images: int, steps: int,

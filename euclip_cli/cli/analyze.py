@@ -100,14 +100,17 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     table = Table(title=f"{run_dir.name}: isotropy on {result['pairs'] - result['fit_pairs']} held-out pairs "
                         f"(fitted on {result['fit_pairs']})")
     columns = {"I1_image": "I1 img", "I2_image": "I2 img", "I1_text": "I1 txt", "I2_text": "I2 txt",
-               "pair_cosine": "pair cos", "separability": "separable", "zero_shot_shapes": "zero-shot"}
+               "pair_cosine": "pair cos", "separability": "separable"}
     table.add_column("transform")
-    for label in columns.values():
+    for label in [*columns.values(), "shapes", "tasks mean"]:
         table.add_column(label, justify="right")
     for name, row in result["transforms"].items():
-        table.add_row(name, *(f"{row[c]:.3f}" for c in columns))
+        table.add_row(name, *(f"{row[c]:.3f}" for c in columns), f"{row['zero_shot']['world/shapes']:.3f}",
+                      f"{row['zero_shot_mean']:.3f}")
     console.print(table)
-    console.print(f"zero-shot shapes in the run's own geometry: {result['zero_shot_shapes_own_geometry']:.3f}")
+    own = result["zero_shot_own_geometry"]
+    console.print(f"zero-shot in the run's own geometry: shapes {own['world/shapes']:.3f}, "
+                  f"mean over {len(own)} tasks {sum(own.values()) / len(own):.3f}")
     console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
 

@@ -115,6 +115,11 @@ class FeatureCache:
         return image_emb, labels
 
 
+def feature_cache(run_dir: Path, ckpt: Path) -> FeatureCache:
+    """The cache of one checkpoint, keyed by the file itself: a run trained again writes new files."""
+    return FeatureCache(run_dir / "features" / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}")
+
+
 def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
                   batch_size: int, cache: Optional[FeatureCache] = None,
                   on_images: Callable[[int], None] = lambda n: None) -> dict:
@@ -240,8 +245,7 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     out_path = run_dir / "eval.jsonl"
     ckpt_name = str(ckpt.relative_to(run_dir))
     done = {r["key"] for r in read_results(out_path) if r.get("checkpoint") == ckpt_name and r.get("protocol") == PROTOCOL}
-    # Keyed by the checkpoint file itself: a run trained again from scratch writes new files.
-    cache = FeatureCache(run_dir / "features" / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}")
+    cache = feature_cache(run_dir, ckpt)
     for task in tasks:
         if task.key in done:
             if on_task:
