@@ -9,6 +9,7 @@ import typer
 
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.config import DataConfig
+from euclip_cli.evaluate.evalsets import HF_DATASETS
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
@@ -80,8 +81,7 @@ def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
 @app.command()
 def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or task keys (euclip eval --list-tasks)."),
              root: Path = typer.Option(Path("data/eval"), help="Where task folders go (eval.root in recipes)."),
-             base_url: str = typer.Option("https://huggingface.co/datasets",
-                                          help="Dataset host; a mirror or a local server for tests.")) -> None:
+             base_url: str = typer.Option(HF_DATASETS, help="Dataset host; a mirror or a local server for tests.")) -> None:
     """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
 
     Re-running continues interrupted files and skips finished ones.

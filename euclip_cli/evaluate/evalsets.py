@@ -1,8 +1,8 @@
 """Fetch DataComp's evaluation sets (clip-benchmark ``wds`` layout) from Hugging Face dataset repos.
 
 The same files DataComp's ``download_evalsets.py`` fetches: ``classnames.txt``,
-``zeroshot_classification_templates.txt`` (and ``dataset_type.txt`` where a repo has one), ``test/nshards.txt`` and ``test/{i}.tar``. Each tar
-is checked against its Git LFS pointer (size and sha256), downloaded into a ``.part`` file that
+``zeroshot_classification_templates.txt`` (and ``dataset_type.txt`` where a repo has one),
+``test/nshards.txt`` and ``test/{i}.tar``. Each tar is checked against its Git LFS pointer (size and sha256), downloaded into a ``.part`` file that
 an interrupted run continues with an HTTP range request, and renamed only once verified.
 ``test/nshards.txt`` is written last, so a task folder with it is complete.
 
@@ -154,6 +154,17 @@ def is_complete(dest: Path, expected: Optional[LfsPointer], verified_before: boo
     return verified_before or sha256_of(dest) == expected.sha256
 
 
+def fetch_lfs(repo: str, rel: str, dest: Path, verified_before: bool,
+              on_progress: Callable[[str, int, Optional[int]], None]) -> bool:
+    """``repo``'s file ``rel`` into ``dest`` unless already there and intact; True when it was fetched."""
+    pointer = fetch_pointer(f"{repo}/raw/main/{rel}")
+    if is_complete(dest, pointer, verified_before):
+        return False
+    on_progress(rel, 0, pointer.size if pointer else None)
+    fetch_file(f"{repo}/resolve/main/{rel}", dest, pointer, lambda n: on_progress(rel, n, None))
+    return True
+
+
 def download_task(task: Task, folder: Path, base_url: str = HF_DATASETS,
                   on_progress: Callable[[str, int, Optional[int]], None] = lambda name, n, total: None) -> dict:
     """Fetch one task into ``folder``; returns counts of files fetched and already present."""
@@ -177,14 +188,10 @@ def download_task(task: Task, folder: Path, base_url: str = HF_DATASETS,
     nshards = int(fetch_text(f"{repo}/resolve/main/test/nshards.txt").strip())
     for i in range(nshards):
         rel = f"test/{i}.tar"
-        pointer = fetch_pointer(f"{repo}/raw/main/{rel}")
-        dest = folder / rel
-        if is_complete(dest, pointer, verified_before=marker.exists()):
+        if fetch_lfs(repo, rel, folder / rel, marker.exists(), on_progress):
+            fetched += 1
+        else:
             present += 1
-            continue
-        on_progress(rel, 0, pointer.size if pointer else None)
-        fetch_file(f"{repo}/resolve/main/{rel}", dest, pointer, lambda n, rel=rel: on_progress(rel, n, None))
-        fetched += 1
     if not marker.exists():
         marker.write_text(f"{nshards}\n")
     return {"task": task.key, "folder": str(folder), "shards": nshards, "fetched": fetched, "present": present}
@@ -214,10 +221,7 @@ def download_winogavil(folder: Path, base_url: str = HF_DATASETS,
     repo = f"{base_url.rstrip('/')}/{WINOGAVIL_REPO}"
     folder.mkdir(parents=True, exist_ok=True)
     archive = folder / zips[0]
-    pointer = fetch_pointer(f"{repo}/raw/main/{zips[0]}")
-    if not is_complete(archive, pointer, verified_before=False):
-        on_progress(zips[0], 0, pointer.size if pointer else None)
-        fetch_file(f"{repo}/resolve/main/{zips[0]}", archive, pointer, lambda n: on_progress(zips[0], n, None))
+    fetch_lfs(repo, zips[0], archive, False, on_progress)
     images = folder / "images"
     images.mkdir(exist_ok=True)
     with zipfile.ZipFile(archive) as z:
