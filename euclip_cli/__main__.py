@@ -2,4 +2,5 @@
 
 from euclip_cli.cli import main
 
-main()
+if __name__ == "__main__":  # img2dataset's spawned workers re-import this module
+    main()

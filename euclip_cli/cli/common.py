@@ -7,6 +7,7 @@ line per problem; runtime failures exit with 1. Neither prints a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 from pathlib import Path
 
 import typer
@@ -33,14 +34,15 @@ def errors():
 
     usage, runtime = [ConfigError, ValueError, FileNotFoundError], []
     with contextlib.suppress(ImportError):
+        from euclip_cli.data import webshards
         from euclip_cli.data.loader import DataError
         from euclip_cli.data.world_files import WorldExistsError
         from euclip_cli.evaluate.evalsets import DownloadError
         from euclip_cli.evaluate.runner import EvalError, FetchError
         from euclip_cli.train.loop import RunConflict, RunError
 
-        usage += [DataError, WorldExistsError, EvalError, RunConflict]
-        runtime += [RunError, FetchError, DownloadError]
+        usage += [DataError, WorldExistsError, EvalError, RunConflict, webshards.OutputConflict]
+        runtime += [RunError, FetchError, DownloadError, webshards.FetchError]
     try:
         yield
     except tuple(usage) as err:
@@ -49,6 +51,11 @@ def errors():
         fail(str(err), 1)
     except KeyboardInterrupt:
         fail("interrupted", 1)
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        fail(f"disk full while writing {err.filename or 'output'}: free space and rerun the same command "
+             f"(nothing already written was deleted)", 1)
 
 
 def resolve_run(name_or_path: str, runs_dir: Path = RUNS_DIR) -> Path:

@@ -1,7 +1,9 @@
-"""``euclip download world | evalsets | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp | urls | evalsets | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -9,6 +11,7 @@ import typer
 
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.config import DataConfig
+from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 from euclip_cli.evaluate.evalsets import HF_DATASETS
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
@@ -44,6 +47,7 @@ def download(ctx: typer.Context,
 
     Examples:
       euclip download --recipe tiny-clip
+      euclip download --recipe small-clip      (DataComp small, CLIP score L/14 30%)
       euclip download world --samples 20000
     """
     if ctx.invoked_subcommand is not None:
@@ -58,8 +62,92 @@ def download(ctx: typer.Context,
         generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
                        cfg.data.world_mismatch, EVAL_SIZE, WORKERS)
         return
-    fail(f"recipe '{recipe}' trains on {cfg.data.dataset} ({cfg.data.filter}); the DataComp download "
-         f"is not built yet (see the README's status section)", 1)
+    scale = cfg.data.dataset.removeprefix("datacomp-")
+    shards = C.train_dir(cfg)
+    if shards.name != "shards":
+        fail(f"data.train_dir {shards} must end in 'shards' for the download to write there "
+             f"(or run 'euclip download datacomp --out DIR' and point data.train_dir at DIR/shards)", 2)
+    fetch_datacomp(scale, cfg.data.filter, shards.parent, None, ImageOptions())
+
+
+def image_options(processes: int, threads: int, retries: int, timeout: int, shard_size: int, image_size: int,
+                  skip_bbox_blurring: bool, distributor: str, spark_master: str) -> ImageOptions:
+    """img2dataset's options, shared by ``datacomp`` and ``urls``, checked."""
+    if distributor not in DISTRIBUTORS:
+        fail(f"unknown --distributor '{distributor}': choose one of {', '.join(DISTRIBUTORS)}", 2)
+    if min(processes, threads, shard_size, image_size, timeout) < 1 or retries < 0:
+        fail("--processes, --threads, --shard-size, --image-size and --timeout must be positive, --retries >= 0", 2)
+    return ImageOptions(image_size=image_size, shard_size=shard_size, processes=processes, threads=threads,
+                        retries=retries, timeout=timeout, blur_faces=not skip_bbox_blurring, distributor=distributor,
+                        spark_master=spark_master)
+
+
+class Bars:
+    """Rich progress bars that step aside whenever a message is printed (img2dataset and
+    huggingface_hub draw their own)."""
+
+    def __init__(self):
+        self.progress, self.tasks = None, {}
+
+    def say(self, message: str) -> None:
+        self.stop()
+        console.print(message, highlight=False)
+
+    def update(self, name: str, completed: int, total: Optional[int], advance: bool = False) -> None:
+        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn
+
+        if self.progress is None:
+            count = DownloadColumn() if advance else MofNCompleteColumn()
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), count, console=console,
+                                     transient=True)
+            self.progress.start()
+            self.tasks = {}
+        if name not in self.tasks:
+            self.tasks[name] = self.progress.add_task(name, total=total)
+        if advance:
+            self.progress.advance(self.tasks[name], completed)
+        else:
+            self.progress.update(self.tasks[name], completed=completed, total=total)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def print_summary(manifest: dict, out: Path) -> None:
+    rate = manifest["success_rate"]
+    console.print(f"{manifest['downloaded']:,} of {manifest['attempted']:,} images downloaded ({rate:.1%}), "
+                  f"{manifest['shards']} shard(s), {manifest['bytes'] / 1e9:.2f} GB in {out / 'shards'}")
+    for reason, count in list(manifest["failures"].items())[:5]:
+        console.print(f"  {count:>9,}  {reason}", highlight=False)
+    if len(manifest["failures"]) > 5:
+        console.print(f"  ... {len(manifest['failures']) - 5} more reasons in {out / 'manifest.json'}")
+
+
+def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Optional[Path], options: ImageOptions,
+                   hub_url: Optional[str] = None, assets_dir: Path = ASSET_CACHE, device: str = "auto",
+                   chunk: int = 4096) -> None:
+    import torch
+
+    from euclip_cli.data.webshards import download_datacomp
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
+        fail(f"--device '{device}' is not available here: use auto, cpu or cuda[:N] on a machine with a GPU", 2)
+    bars = Bars()
+    command = shlex.join(["euclip", *sys.argv[1:]])
+    with errors():
+        try:
+            manifest = download_datacomp(
+                out, scale, filter_name, options, command, bars.say,
+                on_progress=lambda name, n, total: bars.update(f"asset {name}", n, total, advance=True),
+                on_file=lambda done, total: bars.update("filtering metadata files", done, total),
+                metadata_dir=metadata_dir, endpoint=hub_url, assets_dir=assets_dir, device=device, chunk=chunk)
+        finally:
+            bars.stop()
+    print_summary(manifest, out)
 
 
 @app.command()
@@ -120,3 +208,84 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
                 fail(f"{task.key}: {err}", 1)
             what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
+
+
+_IMG = ImageOptions()  # DataComp's img2dataset settings
+
+
+@app.command()
+def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium (128M)."),
+             filter: str = typer.Option("clip-l14-30", "--filter",
+                                        help="none | clip-l14-30 | image-based-clip-l14-30 (the paper's subsets)."),
+             out: Optional[Path] = typer.Option(None, help="Output folder (default data/datacomp-SCALE-FILTER, "
+                                                           "where the recipes' data.train_dir looks)."),
+             metadata_dir: Optional[Path] = typer.Option(None, help="Pool metadata (default OUT/metadata); share one "
+                                                                    "between filters of a scale."),
+             hub_url: Optional[str] = typer.Option(None, help="Hugging Face endpoint (default HF_ENDPOINT or "
+                                                              "huggingface.co)."),
+             assets_dir: Path = typer.Option(ASSET_CACHE,
+                                             help="Cache of the image-based filter's centroids, ImageNet embeddings "
+                                                  "and fastText model."),
+             device: str = typer.Option("auto", help="Where the image-based filter's nearest-centroid search runs."),
+             chunk: int = typer.Option(4096, min=1, help="Embeddings per nearest-centroid matmul (memory peak)."),
+             processes: int = typer.Option(_IMG.processes, help="img2dataset processes."),
+             threads: int = typer.Option(_IMG.threads, help="img2dataset threads per process."),
+             retries: int = typer.Option(_IMG.retries, help="Retries per image."),
+             timeout: int = typer.Option(_IMG.timeout, help="Seconds per image request."),
+             shard_size: int = typer.Option(_IMG.shard_size, help="Samples per shard."),
+             image_size: int = typer.Option(_IMG.image_size, help="Longest side kept (resize only if bigger)."),
+             skip_bbox_blurring: bool = typer.Option(False, help="Do not blur the metadata's face boxes."),
+             distributor: str = typer.Option(_IMG.distributor, help="img2dataset distributor: multiprocessing | pyspark | ray."),
+             spark_master: str = typer.Option("", help="pyspark: the cluster's master URL (spark://HOST:7077).")
+             ) -> None:
+    """Fetch a DataComp pool's metadata, apply the paper's filter, download only the selected images.
+
+    Re-running the same command continues where it stopped, and does nothing once complete.
+
+    Examples:
+      euclip download datacomp --scale small --filter clip-l14-30
+      euclip download datacomp --scale medium --filter image-based-clip-l14-30 --processes 32 --threads 256
+    """
+    from euclip_cli.data.datacomp import FILTERS, SCALES
+
+    if scale not in SCALES:
+        fail(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(SCALES)}", 2)
+    if filter not in FILTERS:
+        fail(f"unknown --filter '{filter}': choose one of {', '.join(FILTERS)}", 2)
+    options = image_options(processes, threads, retries, timeout, shard_size, image_size, skip_bbox_blurring,
+                            distributor, spark_master)
+    fetch_datacomp(scale, filter, out or Path("data") / f"datacomp-{scale}-{filter}", metadata_dir, options,
+                   hub_url, assets_dir, device, chunk)
+
+
+@app.command()
+def urls(parquet: Path = typer.Option(..., help="A parquet file of image URLs and captions."),
+         out: Path = typer.Option(..., help="Output folder (shards in OUT/shards; point data.train_dir there)."),
+         url_col: str = typer.Option("url", help="The URL column."),
+         caption_col: str = typer.Option("caption", help="The caption column."),
+         uid_col: Optional[str] = typer.Option(None, help="A unique-id column (default: derived from url and caption)."),
+         processes: int = typer.Option(_IMG.processes, help="img2dataset processes."),
+         threads: int = typer.Option(_IMG.threads, help="img2dataset threads per process."),
+         retries: int = typer.Option(_IMG.retries, help="Retries per image."),
+         timeout: int = typer.Option(_IMG.timeout, help="Seconds per image request."),
+         shard_size: int = typer.Option(_IMG.shard_size, help="Samples per shard."),
+         image_size: int = typer.Option(_IMG.image_size, help="Longest side kept (resize only if bigger)."),
+         distributor: str = typer.Option(_IMG.distributor, help="img2dataset distributor: multiprocessing | pyspark | ray."),
+         spark_master: str = typer.Option("", help="pyspark: the cluster's master URL (spark://HOST:7077).")
+         ) -> None:
+    """Download any image-text list (RedCaps, CC3M, ...) into training shards, as DataComp's are.
+
+    Examples:
+      euclip download urls --parquet cc3m.parquet --out data/cc3m
+      euclip download urls --parquet redcaps.parquet --url-col url --caption-col caption --out data/redcaps
+    """
+    from euclip_cli.data.webshards import download_urls
+
+    options = image_options(processes, threads, retries, timeout, shard_size, image_size, True, distributor,
+                            spark_master)
+    bars = Bars()
+    command = shlex.join(["euclip", *sys.argv[1:]])
+    with errors():
+        manifest = download_urls(parquet, out, options, command, bars.say, url_col, caption_col, uid_col)
+    print_summary(manifest, out)
+    console.print(f"next: euclip train --recipe RECIPE data.train_dir={out / 'shards'}")

@@ -23,7 +23,8 @@ from typing import Callable, Optional
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.data.loader import TrainBatches, list_shards
+from euclip_cli.data.loader import DataError, TrainBatches, list_shards
+from euclip_cli.data.webshards import training_record
 from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
 from euclip_cli.train import checkpoint, distributed
 from euclip_cli.train.optim import build_optimizer, cosine_lr
@@ -92,7 +93,7 @@ def run_meta(cfg: C.Config, argv: list[str]) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def prepare_run_dir(cfg: C.Config, run_dir: Path, argv: list[str]) -> None:
+def prepare_run_dir(cfg: C.Config, run_dir: Path, argv: list[str], downloaded: Optional[dict] = None) -> None:
     """Create the run directory, or check that an existing one holds this same configuration."""
     config_path = run_dir / "config.json"
     if config_path.exists():
@@ -105,7 +106,8 @@ def prepare_run_dir(cfg: C.Config, run_dir: Path, argv: list[str]) -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path.write_text(C.dumps(cfg))
-    (run_dir / "meta.json").write_text(json.dumps(run_meta(cfg, argv), indent=2))
+    # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
+    (run_dir / "meta.json").write_text(json.dumps(run_meta(cfg, argv) | {"data": downloaded}, indent=2))
 
 
 def checkpoint_meta(cfg: C.Config, model: EuclipModel) -> dict:
@@ -129,8 +131,12 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
+    try:
+        downloaded = training_record(C.train_dir(cfg))
+    except ValueError as err:
+        raise DataError(str(err)) from None
     if ranks.main:
-        prepare_run_dir(cfg, run_dir, argv or sys.argv)
+        prepare_run_dir(cfg, run_dir, argv or sys.argv, downloaded)
     ranks.barrier()
     autocast = autocast_factory(cfg.train.precision, device)
     # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.

@@ -1,0 +1,417 @@
+"""Web image-text pairs into training shards: a DataComp pool's filtered subset, or any url list.
+
+One output folder per dataset::
+
+    <out>/manifest.json      what was asked, what came: counts, bytes, success rate, failure reasons
+    <out>/uids.npy           DataComp only: the subset, sorted u8,u8 (DataComp's uid-file format)
+    <out>/download-list/     the selected rows (url, text, uid[, face_bboxes]): img2dataset's input
+    <out>/shards/            img2dataset's webdataset output, which ``euclip train`` reads
+    <out>/metadata/          DataComp only, by default: the pool's parquet (and npz) files
+
+Every stage leaves a record of completion, so the same command continues where a previous
+one stopped (img2dataset itself skips shards whose ``_stats.json`` exists) and does nothing
+once the manifest says ``complete``. Nothing here deletes a downloaded file, except an asset
+that fails its checksum.
+
+NumPy, pyarrow and torch are imported inside the functions that use them: the CLI reads
+``ImageOptions`` for its defaults, and ``euclip --help`` must stay instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+MANIFEST = "manifest.json"
+LIST_DIR = "download-list"
+SHARDS_DIR = "shards"
+OWN_ENTRIES = {MANIFEST, "uids.npy", LIST_DIR, SHARDS_DIR, "metadata"}
+DISTRIBUTORS = ("multiprocessing", "pyspark", "ray")
+SHARD_DIGITS = 8  # img2dataset's oom_shard_count, as DataComp sets it: shard names 00000000.tar ...
+ASSET_CACHE = Path("~/.cache/euclip/datacomp")
+# DataComp's README: 450 GB of shards for small's 12.8M pool at 512 px, about 35 kB a sample.
+BYTES_PER_IMAGE = 35_000
+
+
+class FetchError(Exception):
+    """The network, the disk or a server let the download down; rerunning continues it."""
+
+
+class OutputConflict(Exception):
+    """The output folder holds something other than this download."""
+
+
+@dataclass
+class ImageOptions:
+    """img2dataset's settings; the defaults are DataComp's ``download_upstream.py``."""
+    image_size: int = 512
+    shard_size: int = 10_000
+    processes: int = 16
+    threads: int = 128
+    retries: int = 2
+    timeout: int = 10
+    blur_faces: bool = True
+    distributor: str = "multiprocessing"
+    # pyspark only: the cluster to run on (img2dataset otherwise starts a local Spark session).
+    spark_master: str = ""
+
+    def identity(self) -> dict:
+        """What changes the shards' content; a rerun must keep these."""
+        return {"image_size": self.image_size, "shard_size": self.shard_size, "blur_faces": self.blur_faces}
+
+
+Say = Callable[[str], None]
+OnProgress = Callable[[str, int, Optional[int]], None]
+
+
+# ------------------------------------------------------------------ the output folder and its manifest
+
+def read_manifest(folder: Path) -> Optional[dict]:
+    path = folder / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(folder / MANIFEST)
+
+
+def claim_output(out: Path, identity: dict, command: str) -> dict:
+    """The folder's manifest, new or matching ``identity``; refuse a folder holding anything else."""
+    found = read_manifest(out)
+    if found is None:
+        if out.exists() and any(p.name not in OWN_ENTRIES for p in out.iterdir()):
+            raise OutputConflict(f"{out} already holds other files and no euclip {MANIFEST}; choose an empty or new "
+                                 f"--out (nothing was changed)")
+        if out.exists() and (out / SHARDS_DIR).exists():
+            raise OutputConflict(f"{out}/{SHARDS_DIR} exists without a {MANIFEST}; choose a new --out "
+                                 f"(nothing was changed)")
+        out.mkdir(parents=True, exist_ok=True)
+        found = {"identity": identity, "command": command, "complete": False,
+                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_manifest(out, found)
+        return found
+    if found.get("identity") != identity:
+        theirs = found.get("identity", {})
+        differs = sorted(k for k in set(theirs) | set(identity) if theirs.get(k) != identity.get(k))
+        raise OutputConflict(f"{out} holds another download ({', '.join(f'{k}={theirs.get(k)}' for k in differs)}); "
+                             f"rerun with those settings or choose another --out (nothing was changed)")
+    return found
+
+
+# ------------------------------------------------------------------ Hugging Face metadata
+
+def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optional[str], say: Say) -> None:
+    """``repo``'s files matching ``patterns`` into ``dest`` through huggingface_hub, which skips
+    finished files and continues partial ones.
+
+    A marker lists what a finished fetch brought, so a rerun needs no network for this stage.
+    """
+    marker = dest / ".euclip-fetched.json"
+    done = json.loads(marker.read_text()) if marker.exists() else {}
+    todo = [p for p in patterns if p not in done.get("patterns", [])]
+    if todo:
+        import fnmatch
+
+        from huggingface_hub import HfApi, snapshot_download
+
+        api = HfApi(endpoint=endpoint)
+        # repo_info first: it fails at once when the Hub is unreachable, where the tree listing
+        # retries for half a minute; and it tells a missing or gated repository apart.
+        _hub_call(repo, endpoint, lambda: api.repo_info(repo, repo_type="dataset"))
+        listing = _hub_call(repo, endpoint, lambda: list(api.list_repo_tree(repo, repo_type="dataset", recursive=True)))
+        wanted = [f for f in listing if getattr(f, "size", None) is not None
+                  and any(fnmatch.fnmatch(f.path, p) for p in todo)]
+        if not wanted:
+            raise FetchError(f"the Hub's {repo} has no {' or '.join(todo)} files; check --scale")
+        dest.mkdir(parents=True, exist_ok=True)
+        needed = sum(f.size for f in wanted if not (dest / f.path).exists() or (dest / f.path).stat().st_size != f.size)
+        free = shutil.disk_usage(dest).free
+        if needed > free:
+            raise FetchError(f"{repo} needs {needed / 1e9:.1f} GB more under {dest}, {free / 1e9:.1f} GB is free; "
+                             f"free space (or pass another --metadata-dir) and rerun")
+        say(f"metadata: {len(wanted)} file(s) of {repo} ({needed / 1e9:.2f} GB to fetch) into {dest}")
+        _hub_call(repo, endpoint, lambda: snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=todo,
+                                                            local_dir=dest, endpoint=endpoint))
+        done = {"repo": repo, "patterns": sorted(set(done.get("patterns", [])) | set(todo))}
+        marker.write_text(json.dumps(done))
+
+
+def _hub_call(repo: str, endpoint: Optional[str], call):
+    """One Hugging Face Hub call with its failures turned into one-line FetchErrors."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    where = endpoint or constants.ENDPOINT
+    try:
+        return call()
+    except GatedRepoError:
+        raise FetchError(f"{repo} is gated: accept its terms on Hugging Face and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise FetchError(f"{where} has no dataset {repo}; check --scale (or HF_ENDPOINT)") from None
+    # LocalEntryNotFoundError: a download that lost the Hub midway and has no local copy.
+    except (httpx2.TransportError, LocalEntryNotFoundError) as err:
+        reason = str(err).splitlines()[0]
+        raise FetchError(f"cannot reach the Hugging Face Hub at {where} ({reason}); check the network connection "
+                         f"and rerun: files already fetched are kept") from None
+    except HfHubHTTPError as err:
+        raise FetchError(f"the Hub answered {str(err).splitlines()[0]} for {repo}; rerun later") from None
+    except OSError as err:
+        if getattr(err, "errno", None) == 28:  # disk full: the CLI words it
+            raise
+        raise FetchError(f"fetching {repo} from {where} failed ({err}); rerun to continue") from None
+
+
+# ------------------------------------------------------------------ the image-based filter's assets
+
+def fetch_assets(names: list[str], cache: Path, on_progress: OnProgress) -> dict[str, Path]:
+    """DataComp's filter assets into ``cache``, each checked against its pinned sha256."""
+    from euclip_cli.data import datacomp as dc
+    from euclip_cli.evaluate.evalsets import DownloadError, fetch_file, sha256_of
+
+    cache.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in names:
+        asset, path = dc.ASSETS[name], cache / name
+        if not (path.exists() and sha256_of(path) == asset.sha256):
+            on_progress(name, 0, None)
+            try:
+                fetch_file(asset.url, path, None, lambda n, name=name: on_progress(name, n, None))
+            except DownloadError as err:
+                raise FetchError(str(err)) from None
+            if sha256_of(path) != asset.sha256:
+                bad = path.with_name(path.name + ".bad")
+                path.replace(bad)
+                raise FetchError(f"{asset.url} fails its sha256 check (kept as {bad} for inspection); rerun to "
+                                 f"fetch it again")
+        paths[name] = path
+    return paths
+
+
+def load_language_model(path: Path):
+    """fastText's language identifier (DataComp's lid.176.bin)."""
+    import fasttext
+
+    fasttext.FastText.eprint = lambda *args: None  # silence its load-time deprecation warning
+    return fasttext.load_model(str(path))
+
+
+def image_based_inputs(scale: str, assets: dict[str, Path], device: str, chunk: int) -> dc.ImageBasedInputs:
+    """Load the language model, the pool centroids and the ImageNet clusters onto ``device``."""
+    import fasttext
+    import torch
+
+    from euclip_cli.data import datacomp as dc
+
+    # Both files passed their pinned sha256, so unpickling them (the centroids are a pickled
+    # NumPy array, the ImageNet files a dict) runs only DataComp's published content.
+    centroids = torch.load(assets[f"{scale}_centroids_l14.pt"], weights_only=False)
+    centroids = torch.as_tensor(centroids, dtype=torch.float32).to(device)
+    imagenet = torch.cat([torch.load(assets[f"in1k_clip_vit_l14_{i}.pt"], weights_only=False)["image_features"]
+                          for i in range(5)])
+    target = dc.imagenet_clusters(imagenet, centroids, chunk)
+    return dc.ImageBasedInputs(load_language_model(assets["lid.176.bin"]), fasttext.tokenize, centroids, target,
+                               chunk)
+
+
+# ------------------------------------------------------------------ img2dataset
+
+def expected_shards(list_dir: Path, shard_size: int) -> int:
+    """img2dataset shards each input file on its own; shard ids run on across files."""
+    import pyarrow.parquet as pq
+
+    return sum(math.ceil(pq.ParquetFile(f).metadata.num_rows / shard_size) for f in sorted(list_dir.glob("*.parquet")))
+
+
+def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool) -> None:
+    """DataComp's img2dataset call, on the selected rows only."""
+    import os
+
+    # albumentations (imported by img2dataset, here and in every worker) would check PyPI for updates.
+    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+    from img2dataset import download
+
+    if options.spark_master:
+        from pyspark.sql import SparkSession
+
+        # img2dataset's pyspark distributor runs on the active session: make it the cluster's.
+        SparkSession.builder.master(options.spark_master).appName("euclip-download").getOrCreate()
+    download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
+             save_additional_columns=["uid"], bbox_col="face_bboxes" if bbox else None,
+             output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
+             resize_mode="keep_ratio_largest", resize_only_if_bigger=True, encode_format="jpg",
+             processes_count=options.processes, thread_count=options.threads,
+             number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS, retries=options.retries,
+             timeout=options.timeout, distributor=options.distributor, incremental_mode="incremental",
+             enable_wandb=False)
+
+
+def _reason(message: str) -> str:
+    # Messages quote object addresses ("<_io.BytesIO object at 0x7f…>"): one reason, not thousands.
+    return re.sub(r"0x[0-9a-fA-F]+", "0x…", message)
+
+
+def summarize(shards_dir: Path, expected: int) -> dict:
+    """Counts over img2dataset's ``*_stats.json``: attempted, downloaded, success rate, reasons, bytes."""
+    stats = {}
+    for path in shards_dir.glob("*_stats.json"):
+        stats[int(path.name.split("_")[0])] = json.loads(path.read_text())
+    attempted = sum(s["count"] for s in stats.values())
+    downloaded = sum(s["successes"] for s in stats.values())
+    reasons: dict[str, int] = {}
+    for s in stats.values():
+        for message, n in s.get("status_dict", {}).items():
+            if message != "success":
+                reasons[_reason(message)] = reasons.get(_reason(message), 0) + n
+    finished = sorted(shards_dir / f"{i:0{SHARD_DIGITS}d}.tar" for i in stats)
+    return {"shards": len(stats), "expected_shards": expected, "attempted": attempted, "downloaded": downloaded,
+            "success_rate": downloaded / attempted if attempted else None,
+            "failures": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            "bytes": sum(p.stat().st_size for p in finished if p.exists()),
+            "complete": expected > 0 and all(i in stats for i in range(expected))}
+
+
+def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, say: Say) -> dict:
+    list_dir, shards_dir = out / LIST_DIR, out / SHARDS_DIR
+    expected = expected_shards(list_dir, options.shard_size)
+    if expected == 0:
+        raise FetchError(f"the selection in {list_dir} is empty: nothing to download")
+    before = summarize(shards_dir, expected) if shards_dir.exists() else None
+    if before is None or not before["complete"]:
+        selected = manifest.get("selected", 0)
+        free = shutil.disk_usage(out).free
+        if selected * BYTES_PER_IMAGE > free:
+            say(f"warning: {selected:,} images take about {selected * BYTES_PER_IMAGE / 1e9:.0f} GB at 512 px; "
+                f"{free / 1e9:.0f} GB is free under {out}")
+        done = before["shards"] if before else 0
+        say(f"images: {expected - done} of {expected} shard(s) to fetch with img2dataset ({options.distributor}, "
+            f"{options.processes} processes x {options.threads} threads) into {shards_dir}")
+        if options.distributor == "pyspark":
+            _need("pyspark")
+        elif options.distributor == "ray":
+            _need("ray")
+        run_img2dataset(list_dir, shards_dir, options, bbox)
+    summary = summarize(shards_dir, expected)
+    manifest.update(summary)
+    manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_manifest(out, manifest)
+    if summary["attempted"] and not summary["downloaded"]:
+        first = next(iter(summary["failures"]), "no reason recorded")
+        raise FetchError(f"none of {summary['attempted']:,} images could be downloaded (first reason: {first}); "
+                         f"check the network connection and rerun")
+    if not summary["complete"]:
+        raise FetchError(f"{expected - summary['shards']} of {expected} shard(s) did not finish; rerun the same "
+                         f"command to continue (finished shards are kept)")
+    return manifest
+
+
+def _need(module: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"--distributor {module} needs the {module} package: pip install {module}")
+
+
+# ------------------------------------------------------------------ the two entry points
+
+def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOptions, command: str, say: Say,
+                      on_progress: OnProgress, on_file: Callable[[int, int], None],
+                      metadata_dir: Optional[Path] = None, endpoint: Optional[str] = None,
+                      assets_dir: Path = ASSET_CACHE, device: str = "cpu",
+                      chunk: int = 4096) -> dict:
+    """Metadata, the filter, then the selected images; every stage resumable. Returns the manifest."""
+    from euclip_cli.data import datacomp as dc
+
+    if scale not in dc.SCALES:
+        raise ValueError(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(dc.SCALES)}")
+    if filter_name not in dc.FILTERS:
+        raise ValueError(f"unknown --filter '{filter_name}': choose one of {', '.join(dc.FILTERS)}")
+    identity = {"source": "datacomp", "scale": scale, "filter": filter_name, **options.identity()}
+    manifest = claim_output(out, identity, command)
+    if manifest["complete"]:
+        return manifest
+    metadata_dir = metadata_dir or out / "metadata"
+    image_based = filter_name == "image-based-clip-l14-30"
+    if not (out / LIST_DIR / ".complete").exists():
+        repo = dc.SCALES[scale].repo
+        fetch_metadata(repo, metadata_dir, ["*.parquet"] + (["*.npz"] if image_based else []), endpoint, say)
+        inputs = None
+        if image_based:
+            assets = fetch_assets(dc.assets_for(scale), assets_dir.expanduser(), on_progress)
+            inputs = image_based_inputs(scale, assets, device, chunk)
+        say(f"filter {filter_name}: selecting from {metadata_dir}")
+        selection = dc.select(metadata_dir, filter_name, inputs, on_file)
+        written = dc.write_download_list(metadata_dir, selection, out / LIST_DIR, bbox=options.blur_faces)
+        dc.save_uids(selection.uids, out / "uids.npy")
+        manifest.update({"pool": selection.pool, "threshold": selection.threshold, "selected": written,
+                         "metadata_dir": str(metadata_dir)})
+        write_manifest(out, manifest)
+        (out / LIST_DIR / ".complete").touch()
+        say(f"selected {written:,} of {selection.pool:,} samples ({written / max(selection.pool, 1):.1%}); "
+            f"uid file {out / 'uids.npy'}")
+    return fetch_images(out, manifest, options, bbox=options.blur_faces, say=say)
+
+
+def derived_uid(url: str, caption: str) -> str:
+    """A 128-bit hex uid for lists that have none, in DataComp's format."""
+    return hashlib.sha256(f"{url}\n{caption}".encode()).hexdigest()[:32]
+
+
+def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str, say: Say,
+                  url_col: str = "url", caption_col: str = "caption", uid_col: Optional[str] = None) -> dict:
+    """Any url/caption parquet (RedCaps, CC3M, ...) into the same shards and manifest as DataComp's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not parquet.is_file():
+        raise FileNotFoundError(f"--parquet {parquet} does not exist")
+    names = pq.ParquetFile(parquet).schema_arrow.names
+    for option, column in (("--url-col", url_col), ("--caption-col", caption_col), ("--uid-col", uid_col)):
+        if column is not None and column not in names:
+            raise ValueError(f"{option} '{column}' is not a column of {parquet} (columns: {', '.join(names)})")
+    identity = {"source": "urls", "parquet": str(parquet.resolve()), "url_col": url_col, "caption_col": caption_col,
+                "uid_col": uid_col, **options.identity()}
+    manifest = claim_output(out, identity, command)
+    if manifest["complete"]:
+        return manifest
+    list_dir = out / LIST_DIR
+    if not (list_dir / ".complete").exists():
+        table = pq.read_table(parquet, columns=[c for c in (url_col, caption_col, uid_col) if c])
+        urls = table[url_col].to_pylist()
+        captions = ["" if c is None else str(c) for c in table[caption_col].to_pylist()]
+        uids = (table[uid_col].to_pylist() if uid_col else [derived_uid(u or "", c) for u, c in zip(urls, captions)])
+        list_dir.mkdir(parents=True, exist_ok=True)
+        tmp = list_dir / ".00000000.parquet.tmp"
+        pq.write_table(pa.table({"url": urls, "text": captions, "uid": uids}), tmp)
+        tmp.replace(list_dir / "00000000.parquet")
+        manifest.update({"pool": table.num_rows, "selected": table.num_rows})
+        write_manifest(out, manifest)
+        (list_dir / ".complete").touch()
+    return fetch_images(out, manifest, options, bbox=False, say=say)
+
+
+def training_record(train_dir: Path) -> Optional[dict]:
+    """What the trainer logs about a download whose shards are ``train_dir`` (None for other folders).
+
+    Raises ValueError when the download is unfinished: training on part of a subset would
+    silently change the experiment.
+    """
+    manifest = read_manifest(train_dir.parent)
+    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls"):
+        return None
+    if not manifest.get("complete"):
+        raise ValueError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "
+                         f"{manifest.get('expected_shards', '?')} shards): rerun '{manifest['command']}' first")
+    keys = ("pool", "threshold", "selected", "attempted", "downloaded", "success_rate", "shards", "bytes")
+    return {**manifest["identity"], **{k: manifest.get(k) for k in keys}}
+

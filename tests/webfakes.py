@@ -1,0 +1,184 @@
+"""Offline stand-ins for the web: a Hugging Face Hub, an image host with planted failures, DataComp metadata."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+COMMIT = "c0ffee" * 6 + "abcd"  # a 40-hex commit id
+
+
+class _Server:
+    def start(self, handler) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeHub(_Server):
+    """What ``huggingface_hub.snapshot_download`` asks of the Hub: repo info, the file tree, resolve (with ranges)."""
+
+    def __init__(self, repos: dict[str, dict[str, bytes]]):
+        self.repos, self.requests = repos, []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def reply(self, code: int, body: bytes = b"", headers: dict | None = None, head: bool = False):
+                self.send_response(code)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def serve(self, head: bool):
+                parts = urlparse(self.path).path.strip("/").split("/")
+                hub.requests.append((self.command, "/".join(parts)))
+                if parts[:2] == ["api", "datasets"]:
+                    files = hub.repos.get("/".join(parts[2:4]))
+                    if files is None:
+                        return self.reply(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+                    if len(parts) == 4 or parts[4] == "revision":
+                        body = {"id": "/".join(parts[2:4]), "sha": COMMIT,
+                                "siblings": [{"rfilename": name} for name in files]}
+                    else:  # tree
+                        body = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest(),
+                                 "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                         "pointerSize": 134}} for name, data in files.items()]
+                    return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+                if parts[0] == "datasets" and len(parts) > 5 and parts[3] == "resolve":
+                    data = hub.repos.get("/".join(parts[1:3]), {}).get("/".join(parts[5:]))
+                    if data is None:
+                        return self.reply(404, b"", {"X-Error-Code": "EntryNotFound"})
+                    headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                               "Accept-Ranges": "bytes"}
+                    start = int(self.headers["Range"].split("=")[1].split("-")[0]) if self.headers.get("Range") else 0
+                    if start:
+                        headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                    return self.reply(206 if start else 200, data[start:], headers, head)
+                if parts[0] == "assets" and "/".join(parts[1:]) in hub.repos.get("assets", {}):
+                    return self.reply(200, hub.repos["assets"]["/".join(parts[1:])], head=head)
+                self.reply(404, head=head)
+
+            def do_GET(self):
+                self.serve(head=False)
+
+            def do_HEAD(self):
+                self.serve(head=True)
+
+        self.start(Handler)
+
+
+class ImageHost(_Server):
+    """``/ok/N.jpg`` images; planted failures: ``/missing`` (404), ``/slow`` (answers after ``slow_s``),
+    ``/corrupt`` (JPEG header, garbage body), ``/html`` (a web page)."""
+
+    def __init__(self, slow_s: float = 4.0, delay_s: float = 0.0):
+        self.slow_s, self.delay_s, self.requests = slow_s, delay_s, []
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                kind, name = self.path.strip("/").split("/", 1)
+                host.requests.append(self.path)
+                try:
+                    if host.delay_s:
+                        time.sleep(host.delay_s)
+                    if kind == "missing":
+                        self.send_error(404, "File not found")
+                        return
+                    if kind == "slow":
+                        time.sleep(host.slow_s)
+                    if kind == "html":
+                        body, kind_header = b"<html><body>not an image</body></html>", "text/html"
+                    elif kind == "corrupt":
+                        body, kind_header = b"\xff\xd8\xff\xe0" + bytes(random.Random(name).randbytes(2000)), "image/jpeg"
+                    else:
+                        body, kind_header = image_bytes(int(name.split(".")[0])), "image/jpeg"
+                    self.send_response(200)
+                    self.send_header("Content-Type", kind_header)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up on a slow answer
+                    pass
+
+        self.start(Handler)
+
+
+def image_bytes(i: int) -> bytes:
+    rng = random.Random(i)
+    image = Image.new("RGB", (40 + i % 30, 32 + i % 20), tuple(rng.randrange(256) for _ in range(3)))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def uid_of(i: int) -> str:
+    return hashlib.md5(f"sample {i}".encode()).hexdigest()
+
+
+def datacomp_metadata(host_url: str, files: int, rows: int, failures: dict[int, str], seed: int = 0,
+                      dim: int = 16, captions=None, clusters=None) -> dict[str, bytes]:
+    """Parquet (DataComp's columns) and npz files of a synthetic pool, as the Hub serves them.
+
+    Scores are multiples of 0.01, so many rows tie; ``failures`` maps a global row to a failure
+    kind (missing, slow, corrupt, html); ``clusters[i]`` picks the centroid row i's L/14 image
+    embedding sits next to (see ``centroids``).
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for f in range(files):
+        index = np.arange(f * rows, (f + 1) * rows)
+        kinds = [failures.get(int(i), "ok") for i in index]
+        table = pa.table({
+            "uid": [uid_of(int(i)) for i in index],
+            "url": [f"{host_url}/{k}/{i}.jpg" for k, i in zip(kinds, index)],
+            "text": [captions[i] if captions is not None else f"a photo of thing {i}" for i in index],
+            "original_width": rng.integers(100, 900, rows), "original_height": rng.integers(100, 900, rows),
+            "clip_b32_similarity_score": rng.integers(10, 40, rows) / 100,
+            "clip_l14_similarity_score": rng.integers(10, 40, rows) / 100,
+            "face_bboxes": [[[0.1, 0.1, 0.3, 0.3]] if i % 7 == 0 else [] for i in index],
+        })
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        name = f"{f:04d}{'ab' * 14}"  # DataComp's metadata files are named by a hash
+        out[f"{name}.parquet"] = buffer.getvalue()
+        cent = centroids(dim)
+        picked = np.asarray(clusters)[index] if clusters is not None else np.zeros(rows, dtype=int)
+        l14 = (cent[picked] + 0.05 * rng.standard_normal((rows, dim))).astype(np.float16)
+        buffer = io.BytesIO()
+        np.savez(buffer, l14_img=l14, l14_txt=l14, b32_img=l14, b32_txt=l14)
+        out[f"{name}.npz"] = buffer.getvalue()
+    return out
+
+
+def centroids(dim: int = 16, k: int = 8) -> np.ndarray:
+    """(k, dim) well-separated unit vectors (scaled basis vectors), so nearest-centroid answers are exact."""
+    return np.eye(k, dim, dtype=np.float32)
