@@ -30,6 +30,9 @@ def test_uids_convert_as_datacomp_does():
     assert dc.uid_hex(pairs) == [uid]
     big = "ffffffffffffffff" + "0000000000000001"  # the top bit set: must stay unsigned
     assert int(dc.uid_pairs([big])["f0"][0]) == 2**64 - 1
+    assert dc.uid_pairs([]).shape == (0,)
+    with pytest.raises(ValueError, match="'abc' is not 32 hex digits"):
+        dc.uid_pairs([uid, "abc"])
 
 
 def test_uid_file_is_sorted_lexicographically_by_high_then_low(tmp_path):

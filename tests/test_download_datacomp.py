@@ -1,6 +1,7 @@
 """``euclip download datacomp | urls`` against a Hub and an image host on 127.0.0.1, with planted failures."""
 
 import errno
+import importlib.util
 import hashlib
 import io
 import json
@@ -361,4 +362,13 @@ def test_an_unavailable_device_is_a_usage_error(tmp_path):
         pytest.skip("this machine has a GPU")
     one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--device", "cuda",
                                        "--out", str(tmp_path / "o")]), 2, "--device 'cuda' is not available")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("distributor", ["pyspark", "ray"])
+def test_a_distributor_that_is_not_installed_is_named_before_any_work(distributor, tmp_path):
+    if importlib.util.find_spec(distributor) is not None:
+        pytest.skip(f"{distributor} is installed here")
+    one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--distributor", distributor,
+                                       "--out", str(tmp_path / "o")]), 2, f"needs the {distributor} package")
     assert not (tmp_path / "o").exists()

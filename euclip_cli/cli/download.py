@@ -210,7 +210,16 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
 
 
-_IMG = ImageOptions()  # DataComp's img2dataset settings
+# img2dataset's options, shared by ``datacomp`` and ``urls``; the defaults are DataComp's.
+_IMG = ImageOptions()
+PROCESSES = typer.Option(_IMG.processes, help="img2dataset processes.")
+THREADS = typer.Option(_IMG.threads, help="img2dataset threads per process.")
+RETRIES = typer.Option(_IMG.retries, help="Retries per image.")
+TIMEOUT = typer.Option(_IMG.timeout, help="Seconds per image request.")
+SHARD_SIZE = typer.Option(_IMG.shard_size, help="Samples per shard.")
+IMAGE_SIZE = typer.Option(_IMG.image_size, help="Longest side kept (resized only if bigger).")
+DISTRIBUTOR = typer.Option(_IMG.distributor, help="img2dataset distributor: multiprocessing | pyspark | ray.")
+SPARK_MASTER = typer.Option("", help="pyspark: the cluster's master URL (spark://HOST:7077).")
 
 
 @app.command()
@@ -228,16 +237,10 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
                                                   "and fastText model."),
              device: str = typer.Option("auto", help="Where the image-based filter's nearest-centroid search runs."),
              chunk: int = typer.Option(4096, min=1, help="Embeddings per nearest-centroid matmul (memory peak)."),
-             processes: int = typer.Option(_IMG.processes, help="img2dataset processes."),
-             threads: int = typer.Option(_IMG.threads, help="img2dataset threads per process."),
-             retries: int = typer.Option(_IMG.retries, help="Retries per image."),
-             timeout: int = typer.Option(_IMG.timeout, help="Seconds per image request."),
-             shard_size: int = typer.Option(_IMG.shard_size, help="Samples per shard."),
-             image_size: int = typer.Option(_IMG.image_size, help="Longest side kept (resize only if bigger)."),
+             processes: int = PROCESSES, threads: int = THREADS, retries: int = RETRIES, timeout: int = TIMEOUT,
+             shard_size: int = SHARD_SIZE, image_size: int = IMAGE_SIZE,
              skip_bbox_blurring: bool = typer.Option(False, help="Do not blur the metadata's face boxes."),
-             distributor: str = typer.Option(_IMG.distributor, help="img2dataset distributor: multiprocessing | pyspark | ray."),
-             spark_master: str = typer.Option("", help="pyspark: the cluster's master URL (spark://HOST:7077).")
-             ) -> None:
+             distributor: str = DISTRIBUTOR, spark_master: str = SPARK_MASTER) -> None:
     """Fetch a DataComp pool's metadata, apply the paper's filter, download only the selected images.
 
     Re-running the same command continues where it stopped, and does nothing once complete.
@@ -264,15 +267,9 @@ def urls(parquet: Path = typer.Option(..., help="A parquet file of image URLs an
          url_col: str = typer.Option("url", help="The URL column."),
          caption_col: str = typer.Option("caption", help="The caption column."),
          uid_col: Optional[str] = typer.Option(None, help="A unique-id column (default: derived from url and caption)."),
-         processes: int = typer.Option(_IMG.processes, help="img2dataset processes."),
-         threads: int = typer.Option(_IMG.threads, help="img2dataset threads per process."),
-         retries: int = typer.Option(_IMG.retries, help="Retries per image."),
-         timeout: int = typer.Option(_IMG.timeout, help="Seconds per image request."),
-         shard_size: int = typer.Option(_IMG.shard_size, help="Samples per shard."),
-         image_size: int = typer.Option(_IMG.image_size, help="Longest side kept (resize only if bigger)."),
-         distributor: str = typer.Option(_IMG.distributor, help="img2dataset distributor: multiprocessing | pyspark | ray."),
-         spark_master: str = typer.Option("", help="pyspark: the cluster's master URL (spark://HOST:7077).")
-         ) -> None:
+         processes: int = PROCESSES, threads: int = THREADS, retries: int = RETRIES, timeout: int = TIMEOUT,
+         shard_size: int = SHARD_SIZE, image_size: int = IMAGE_SIZE, distributor: str = DISTRIBUTOR,
+         spark_master: str = SPARK_MASTER) -> None:
     """Download any image-text list (RedCaps, CC3M, ...) into training shards, as DataComp's are.
 
     Examples:

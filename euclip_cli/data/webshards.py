@@ -27,7 +27,10 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from euclip_cli.data.datacomp import ImageBasedInputs
 
 MANIFEST = "manifest.json"
 LIST_DIR = "download-list"
@@ -206,7 +209,7 @@ def load_language_model(path: Path):
     return fasttext.load_model(str(path))
 
 
-def image_based_inputs(scale: str, assets: dict[str, Path], device: str, chunk: int) -> dc.ImageBasedInputs:
+def image_based_inputs(scale: str, assets: dict[str, Path], device: str, chunk: int) -> ImageBasedInputs:
     """Load the language model, the pool centroids and the ImageNet clusters onto ``device``."""
     import fasttext
     import torch
@@ -296,10 +299,6 @@ def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, s
         done = before["shards"] if before else 0
         say(f"images: {expected - done} of {expected} shard(s) to fetch with img2dataset ({options.distributor}, "
             f"{options.processes} processes x {options.threads} threads) into {shards_dir}")
-        if options.distributor == "pyspark":
-            _need("pyspark")
-        elif options.distributor == "ray":
-            _need("ray")
         run_img2dataset(list_dir, shards_dir, options, bbox)
     summary = summarize(shards_dir, expected)
     manifest.update(summary)
@@ -315,10 +314,12 @@ def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, s
     return manifest
 
 
-def _need(module: str) -> None:
+def check_distributor(options: ImageOptions) -> None:
+    """pyspark and ray are not dependencies: say so before any work is done."""
     import importlib.util
 
-    if importlib.util.find_spec(module) is None:
+    module = options.distributor
+    if module != "multiprocessing" and importlib.util.find_spec(module) is None:
         raise ValueError(f"--distributor {module} needs the {module} package: pip install {module}")
 
 
@@ -336,6 +337,7 @@ def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOpt
         raise ValueError(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(dc.SCALES)}")
     if filter_name not in dc.FILTERS:
         raise ValueError(f"unknown --filter '{filter_name}': choose one of {', '.join(dc.FILTERS)}")
+    check_distributor(options)
     identity = {"source": "datacomp", "scale": scale, "filter": filter_name, **options.identity()}
     manifest = claim_output(out, identity, command)
     if manifest["complete"]:
@@ -379,6 +381,7 @@ def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str,
     for option, column in (("--url-col", url_col), ("--caption-col", caption_col), ("--uid-col", uid_col)):
         if column is not None and column not in names:
             raise ValueError(f"{option} '{column}' is not a column of {parquet} (columns: {', '.join(names)})")
+    check_distributor(options)
     identity = {"source": "urls", "parquet": str(parquet.resolve()), "url_col": url_col, "caption_col": caption_col,
                 "uid_col": uid_col, **options.identity()}
     manifest = claim_output(out, identity, command)
