@@ -23,14 +23,13 @@ from typer.testing import CliRunner
 from euclip_cli.cli import app
 from euclip_cli.data import datacomp as dc
 from euclip_cli.data import webshards
-from tests.webfakes import FakeHub, ImageHost, centroids, datacomp_metadata, uid_of
+from tests.webfakes import FAILURE_KINDS, FakeHub, ImageHost, centroids, datacomp_metadata, uid_of
 
 runner = CliRunner()
 REPO = "mlfoundations/datacomp_small"
 ROWS, FILES = 30, 2
 # Small, fast settings for img2dataset; everything else is DataComp's.
 FAST = ["--processes", "1", "--threads", "8", "--timeout", "2", "--retries", "0", "--shard-size", "8"]
-PLANTED = ("missing", "slow", "corrupt", "html")
 
 
 def frame_of(files: dict[str, bytes]) -> pd.DataFrame:
@@ -52,7 +51,7 @@ def web(monkeypatch):
     host = ImageHost(slow_s=4)
     selected = expected_selection(frame_of(datacomp_metadata(host.url, FILES, ROWS, {})))
     # One of each failure, on selected rows (the scores do not depend on the urls).
-    planted = {selected[1 + 3 * k]: kind for k, kind in enumerate(PLANTED)}
+    planted = {selected[1 + 3 * k]: kind for k, kind in enumerate(FAILURE_KINDS)}
     # ... and one on a row the filter drops: it must never be requested.
     dropped = next(i for i in range(FILES * ROWS) if i not in selected)
     files = datacomp_metadata(host.url, FILES, ROWS, planted | {dropped: "missing"})

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 COMMIT = "c0ffee" * 6 + "abcd"  # a 40-hex commit id
+FAILURE_KINDS = ("missing", "slow", "corrupt", "html")
 
 
 class _Server:
@@ -152,6 +153,8 @@ def datacomp_metadata(host_url: str, files: int, rows: int, failures: dict[int, 
     kind (missing, slow, corrupt, html); ``clusters[i]`` picks the centroid row i's L/14 image
     embedding sits next to (see ``centroids``).
     """
+    # A misspelt kind would be served as a good image and silently change the planted rate.
+    assert set(failures.values()) <= set(FAILURE_KINDS), f"unknown failure kinds in {failures}"
     rng = np.random.default_rng(seed)
     out = {}
     for f in range(files):
