@@ -63,7 +63,9 @@ def test_clip_l14_30_selects_exactly_the_top_30_percent_of_the_whole_pool(tmp_pa
     expected = set(frame.uid[frame.clip_l14_similarity_score >= threshold])
     assert len(expected) > int(len(frame) * 0.3)  # the synthetic scores tie at the cut: ties are in
 
-    selection = dc.select(folder, "clip-l14-30")
+    seen = []
+    selection = dc.select(folder, "clip-l14-30", on_file=lambda *progress: seen.append(progress))
+    assert seen == [("reading scores", i, 3) for i in (1, 2, 3)] + [("filtering", i, 3) for i in (1, 2, 3)]
     assert selection.pool == len(frame) and selection.threshold == threshold
     assert set(dc.uid_hex(selection.uids)) == expected
     assert selection.uids.tolist() == sorted(selection.uids.tolist())

@@ -113,6 +113,7 @@ def test_download_filters_fetches_only_the_subset_and_reports_the_planted_losses
     samples = shard_samples(out / "shards")
     assert set(samples) == web.selected - web.failed  # exactly the filter's selection minus the planted failures
     assert all(s["jpg"] and s["txt"].startswith("a photo of thing") for s in samples.values())
+    assert all("face_bboxes" in s["json"] for s in samples.values())  # passed to img2dataset for blurring
     assert not any(f"/{web.dropped}.jpg" in r for r in web.host.requests)  # only the subset is requested
     uids = np.load(out / "uids.npy")
     assert uids.dtype == np.dtype("u8,u8") and dc.uid_hex(uids) == sorted(web.selected)

@@ -143,7 +143,7 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
             manifest = download_datacomp(
                 out, scale, filter_name, options, command, bars.say,
                 on_progress=lambda name, n, total: bars.update(f"asset {name}", n, total, advance=True),
-                on_file=lambda done, total: bars.update("filtering metadata files", done, total),
+                on_file=lambda stage, done, total: bars.update(f"{stage}: metadata files", done, total),
                 metadata_dir=metadata_dir, endpoint=hub_url, assets_dir=assets_dir, device=device, chunk=chunk)
         finally:
             bars.stop()

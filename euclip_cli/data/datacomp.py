@@ -186,11 +186,14 @@ def metadata_files(metadata_dir: Path) -> list[Path]:
     return files
 
 
-def pool_threshold(files: list[Path], fraction: float = FRACTION) -> tuple[float, int]:
+def pool_threshold(files: list[Path], fraction: float = FRACTION,
+                   on_file: Callable[[str, int, int], None] = lambda stage, done, total: None) -> tuple[float, int]:
     """The clip-l14-30 threshold over every row of the pool, and the pool's size."""
-    scores = np.concatenate([pq.read_table(f, columns=[SCORE_COLUMN])[SCORE_COLUMN].to_numpy(zero_copy_only=False)
-                             for f in files])
-    return score_threshold(scores, fraction), len(scores)
+    scores = []
+    for done, path in enumerate(files, start=1):
+        scores.append(pq.read_table(path, columns=[SCORE_COLUMN])[SCORE_COLUMN].to_numpy(zero_copy_only=False))
+        on_file("reading scores", done, len(files))
+    return score_threshold(np.concatenate(scores), fraction), sum(len(s) for s in scores)
 
 
 def select_rows(parquet: Path, filter_name: str, threshold: Optional[float],
@@ -229,21 +232,21 @@ class Selection:
 
 
 def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBasedInputs] = None,
-           on_file: Callable[[int, int], None] = lambda done, total: None) -> Selection:
+           on_file: Callable[[str, int, int], None] = lambda stage, done, total: None) -> Selection:
     """Apply ``filter_name`` to the pool in ``metadata_dir``, one metadata file at a time."""
     if filter_name not in FILTERS:
         raise ValueError(f"unknown filter '{filter_name}': choose one of {', '.join(FILTERS)}")
     if filter_name == "image-based-clip-l14-30" and image_based is None:
         raise ValueError("the image-based filter needs its language model, centroids and ImageNet clusters")
     files = metadata_files(metadata_dir)
-    threshold, pool = pool_threshold(files) if filter_name != "none" else (None, None)
+    threshold, pool = pool_threshold(files, FRACTION, on_file) if filter_name != "none" else (None, None)
     per_file, pairs = {}, []
     for done, parquet in enumerate(files, start=1):
         rows = select_rows(parquet, filter_name, threshold, image_based)
         uids = pq.read_table(parquet, columns=["uid"])["uid"].to_numpy(zero_copy_only=False)
         per_file[parquet.name] = rows
         pairs.append(uid_pairs(uids[rows].tolist()))
-        on_file(done, len(files))
+        on_file("filtering", done, len(files))
     if pool is None:
         pool = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     everything = np.concatenate(pairs) if pairs else np.empty(0, UID_DTYPE)

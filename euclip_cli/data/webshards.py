@@ -326,7 +326,7 @@ def check_distributor(options: ImageOptions) -> None:
 # ------------------------------------------------------------------ the two entry points
 
 def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOptions, command: str, say: Say,
-                      on_progress: OnProgress, on_file: Callable[[int, int], None],
+                      on_progress: OnProgress, on_file: Callable[[str, int, int], None],
                       metadata_dir: Optional[Path] = None, endpoint: Optional[str] = None,
                       assets_dir: Path = ASSET_CACHE, device: str = "cpu",
                       chunk: int = 4096) -> dict:
