@@ -166,3 +166,24 @@ def test_unknown_filters_and_empty_folders_are_refused(tmp_path):
         dc.select(tmp_path, "clip-30")
     with pytest.raises(FileNotFoundError, match="no metadata"):
         dc.select(tmp_path, "none")
+
+
+def test_a_uid_file_selects_the_pool_rows_it_lists(tmp_path):
+    folder = write_pool(tmp_path / "meta", files=2, rows=10)
+    wanted = [uid_of(i) for i in (0, 3, 3, 12, 19)] + ["f" * 32]  # a repeat, and one the pool lacks
+    np.save(tmp_path / "subset.npy", dc.uid_pairs(wanted))
+    subset = dc.load_uids(tmp_path / "subset.npy")
+    assert len(subset) == 5 and subset.tolist() == sorted(subset.tolist())
+    selection = dc.select(folder, dc.UID_FILE, subset=subset)
+    assert set(dc.uid_hex(selection.uids)) == {uid_of(i) for i in (0, 3, 12, 19)}
+    assert sum(len(r) for r in selection.rows.values()) == 4 and selection.threshold is None
+    assert dc.contains(subset, dc.uid_pairs([uid_of(3), uid_of(4)])).tolist() == [True, False]
+
+
+def test_a_malformed_uid_file_is_refused(tmp_path):
+    np.save(tmp_path / "ints.npy", np.arange(4))
+    with pytest.raises(ValueError, match="holds int64 of shape \\(4,\\)"):
+        dc.load_uids(tmp_path / "ints.npy")
+    (tmp_path / "text.npy").write_text("not numpy")
+    with pytest.raises(ValueError, match="is not a NumPy .npy file"):
+        dc.load_uids(tmp_path / "text.npy")

@@ -218,6 +218,19 @@ def test_image_based_filter_with_datacomp_assets(web, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_uid_file_downloads_exactly_its_uids(web, tmp_path):
+    chosen = sorted(web.selected - web.failed)[:5]
+    np.save(tmp_path / "mine.npy", dc.uid_pairs(chosen + ["0" * 32]))  # one uid the pool does not hold
+    result = runner.invoke(app, ["download", "datacomp", "--scale", "small", "--uids", str(tmp_path / "mine.npy"),
+                                 "--hub-url", web.hub.url, "--out", str(tmp_path / "dc"), *FAST])
+    assert result.exit_code == 0, result.output
+    assert set(shard_samples(tmp_path / "dc" / "shards")) == set(chosen)
+    manifest = json.loads((tmp_path / "dc" / "manifest.json").read_text())
+    assert manifest["identity"]["filter"] == "uids" and manifest["not_in_pool"] == 1
+    assert manifest["success_rate"] == 1.0
+
+
+@pytest.mark.slow
 def test_any_url_list_downloads_into_the_same_format(web, tmp_path):
     rows = pd.DataFrame({"image": [f"{web.host.url}/ok/{i}.jpg" for i in range(5)] + [f"{web.host.url}/missing/9.jpg"],
                          "alt": [f"caption {i}" for i in range(6)]})
@@ -251,6 +264,10 @@ def test_bad_scale_filter_and_distributor_are_usage_errors(tmp_path):
                    2, "--filter 'clip-30'", "image-based-clip-l14-30")
     one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--distributor", "dask"]),
                    2, "--distributor 'dask'")
+    one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--filter", "none", "--uids",
+                                       str(tmp_path / "u.npy")]), 2, "--filter or --uids, not both")
+    one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--uids", str(tmp_path / "u.npy")]),
+                   2, "u.npy does not exist")
     assert not any(tmp_path.iterdir())
 
 

@@ -127,7 +127,7 @@ def print_summary(manifest: dict, out: Path) -> None:
 
 def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Optional[Path], options: ImageOptions,
                    hub_url: Optional[str] = None, assets_dir: Path = ASSET_CACHE, device: str = "auto",
-                   chunk: int = 4096) -> None:
+                   chunk: int = 4096, uid_file: Optional[Path] = None) -> None:
     import torch
 
     from euclip_cli.data.webshards import download_datacomp
@@ -144,7 +144,8 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
                 out, scale, filter_name, options, command, bars.say,
                 on_progress=lambda name, n, total: bars.update(f"asset {name}", n, total, advance=True),
                 on_file=lambda stage, done, total: bars.update(f"{stage}: metadata files", done, total),
-                metadata_dir=metadata_dir, endpoint=hub_url, assets_dir=assets_dir, device=device, chunk=chunk)
+                metadata_dir=metadata_dir, endpoint=hub_url, assets_dir=assets_dir, device=device, chunk=chunk,
+                uid_file=uid_file)
         finally:
             bars.stop()
     print_summary(manifest, out)
@@ -224,8 +225,11 @@ SPARK_MASTER = typer.Option("", help="pyspark: the cluster's master URL (spark:/
 
 @app.command()
 def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium (128M)."),
-             filter: str = typer.Option("clip-l14-30", "--filter",
-                                        help="none | clip-l14-30 | image-based-clip-l14-30 (the paper's subsets)."),
+             filter: Optional[str] = typer.Option(None, "--filter",
+                                                  help="none | clip-l14-30 (default) | image-based-clip-l14-30 "
+                                                       "(the paper's subsets)."),
+             uids: Optional[Path] = typer.Option(None, help="Instead of --filter: a DataComp uid file (.npy of "
+                                                            "u8,u8) to download, e.g. another baseline's subset."),
              out: Optional[Path] = typer.Option(None, help="Output folder (default data/datacomp-SCALE-FILTER, "
                                                            "where the recipes' data.train_dir looks)."),
              metadata_dir: Optional[Path] = typer.Option(None, help="Pool metadata (default OUT/metadata); share one "
@@ -248,17 +252,23 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
     Examples:
       euclip download datacomp --scale small --filter clip-l14-30
       euclip download datacomp --scale medium --filter image-based-clip-l14-30 --processes 32 --threads 256
+      euclip download datacomp --scale small --uids my_filter.npy --out data/small-my-filter
     """
-    from euclip_cli.data.datacomp import FILTERS, SCALES
+    from euclip_cli.data.datacomp import FILTERS, SCALES, UID_FILE
 
     if scale not in SCALES:
         fail(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(SCALES)}", 2)
-    if filter not in FILTERS:
+    if filter is not None and uids is not None:
+        fail("give --filter or --uids, not both", 2)
+    if filter is not None and filter not in FILTERS:
         fail(f"unknown --filter '{filter}': choose one of {', '.join(FILTERS)}", 2)
+    if uids is not None and not uids.is_file():
+        fail(f"--uids {uids} does not exist", 2)
+    name = f"{UID_FILE}-{uids.stem}" if uids is not None else filter or "clip-l14-30"
     options = image_options(processes, threads, retries, timeout, shard_size, image_size, skip_bbox_blurring,
                             distributor, spark_master)
-    fetch_datacomp(scale, filter, out or Path("data") / f"datacomp-{scale}-{filter}", metadata_dir, options,
-                   hub_url, assets_dir, device, chunk)
+    fetch_datacomp(scale, filter or "clip-l14-30", out or Path("data") / f"datacomp-{scale}-{name}", metadata_dir,
+                   options, hub_url, assets_dir, device, chunk, uids)
 
 
 @app.command()

@@ -31,6 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FILTERS = ("none", "clip-l14-30", "image-based-clip-l14-30")
+# A subset given as a uid file (another baseline's, or one's own filter) instead of a named filter.
+UID_FILE = "uids"
 SCORE_COLUMN = "clip_l14_similarity_score"
 FRACTION = 0.3
 # The columns img2dataset needs to fetch a selected sample (face boxes: for blurring).
@@ -104,6 +106,26 @@ def uid_pairs(uids: Sequence[str]) -> np.ndarray:
 
 def uid_hex(pairs: np.ndarray) -> list[str]:
     return [f"{int(hi):016x}{int(lo):016x}" for hi, lo in zip(pairs["f0"], pairs["f1"])]
+
+
+def load_uids(path: Path) -> np.ndarray:
+    """A DataComp uid file (``.npy`` of ``u8,u8``), sorted and without repeats. (n,) u8,u8."""
+    try:
+        pairs = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--uids {path} is not a NumPy .npy file ({err})") from None
+    if pairs.dtype != UID_DTYPE or pairs.ndim != 1:
+        raise ValueError(f"--uids {path} holds {pairs.dtype} of shape {pairs.shape}; a DataComp uid file is a 1-D "
+                         f"'u8,u8' array")
+    return np.unique(pairs)
+
+
+def contains(sorted_pairs: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """(m,) bool: which of ``pairs`` are in ``sorted_pairs`` (binary search, as DataComp's resharder does)."""
+    at = np.searchsorted(sorted_pairs, pairs)
+    found = at < len(sorted_pairs)
+    found[found] = sorted_pairs[at[found]] == pairs[found]
+    return found
 
 
 def save_uids(pairs: np.ndarray, path: Path) -> None:
@@ -197,10 +219,13 @@ def pool_threshold(files: list[Path], fraction: float = FRACTION,
 
 
 def select_rows(parquet: Path, filter_name: str, threshold: Optional[float],
-                image_based: Optional[ImageBasedInputs]) -> np.ndarray:
+                image_based: Optional[ImageBasedInputs], subset: Optional[np.ndarray] = None) -> np.ndarray:
     """Row indices of one metadata file that pass ``filter_name``. (m,) int64, ascending."""
     if filter_name == "none":
         return np.arange(pq.ParquetFile(parquet).metadata.num_rows)
+    if filter_name == UID_FILE:
+        uids = pq.read_table(parquet, columns=["uid"])["uid"].to_pylist()
+        return np.flatnonzero(contains(subset, uid_pairs(uids)))
     columns = [SCORE_COLUMN] + (["text"] if filter_name == "image-based-clip-l14-30" else [])
     table = pq.read_table(parquet, columns=columns)
     scores = table[SCORE_COLUMN].to_numpy(zero_copy_only=False)
@@ -232,17 +257,22 @@ class Selection:
 
 
 def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBasedInputs] = None,
-           on_file: Callable[[str, int, int], None] = lambda stage, done, total: None) -> Selection:
-    """Apply ``filter_name`` to the pool in ``metadata_dir``, one metadata file at a time."""
-    if filter_name not in FILTERS:
+           on_file: Callable[[str, int, int], None] = lambda stage, done, total: None,
+           subset: Optional[np.ndarray] = None) -> Selection:
+    """Apply ``filter_name`` (or, for ``UID_FILE``, the sorted uid array ``subset``) to the pool in
+    ``metadata_dir``, one metadata file at a time."""
+    if filter_name not in FILTERS + (UID_FILE,):
         raise ValueError(f"unknown filter '{filter_name}': choose one of {', '.join(FILTERS)}")
     if filter_name == "image-based-clip-l14-30" and image_based is None:
         raise ValueError("the image-based filter needs its language model, centroids and ImageNet clusters")
+    if filter_name == UID_FILE and subset is None:
+        raise ValueError("a uid-file selection needs the uids")
     files = metadata_files(metadata_dir)
-    threshold, pool = pool_threshold(files, FRACTION, on_file) if filter_name != "none" else (None, None)
+    scored = filter_name not in ("none", UID_FILE)
+    threshold, pool = pool_threshold(files, FRACTION, on_file) if scored else (None, None)
     per_file, pairs = {}, []
     for done, parquet in enumerate(files, start=1):
-        rows = select_rows(parquet, filter_name, threshold, image_based)
+        rows = select_rows(parquet, filter_name, threshold, image_based, subset)
         uids = pq.read_table(parquet, columns=["uid"])["uid"].to_numpy(zero_copy_only=False)
         per_file[parquet.name] = rows
         pairs.append(uid_pairs(uids[rows].tolist()))

@@ -328,22 +328,28 @@ def check_distributor(options: ImageOptions) -> None:
 def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOptions, command: str, say: Say,
                       on_progress: OnProgress, on_file: Callable[[str, int, int], None],
                       metadata_dir: Optional[Path] = None, endpoint: Optional[str] = None,
-                      assets_dir: Path = ASSET_CACHE, device: str = "cpu",
-                      chunk: int = 4096) -> dict:
-    """Metadata, the filter, then the selected images; every stage resumable. Returns the manifest."""
+                      assets_dir: Path = ASSET_CACHE, device: str = "cpu", chunk: int = 4096,
+                      uid_file: Optional[Path] = None) -> dict:
+    """Metadata, the filter (``filter_name``, or the subset in ``uid_file`` when one is given), then
+    the selected images; every stage resumable. Returns the manifest."""
     from euclip_cli.data import datacomp as dc
+    from euclip_cli.evaluate.evalsets import sha256_of
 
     if scale not in dc.SCALES:
         raise ValueError(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(dc.SCALES)}")
-    if filter_name not in dc.FILTERS:
+    if filter_name not in dc.FILTERS + (dc.UID_FILE,):
         raise ValueError(f"unknown --filter '{filter_name}': choose one of {', '.join(dc.FILTERS)}")
+    subset, identity = None, {"source": "datacomp", "scale": scale, "filter": filter_name}
+    if uid_file is not None:
+        subset = dc.load_uids(uid_file)
+        identity.update(filter=dc.UID_FILE, uids_sha256=sha256_of(uid_file))
     check_distributor(options)
-    identity = {"source": "datacomp", "scale": scale, "filter": filter_name, **options.identity()}
+    identity.update(options.identity())
     manifest = claim_output(out, identity, command)
     if manifest["complete"]:
         return manifest
     metadata_dir = metadata_dir or out / "metadata"
-    image_based = filter_name == "image-based-clip-l14-30"
+    image_based = identity["filter"] == "image-based-clip-l14-30"
     if not (out / LIST_DIR / ".complete").exists():
         repo = dc.SCALES[scale].repo
         fetch_metadata(repo, metadata_dir, ["*.parquet"] + (["*.npz"] if image_based else []), endpoint, say)
@@ -351,12 +357,15 @@ def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOpt
         if image_based:
             assets = fetch_assets(dc.assets_for(scale), assets_dir.expanduser(), on_progress)
             inputs = image_based_inputs(scale, assets, device, chunk)
-        say(f"filter {filter_name}: selecting from {metadata_dir}")
-        selection = dc.select(metadata_dir, filter_name, inputs, on_file)
+        say(f"filter {identity['filter']}: selecting from {metadata_dir}")
+        selection = dc.select(metadata_dir, identity["filter"], inputs, on_file, subset)
         written = dc.write_download_list(metadata_dir, selection, out / LIST_DIR, bbox=options.blur_faces)
         dc.save_uids(selection.uids, out / "uids.npy")
         manifest.update({"pool": selection.pool, "threshold": selection.threshold, "selected": written,
                          "metadata_dir": str(metadata_dir)})
+        if subset is not None:
+            # As DataComp's resharder warns: uids of the file that the pool does not hold.
+            manifest.update(uid_file=str(uid_file), not_in_pool=len(subset) - written)
         write_manifest(out, manifest)
         (out / LIST_DIR / ".complete").touch()
         say(f"selected {written:,} of {selection.pool:,} samples ({written / max(selection.pool, 1):.1%}); "
