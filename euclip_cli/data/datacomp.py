@@ -16,6 +16,7 @@ computes them:
 
 A subset is written as DataComp writes uid files: a sorted NumPy ``u8,u8`` array (the high
 and low 64 bits of the 128-bit hex uid). A uid listed twice in the pool is selected once.
+Any such file (another baseline's, one's own filter) can also serve as the subset (``UID_FILE``).
 
 Everything here is importable without a network; fetching lives in ``data/webshards.py``.
 """
@@ -44,15 +45,11 @@ UID_DTYPE = np.dtype("u8,u8")
 class Scale:
     repo: str
     pool: int  # metadata rows (= DataComp's samples-seen budget)
-    # The sizes DataComp's README gives, for the disk check and the README.
-    parquet_gb: int
-    npz_gb: int
-    images_gb: int  # the whole pool's shards at 512 px
 
 
 SCALES = {
-    "small": Scale("mlfoundations/datacomp_small", 12_800_000, 3, 75, 450),
-    "medium": Scale("mlfoundations/datacomp_medium", 128_000_000, 30, 750, 4500),
+    "small": Scale("mlfoundations/datacomp_small", 12_800_000),
+    "medium": Scale("mlfoundations/datacomp_medium", 128_000_000),
 }
 
 

@@ -10,8 +10,8 @@ One output folder per dataset::
 
 Every stage leaves a record of completion, so the same command continues where a previous
 one stopped (img2dataset itself skips shards whose ``_stats.json`` exists) and does nothing
-once the manifest says ``complete``. Nothing here deletes a downloaded file, except an asset
-that fails its checksum.
+once the manifest says ``complete``. Nothing here deletes a downloaded file; an asset that
+fails its checksum is set aside as ``NAME.bad``.
 
 NumPy, pyarrow and torch are imported inside the functions that use them: the CLI reads
 ``ImageOptions`` for its defaults, and ``euclip --help`` must stay instant.
@@ -370,6 +370,9 @@ def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOpt
         (out / LIST_DIR / ".complete").touch()
         say(f"selected {written:,} of {selection.pool:,} samples ({written / max(selection.pool, 1):.1%}); "
             f"uid file {out / 'uids.npy'}")
+        if selection.pool != dc.SCALES[scale].pool:
+            say(f"note: DataComp's {scale} pool has {dc.SCALES[scale].pool:,} rows; this metadata has "
+                f"{selection.pool:,} (a pool percentile depends on the whole pool)")
     return fetch_images(out, manifest, options, bbox=options.blur_faces, say=say)
 
 
