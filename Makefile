@@ -35,7 +35,7 @@ analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of e
 	done
 	$(EUCLIP) report --format html
 
-test: $(STAMP)  ## Run the whole test suite (about 5 minutes on 2 cores, plus the first install).
+test: $(STAMP)  ## Run the whole test suite (about 6 minutes on 2 cores, plus the first install).
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.
