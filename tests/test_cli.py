@@ -24,6 +24,15 @@ def test_help_lists_the_commands_and_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
+def test_the_error_funnel_imports_nothing_heavy():
+    # errors() resolves exception classes from modules already imported: a mistake caught before
+    # any work (an unknown recipe here) answers without loading torch and open_clip.
+    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli import app; "
+            "r = CliRunner().invoke(app, ['train', '--recipe', 'no-such-recipe']); "
+            "print(r.exit_code, 'torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["2", "False"]
+
+
 def test_version():
     from euclip_cli import __version__
 

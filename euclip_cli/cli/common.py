@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import sys
 from pathlib import Path
 
 import typer
@@ -27,35 +28,38 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+# euclip's own exceptions: user mistakes (exit 2) and runtime failures (exit 1), by module.
+USAGE_ERRORS = {"euclip_cli.config": ["ConfigError"], "euclip_cli.data.loader": ["DataError"],
+                "euclip_cli.data.world_files": ["WorldExistsError"], "euclip_cli.evaluate.runner": ["EvalError"],
+                "euclip_cli.train.loop": ["RunConflict"], "euclip_cli.data.webshards": ["OutputConflict"]}
+RUNTIME_ERRORS = {"euclip_cli.train.loop": ["RunError"], "euclip_cli.evaluate.runner": ["FetchError"],
+                  "euclip_cli.evaluate.evalsets": ["DownloadError"], "euclip_cli.data.webshards": ["FetchError"]}
+
+
+def _loaded(table: dict[str, list[str]]) -> tuple[type, ...]:
+    """The classes of ``table`` whose modules are imported: an exception from a module that was
+    never imported cannot have been raised, and importing them all (torch, open_clip) would cost
+    every command seconds."""
+    return tuple(getattr(sys.modules[module], name) for module, names in table.items() if module in sys.modules
+                 for name in names)
+
+
 @contextlib.contextmanager
 def errors():
     """Turn euclip's known exceptions into one-line messages and exit codes."""
-    from euclip_cli.config import ConfigError
-
-    usage, runtime = [ConfigError, ValueError, FileNotFoundError], []
-    with contextlib.suppress(ImportError):
-        from euclip_cli.data import webshards
-        from euclip_cli.data.loader import DataError
-        from euclip_cli.data.world_files import WorldExistsError
-        from euclip_cli.evaluate.evalsets import DownloadError
-        from euclip_cli.evaluate.runner import EvalError, FetchError
-        from euclip_cli.train.loop import RunConflict, RunError
-
-        usage += [DataError, WorldExistsError, EvalError, RunConflict, webshards.OutputConflict]
-        runtime += [RunError, FetchError, DownloadError, webshards.FetchError]
     try:
         yield
-    except tuple(usage) as err:
-        fail(str(err), 2)
-    except tuple(runtime) as err:
-        fail(str(err), 1)
     except KeyboardInterrupt:
         fail("interrupted", 1)
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
-        fail(f"disk full while writing {err.filename or 'output'}: free space and rerun the same command "
-             f"(nothing already written was deleted)", 1)
+    except Exception as err:
+        if isinstance(err, (ValueError, FileNotFoundError) + _loaded(USAGE_ERRORS)):
+            fail(str(err), 2)
+        if isinstance(err, _loaded(RUNTIME_ERRORS)):
+            fail(str(err), 1)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            fail(f"disk full while writing {err.filename or 'output'}: free space and rerun the same command "
+                 f"(nothing already written was deleted)", 1)
+        raise
 
 
 def resolve_run(name_or_path: str, runs_dir: Path = RUNS_DIR) -> Path:

@@ -128,14 +128,15 @@ def print_summary(manifest: dict, out: Path) -> None:
 def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Optional[Path], options: ImageOptions,
                    hub_url: Optional[str] = None, assets_dir: Path = ASSET_CACHE, device: str = "auto",
                    chunk: int = 4096, uid_file: Optional[Path] = None) -> None:
-    import torch
-
     from euclip_cli.data.webshards import download_datacomp
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
-        fail(f"--device '{device}' is not available here: use auto, cpu or cuda[:N] on a machine with a GPU", 2)
+    if filter_name == "image-based-clip-l14-30" and uid_file is None:  # the only stage that computes
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
+            fail(f"--device '{device}' is not available here: use auto, cpu or cuda[:N] on a machine with a GPU", 2)
     bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
     with errors():
