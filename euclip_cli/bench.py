@@ -10,6 +10,7 @@ maximum resident set (and on a GPU, euclip's peak allocated memory).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -152,6 +153,17 @@ def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bo
                 on_stage: Callable[[str], None] = lambda stage: None) -> dict:
     work = work.resolve()  # the children run inside it
     work.mkdir(parents=True, exist_ok=True)
+    with (work / ".lock").open("w") as lock:
+        try:
+            # Two benches in one scratch folder would delete each other's runs; the lock dies with its process.
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BenchError(f"another euclip bench is running in {work}; wait for it or pass --out DIR") from None
+        return _bench_train(work, s, openclip, accumulation, on_stage)
+
+
+def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool,
+                 on_stage: Callable[[str], None]) -> dict:
     on_stage("embedded world for the loader")
     world_train = ensure_world(work)
     measurements = {}

@@ -29,3 +29,16 @@ def test_bench_train_runs_both_trainers_on_a_small_model(tmp_path):
     assert report["accumulation_overhead"] == pytest.approx(
         m["euclip"]["samples_per_s"] / m["euclip_accum2"]["samples_per_s"])
     assert report["flops_per_sample"] > 1e8
+
+
+def test_a_second_bench_in_the_same_folder_is_refused(tmp_path):
+    import fcntl
+
+    work = tmp_path / "scratch"
+    work.mkdir()
+    with (work / ".lock").open("w") as held:  # a bench already running there
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = CliRunner().invoke(app, ["bench", "train", "--out", str(tmp_path), "--steps", "3"])
+    assert result.exit_code == 1
+    assert "another euclip bench is running in" in " ".join(result.output.split())
+    assert sorted(p.name for p in work.iterdir()) == [".lock"]  # nothing of the running bench touched
