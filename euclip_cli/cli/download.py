@@ -255,14 +255,11 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
       euclip download datacomp --scale medium --filter image-based-clip-l14-30 --processes 32 --threads 256
       euclip download datacomp --scale small --uids my_filter.npy --out data/small-my-filter
     """
-    from euclip_cli.data.datacomp import FILTERS, SCALES, UID_FILE
+    from euclip_cli.data.datacomp import UID_FILE
 
-    if scale not in SCALES:
-        fail(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(SCALES)}", 2)
+    # Scale and filter are checked where the recipe route checks them too: download_datacomp.
     if filter is not None and uids is not None:
         fail("give --filter or --uids, not both", 2)
-    if filter is not None and filter not in FILTERS:
-        fail(f"unknown --filter '{filter}': choose one of {', '.join(FILTERS)}", 2)
     if uids is not None and not uids.is_file():
         fail(f"--uids {uids} does not exist", 2)
     name = f"{UID_FILE}-{uids.stem}" if uids is not None else filter or "clip-l14-30"
@@ -291,9 +288,9 @@ def urls(parquet: Path = typer.Option(..., help="A parquet file of image URLs an
 
     options = image_options(processes, threads, retries, timeout, shard_size, image_size, True, distributor,
                             spark_master)
-    bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
     with errors():
-        manifest = download_urls(parquet, out, options, command, bars.say, url_col, caption_col, uid_col)
+        manifest = download_urls(parquet, out, options, command, lambda message: console.print(message, highlight=False),
+                                 url_col, caption_col, uid_col)
     print_summary(manifest, out)
     console.print(f"next: euclip train --recipe RECIPE data.train_dir={out / 'shards'}")

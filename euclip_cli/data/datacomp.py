@@ -215,14 +215,14 @@ def pool_threshold(files: list[Path], fraction: float = FRACTION,
     return score_threshold(np.concatenate(scores), fraction), sum(len(s) for s in scores)
 
 
-def select_rows(parquet: Path, filter_name: str, threshold: Optional[float],
+def select_rows(parquet: Path, uids: np.ndarray, filter_name: str, threshold: Optional[float],
                 image_based: Optional[ImageBasedInputs], subset: Optional[np.ndarray] = None) -> np.ndarray:
-    """Row indices of one metadata file that pass ``filter_name``. (m,) int64, ascending."""
+    """Row indices of one metadata file (whose ``uid`` column is ``uids``) that pass ``filter_name``.
+    (m,) int64, ascending."""
     if filter_name == "none":
-        return np.arange(pq.ParquetFile(parquet).metadata.num_rows)
+        return np.arange(len(uids))
     if filter_name == UID_FILE:
-        uids = pq.read_table(parquet, columns=["uid"])["uid"].to_pylist()
-        return np.flatnonzero(contains(subset, uid_pairs(uids)))
+        return np.flatnonzero(contains(subset, uid_pairs(uids.tolist())))
     columns = [SCORE_COLUMN] + (["text"] if filter_name == "image-based-clip-l14-30" else [])
     table = pq.read_table(parquet, columns=columns)
     scores = table[SCORE_COLUMN].to_numpy(zero_copy_only=False)
@@ -269,8 +269,8 @@ def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBase
     threshold, pool = pool_threshold(files, FRACTION, on_file) if scored else (None, None)
     per_file, pairs = {}, []
     for done, parquet in enumerate(files, start=1):
-        rows = select_rows(parquet, filter_name, threshold, image_based, subset)
         uids = pq.read_table(parquet, columns=["uid"])["uid"].to_numpy(zero_copy_only=False)
+        rows = select_rows(parquet, uids, filter_name, threshold, image_based, subset)
         per_file[parquet.name] = rows
         pairs.append(uid_pairs(uids[rows].tolist()))
         on_file("filtering", done, len(files))
