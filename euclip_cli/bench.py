@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from euclip_cli.errors import Failure
+from euclip_cli.rundir import RunDir
+
 BENCH_ARCH = "bench-vit"
 OPENCLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp"}
 # OpenCLIP logs "... Batch (t): 2.345, 109.2/s, 109.2/s/gpu LR: ..." once per step here.
@@ -32,7 +35,7 @@ TARGET_SPEEDUP = 2.0
 TARGET_ACCUM_OVERHEAD = 1.40
 
 
-class BenchError(Exception):
+class BenchError(Failure):
     """A benchmark child failed; the message carries the end of its output."""
 
 
@@ -94,7 +97,7 @@ def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> 
                f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2",
                f"train.compile={str(s.compile).lower()}"]
     _, rss = run_child(command, child_env(s.threads), work)
-    records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+    records = RunDir(runs / name).training_records()
     rates = [r["samples_per_s"] for r in records if r["step"] > s.warmup]
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
     return Measurement(name, statistics.median(rates), len(rates), rss, gpu)

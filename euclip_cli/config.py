@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-GeometryName = Literal["clip", "elliptic", "euclidean", "hyperbolic", "product-sphere"]
-LogitName = Literal["default", "cos", "arccos", "d", "d2", "inner", "geodesic"]
+from euclip_cli.errors import UsageError
+from euclip_cli.geometry import facts as geometry_facts
+
 Precision = Literal["fp32", "bf16", "fp16"]
 DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
 
@@ -38,10 +39,11 @@ class ModelConfig:
 
 @dataclass
 class GeometryConfig:
-    name: GeometryName = "clip"
-    # "default" picks the geometry's first logit (clip: cos, elliptic: arccos,
+    # A registered geometry (``euclip_cli.geometry.facts``): clip, elliptic, euclidean, hyperbolic, product-sphere.
+    name: str = "clip"
+    # One of the geometry's logits; "default" picks its first (clip: cos, elliptic: arccos,
     # euclidean/hyperbolic: d, product-sphere: inner).
-    logit: LogitName = "default"
+    logit: str = "default"
     # product-sphere only: the number m of sphere factors, PS(n/m, m).
     blocks: int = 8
     # Initial t of beta = exp(t); None = ln(1/0.07) for cos/arccos/d/inner/geodesic logits, 0 for d2.
@@ -151,19 +153,10 @@ class Config:
     recipe: str = ""
 
 
-# Logits each geometry accepts; the first is its default.
-GEOMETRY_LOGITS: dict[str, tuple[str, ...]] = {
-    "clip": ("cos",),
-    "elliptic": ("arccos",),
-    "euclidean": ("d", "d2"),
-    "hyperbolic": ("d", "d2"),
-    "product-sphere": ("inner", "geodesic"),
-}
-
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
-class ConfigError(Exception):
+class ConfigError(UsageError):
     """All problems found in a recipe or override set; one line each."""
 
     def __init__(self, problems: list[str]):
@@ -349,10 +342,14 @@ def validate(cfg: Config) -> list[str]:
     """Cross-field checks the types alone cannot express."""
     problems = []
     g = cfg.geometry
-    allowed = GEOMETRY_LOGITS[g.name]
-    if g.logit != "default" and g.logit not in allowed:
-        problems.append(f"geometry.logit: '{g.logit}' is not a logit of geometry '{g.name}' (allowed: default, {', '.join(allowed)})")
-    if g.name == "product-sphere" and g.blocks < 1:
+    if g.name not in geometry_facts.names():
+        problems.append(f"bad value '{g.name}' for 'geometry.name': expected one of {', '.join(geometry_facts.names())}")
+        facts = None
+    else:
+        facts = geometry_facts.describe(g.name)
+    if facts and g.logit != "default" and g.logit not in facts.logits:
+        problems.append(f"geometry.logit: '{g.logit}' is not a logit of geometry '{g.name}' (allowed: default, {', '.join(facts.logits)})")
+    if facts and facts.uses_blocks and g.blocks < 1:
         problems.append("geometry.blocks: must be at least 1")
     if not 0 < g.curvature_min <= g.curvature_init <= g.curvature_max:
         problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
@@ -362,8 +359,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
     if cfg.loss.entail_weight < 0:
         problems.append("loss.entail_weight: must be >= 0")
-    if cfg.loss.entail_weight > 0 and g.name not in ("euclidean", "hyperbolic"):
-        problems.append(f"loss.entail_weight: geometry '{g.name}' has no entailment loss (only euclidean and hyperbolic); set it to 0")
+    if facts and cfg.loss.entail_weight > 0 and not facts.has_entailment:
+        with_cones = ", ".join(n for n in geometry_facts.names() if geometry_facts.describe(n).has_entailment)
+        problems.append(f"loss.entail_weight: geometry '{g.name}' has no entailment loss (only {with_cones}); set it to 0")
     if cfg.loss.entail_min_radius < 0:
         problems.append("loss.entail_min_radius: must be >= 0")
     if cfg.data.batch_size < 2:
@@ -388,15 +386,15 @@ def validate(cfg: Config) -> list[str]:
 # ---------------------------------------------------------------- derived values
 
 def resolved_logit(cfg: Config) -> str:
-    g = cfg.geometry
-    return GEOMETRY_LOGITS[g.name][0] if g.logit == "default" else g.logit
+    return geometry_facts.describe(cfg.geometry.name).logit(cfg.geometry.logit)
 
 
 def initial_logit_scale(cfg: Config) -> float:
-    """t at initialization: ln(1/0.07) for distance-like logits, 0 for d2 (the paper, section 4.4)."""
+    """t at initialization: ln(1/0.07) for distance-like logits, 0 for squared ones (the paper, section 4.4)."""
     if cfg.geometry.logit_scale_init is not None:
         return cfg.geometry.logit_scale_init
-    return 0.0 if resolved_logit(cfg) == "d2" else math.log(1 / 0.07)
+    squared = resolved_logit(cfg) in geometry_facts.describe(cfg.geometry.name).squared_logits
+    return 0.0 if squared else math.log(1 / 0.07)
 
 
 def train_dir(cfg: Config) -> Path:
@@ -405,6 +403,12 @@ def train_dir(cfg: Config) -> Path:
     if cfg.data.dataset == "world":
         return Path("data") / "world" / "train"
     return Path("data") / f"{cfg.data.dataset}-{cfg.data.filter}" / "shards"
+
+
+def world_dir(cfg: Config) -> Path:
+    """The embedded world a run evaluates on: the one it trained on (its eval tasks sit beside the
+    training shards), else ``data/world``."""
+    return train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
 
 
 def total_steps(cfg: Config) -> int:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from euclip_cli.config import Config, initial_logit_scale, resolved_logit
+from euclip_cli.errors import UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
 
@@ -86,8 +87,8 @@ class EuclipModel(nn.Module):
         g = cfg.geometry
         self.geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
         self.embed_dim = self.clip.text_projection.shape[-1]
-        if g.name == "product-sphere" and self.embed_dim % g.blocks:
-            raise ValueError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
+        if self.geometry.facts.uses_blocks and self.embed_dim % g.blocks:
+            raise UsageError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
         if clip is None:
             with torch.no_grad():
                 self.clip.logit_scale.fill_(initial_logit_scale(cfg))

@@ -91,9 +91,38 @@ def test_missing_run_exits_2(tmp_path):
 
 
 def test_bad_task_and_table_exit_2(tmp_path):
-    assert invoke("report", "--table", "9").exit_code == 2
+    table = invoke("report", "--table", "9")
+    assert table.exit_code == 2 and "--table '9'" in table.output
+    (tmp_path / "config.json").write_text("{}")  # a run that exists, so the task list is what is wrong
     result = invoke("eval", "--tasks", "imagenet2k", str(tmp_path))
-    assert result.exit_code == 2
+    assert result.exit_code == 2 and "unknown task(s) imagenet2k" in result.output
+
+
+def test_report_reads_results_without_importing_torch(tmp_path):
+    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli import app; "
+            f"r = CliRunner().invoke(app, ['report', '--runs-dir', {str(tmp_path / 'runs')!r}, '--out', "
+            f"{str(tmp_path / 'tables')!r}]); print(r.exit_code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    assert out[-2:] == ["0", "False"]
+
+
+def test_a_bug_keeps_its_traceback_while_euclip_errors_are_one_line():
+    import typer
+
+    from euclip_cli.cli.common import errors
+    from euclip_cli.errors import Failure, UsageError
+
+    for error, code in ((UsageError("bad key"), 2), (Failure("no network"), 1)):
+        with pytest.raises(typer.Exit) as caught:
+            with errors():
+                raise error
+        assert caught.value.exit_code == code
+    with pytest.raises(KeyError):  # not euclip's: a bug, left to show its traceback
+        with errors():
+            raise KeyError("oops")
+    with pytest.raises(ValueError):  # a library's ValueError is no longer taken for a user mistake
+        with errors():
+            raise ValueError("bad shape")
 
 
 def test_download_world_refuses_a_folder_holding_something_else(tmp_path):

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from euclip_cli.errors import UsageError
 from euclip_cli.data import datacomp as dc
 from tests.webfakes import centroids, datacomp_metadata, uid_of
 
@@ -31,7 +32,7 @@ def test_uids_convert_as_datacomp_does():
     big = "ffffffffffffffff" + "0000000000000001"  # the top bit set: must stay unsigned
     assert int(dc.uid_pairs([big])["f0"][0]) == 2**64 - 1
     assert dc.uid_pairs([]).shape == (0,)
-    with pytest.raises(ValueError, match="'abc' is not 32 hex digits"):
+    with pytest.raises(UsageError, match="'abc' is not 32 hex digits"):
         dc.uid_pairs([uid, "abc"])
 
 
@@ -157,14 +158,14 @@ def test_mismatched_embeddings_are_refused(tmp_path):
     npz.write_bytes(buffer.getvalue())
     cents = torch.from_numpy(centroids())
     inputs = dc.ImageBasedInputs(Languages(), str.split, cents, torch.ones(8, dtype=torch.bool))
-    with pytest.raises(ValueError, match="3 embeddings for 10 metadata rows"):
+    with pytest.raises(UsageError, match="3 embeddings for 10 metadata rows"):
         dc.select(folder, "image-based-clip-l14-30", inputs)
 
 
 def test_unknown_filters_and_empty_folders_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="unknown filter 'clip-30'"):
+    with pytest.raises(UsageError, match="unknown filter 'clip-30'"):
         dc.select(tmp_path, "clip-30")
-    with pytest.raises(FileNotFoundError, match="no metadata"):
+    with pytest.raises(UsageError, match="no metadata"):
         dc.select(tmp_path, "none")
 
 
@@ -173,17 +174,21 @@ def test_a_uid_file_selects_the_pool_rows_it_lists(tmp_path):
     wanted = [uid_of(i) for i in (0, 3, 3, 12, 19)] + ["f" * 32]  # a repeat, and one the pool lacks
     np.save(tmp_path / "subset.npy", dc.uid_pairs(wanted))
     subset = dc.load_uids(tmp_path / "subset.npy")
-    assert len(subset) == 5 and subset.tolist() == sorted(subset.tolist())
+    assert len(subset) == 6 and subset.tolist() == sorted(subset.tolist())  # the repeat is kept
     selection = dc.select(folder, dc.UID_FILE, subset=subset)
-    assert set(dc.uid_hex(selection.uids)) == {uid_of(i) for i in (0, 3, 12, 19)}
-    assert sum(len(r) for r in selection.rows.values()) == 4 and selection.threshold is None
+    # Upsampling, as DataComp's resharder: a uid listed twice becomes two samples.
+    assert dc.uid_hex(selection.uids) == sorted(uid_of(i) for i in (0, 3, 3, 12, 19))
+    rows = sorted(int(r) for r in selection.rows[next(iter(selection.rows))])
+    assert rows == [0, 3, 3] and selection.repeats == 1
+    assert sum(len(r) for r in selection.rows.values()) == 5 and selection.threshold is None
+    assert dc.listings(subset, dc.uid_pairs([uid_of(3), uid_of(0), uid_of(4)])).tolist() == [2, 1, 0]
     assert dc.contains(subset, dc.uid_pairs([uid_of(3), uid_of(4)])).tolist() == [True, False]
 
 
 def test_a_malformed_uid_file_is_refused(tmp_path):
     np.save(tmp_path / "ints.npy", np.arange(4))
-    with pytest.raises(ValueError, match="holds int64 of shape \\(4,\\)"):
+    with pytest.raises(UsageError, match="holds int64 of shape \\(4,\\)"):
         dc.load_uids(tmp_path / "ints.npy")
     (tmp_path / "text.npy").write_text("not numpy")
-    with pytest.raises(ValueError, match="is not a NumPy .npy file"):
+    with pytest.raises(UsageError, match="is not a NumPy .npy file"):
         dc.load_uids(tmp_path / "text.npy")

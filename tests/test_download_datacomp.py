@@ -222,13 +222,19 @@ def test_image_based_filter_with_datacomp_assets(web, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_uid_file_downloads_exactly_its_uids(web, tmp_path):
     chosen = sorted(web.selected - web.failed)[:5]
-    np.save(tmp_path / "mine.npy", dc.uid_pairs(chosen + ["0" * 32]))  # one uid the pool does not hold
+    # One uid the pool does not hold, and one listed three times: upsampled to three samples.
+    np.save(tmp_path / "mine.npy", dc.uid_pairs(chosen + [chosen[1], chosen[1], "0" * 32]))
     result = runner.invoke(app, ["download", "datacomp", "--scale", "small", "--uids", str(tmp_path / "mine.npy"),
                                  "--hub-url", web.hub.url, "--out", str(tmp_path / "dc"), *FAST])
     assert result.exit_code == 0, result.output
-    assert set(shard_samples(tmp_path / "dc" / "shards")) == set(chosen)
+    listed = []
+    for path in sorted((tmp_path / "dc" / "shards").glob("*.tar")):
+        with tarfile.open(path) as tar:
+            listed += [json.loads(tar.extractfile(m).read())["uid"] for m in tar.getmembers() if m.name.endswith(".json")]
+    assert sorted(listed) == sorted(chosen + [chosen[1], chosen[1]])
     manifest = json.loads((tmp_path / "dc" / "manifest.json").read_text())
     assert manifest["identity"]["filter"] == "uids" and manifest["not_in_pool"] == 1
+    assert manifest["repeated_listings"] == 2 and manifest["downloaded"] == 7
     assert manifest["success_rate"] == 1.0
 
 

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
 from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
@@ -87,7 +88,7 @@ def test_registry_has_datacomps_forty_tasks_and_the_worlds():
     world = list_tasks("world")
     assert {t.group for t in world} == {"main", "shifts", "attributes", "retrieval"}
     assert [t.key for t in select("world:shifts")] == ["world/shapes-outline", "world/shapes-palette", "world/shapes-clutter"]
-    with pytest.raises(ValueError, match="unknown task"):
+    with pytest.raises(UsageError, match="unknown task"):
         select("imagenet2k")
 
 

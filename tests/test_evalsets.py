@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli.cli import app
-from euclip_cli.evaluate.evalsets import DownloadError, download_task, parse_pointer, repo_for
+from euclip_cli.data.fetch import FetchError, parse_pointer
+from euclip_cli.evaluate.evalsets import download_task, repo_for
 from euclip_cli.evaluate.tasks import TASKS
 
 runner = CliRunner()
@@ -117,7 +118,7 @@ def test_an_interrupted_transfer_resumes_with_a_range_request(hub, tmp_path):
     fake.cut_next.add("test/1.tar")
     task = TASKS["imagenet1k"]
     folder = tmp_path / "wds_imagenet1k_test"
-    with pytest.raises(DownloadError, match="run the same command again"):
+    with pytest.raises(FetchError, match="run the same command again"):
         download_task(task, folder, fake.url)
     partial = (folder / "test" / "1.tar.part").stat().st_size
     assert 0 < partial < len(fake.files["djghosh/wds_imagenet1k_test/test/1.tar"])
@@ -136,7 +137,7 @@ def test_a_corrupt_download_is_refused_and_nothing_is_kept(hub, tmp_path):
     corrupt[1000] ^= 0xFF
     fake.files[key] = bytes(corrupt)  # ... while the server sends one flipped byte
     folder = tmp_path / "wds_imagenet1k_test"
-    with pytest.raises(DownloadError, match="checksum"):
+    with pytest.raises(FetchError, match="checksum"):
         download_task(TASKS["imagenet1k"], folder, fake.url)
     assert not (folder / "test" / "1.tar").exists() and not (folder / "test" / "1.tar.part").exists()
 

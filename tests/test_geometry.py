@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from euclip_cli.errors import UsageError
 from euclip_cli.geometry import euclidean, get_geometry, list_geometries, lorentz, sphere
 
 torch.manual_seed(0)
@@ -22,11 +23,28 @@ def curv_for(g, dtype=torch.float32):
     return torch.tensor(1.0, dtype=dtype) if g.has_curvature else None
 
 
+# Independent Lorentz-model formulas (MERU's section 3, written out in fp64), to check the library against.
+def hand_exp0(v, c):
+    """Space part of exp_O(v) = sinh(sqrt(c)|v|) / (sqrt(c)|v|) v."""
+    r = math.sqrt(c) * v.norm(dim=-1, keepdim=True)
+    return torch.sinh(r) / r * v
+
+
+def hand_lorentz_dist(x, y, c):
+    """d_L between every x (N, D) and y (M, D) given by their space parts: acosh(-c <x, y>_L) / sqrt(c)."""
+    tx = torch.sqrt(1 / c + (x * x).sum(-1))
+    ty = torch.sqrt(1 / c + (y * y).sum(-1))
+    inner = x @ y.T - tx[:, None] * ty[None]
+    return torch.acosh(-c * inner) / math.sqrt(c)
+
+
 def test_registry_lists_the_study_geometries():
-    assert list_geometries() == ["clip", "elliptic", "euclidean", "hyperbolic", "product-sphere"]
-    with pytest.raises(ValueError, match="unknown geometry"):
+    from euclip_cli.geometry import facts
+
+    assert list_geometries() == facts.names()  # every described geometry has its math, and back
+    with pytest.raises(UsageError, match="unknown geometry"):
         get_geometry("poincare")
-    with pytest.raises(ValueError, match="no logit"):
+    with pytest.raises(UsageError, match="no logit"):
         get_geometry("clip", logit="d2")
 
 
@@ -41,12 +59,13 @@ def test_lorentz_distance_from_origin_equals_tangent_norm():
         torch.testing.assert_close(d, v.norm(dim=-1), rtol=1e-6, atol=1e-6)
 
 
-def test_hyperbolic_d2_is_the_square_of_d():
-    x, y = torch.randn(5, 8), torch.randn(7, 8)
-    curv = torch.tensor(0.7)
-    d = get_geometry("hyperbolic", "d").similarity(x, y, curv)
-    d2 = get_geometry("hyperbolic", "d2").similarity(x, y, curv)
-    torch.testing.assert_close(d2, -(d**2))
+@pytest.mark.parametrize("c", [0.3, 1.0, 4.0])
+def test_hyperbolic_logits_match_the_lorentz_distance_computed_by_hand(c):
+    x, y = torch.randn(5, 8, dtype=torch.float64) * 0.7, torch.randn(7, 8, dtype=torch.float64) * 0.7
+    curv = torch.tensor(c, dtype=torch.float64)
+    expected = hand_lorentz_dist(hand_exp0(x, c), hand_exp0(y, c), c)
+    torch.testing.assert_close(get_geometry("hyperbolic", "d").similarity(x, y, curv), -expected)
+    torch.testing.assert_close(get_geometry("hyperbolic", "d2").similarity(x, y, curv), -expected.square())
 
 
 def test_euclidean_distance_matches_cdist():
@@ -179,17 +198,34 @@ def test_finite_values_and_gradients_at_hard_inputs(name, logit, case):
 
 @pytest.mark.parametrize("name,logit", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_encoder_outputs_give_finite_fp32_loss(name, logit, dtype):
-    """Encoders may emit bf16/fp16; the loss casts to fp32 with autocast off and stays finite."""
-    from euclip_cli.loss import objective
+def test_the_loss_under_autocast_on_low_precision_features_matches_fp64(name, logit, dtype):
+    """Encoders under autocast emit bf16/fp16 features; embedding and loss (as the model runs them,
+    inside the autocast region) must compute in fp32, so they match an fp64 computation on the same
+    rounded features to fp32 accuracy, with finite gradients. Computing in bf16 would miss by ~1e-2."""
+    from euclip_cli.loss import at_least_fp32, objective
 
     g = get_geometry(name, logit, blocks=4)
-    feats = (torch.randn(8, 16) * 3).to(dtype).requires_grad_(True)
-    z = embed(g, feats.float())
-    out = objective(g, z, z.roll(1, 0), torch.tensor(10.0), curv_for(g), entail_weight=0.2 if g.has_entailment else 0.0)
-    assert out["loss"].dtype == torch.float32 and torch.isfinite(out["loss"])
-    out["loss"].backward()
-    assert torch.isfinite(feats.grad).all()
+    gen = torch.Generator().manual_seed(3)
+    image = (torch.randn(8, 16, generator=gen) * 3).to(dtype).requires_grad_(True)
+    text = (torch.randn(8, 16, generator=gen) * 3).to(dtype).requires_grad_(True)
+    weight = 0.2 if g.has_entailment else 0.0
+
+    def loss(img, txt, precise):
+        curv = curv_for(g, torch.float64 if precise else torch.float32)
+        scale = torch.tensor(10.0, dtype=torch.float64 if precise else torch.float32)
+        if precise:
+            return objective(g, embed(g, img.double()), embed(g, txt.double()), scale, curv, weight)["loss"]
+        with torch.autocast("cpu", dtype=dtype):
+            with torch.autocast("cpu", enabled=False):  # the model's embedding step (EuclipModel._embed)
+                zi, zt = embed(g, at_least_fp32(img)), embed(g, at_least_fp32(txt))
+            return objective(g, zi, zt, scale, curv, weight)["loss"]
+
+    low = loss(image, text, precise=False)
+    assert low.dtype == torch.float32 and torch.isfinite(low)
+    reference = loss(image.detach(), text.detach(), precise=True)
+    assert low.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-5)
+    low.backward()
+    assert torch.isfinite(image.grad).all() and torch.isfinite(text.grad).all()
 
 
 # ---------------------------------------------------------------- gradients
@@ -231,24 +267,42 @@ def test_clip_prototypes_follow_normalize_average_renormalize():
     torch.testing.assert_close(g.prototypes(emb), mean / mean.norm(dim=-1, keepdim=True))
 
 
-def test_hyperbolic_prototypes_average_tangent_vectors():
+def test_hyperbolic_zero_shot_logits_follow_the_authors_classifier():
+    """The authors' zero-shot classifier for hyperbolic models averages the alpha-scaled text features
+    of a class's templates, lifts the mean with exp_O, and scores images by -d_L; computed here by hand."""
     g = get_geometry("hyperbolic")
-    emb = torch.randn(3, 4, 8)
-    torch.testing.assert_close(g.prototypes(emb), emb.mean(1))
+    c, log_alpha = 0.6, torch.tensor(-1.2, dtype=torch.float64)
+    text = torch.randn(3, 4, 8, dtype=torch.float64)  # classes, templates, encoder dim
+    images = torch.randn(5, 8, dtype=torch.float64)
+    classifier = hand_exp0(text.mul(log_alpha.exp()).mean(1), c)
+    expected = -hand_lorentz_dist(hand_exp0(images * log_alpha.exp(), c), classifier, c)
+    prototypes = g.prototypes(g.embed(text.reshape(-1, 8), log_alpha).reshape(3, 4, 8))
+    got = g.similarity(g.embed(images, log_alpha), prototypes, torch.tensor(c, dtype=torch.float64))
+    torch.testing.assert_close(got, expected)
+
+
+def hand_distance_to_root(name, z, c=1.0, blocks=4):
+    """Each geometry's distance from [ROOT], computed from first principles in fp64."""
+    if name == "euclidean":
+        return torch.cdist(z, torch.zeros(1, z.shape[1], dtype=z.dtype))[:, 0]
+    if name == "hyperbolic":
+        return hand_lorentz_dist(hand_exp0(z, c), torch.zeros(1, z.shape[1], dtype=z.dtype), c)[:, 0]
+    mean = z.mean(0)
+    if name == "product-sphere":
+        parts = [z.reshape(len(z), blocks, -1)[:, i] for i in range(blocks)]
+        centres = mean.reshape(blocks, -1)
+        angles = [torch.acos((p @ (m / m.norm())).clamp(-1, 1)) for p, m in zip(parts, centres)]
+        return torch.stack(angles, -1).square().sum(-1).sqrt()
+    return torch.acos((z @ (mean / mean.norm())).clamp(-1, 1))  # the arc to the normalized mean
 
 
 @pytest.mark.parametrize("name", list_geometries())
-def test_root_and_distance_to_root(name):
+def test_distance_to_root_matches_a_computation_from_first_principles(name):
     g = get_geometry(name, blocks=4)
-    z = embed(g, torch.randn(50, 16))
-    root = g.root(z)
-    d = g.distance_to_root(z, root, curv_for(g))
-    assert d.shape == (50,) and torch.all(d >= 0) and torch.isfinite(d).all()
-    if name in ("euclidean", "hyperbolic"):
-        assert torch.all(root == 0)
-        torch.testing.assert_close(d, z.norm(dim=-1))
-    else:
-        torch.testing.assert_close(root, z.mean(0))
+    z = embed(g, torch.randn(50, 16, dtype=torch.float64))
+    d = g.distance_to_root(z, g.root(z), curv_for(g, torch.float64))
+    assert d.shape == (50,) and torch.all(d >= 0)
+    torch.testing.assert_close(d, hand_distance_to_root(name, z))
 
 
 @pytest.mark.parametrize("name", ["euclidean", "hyperbolic"])
@@ -261,4 +315,14 @@ def test_entails_is_the_zero_set_of_the_loss_and_broadcasts(name):
     assert pairs.shape == (4, 8) and pairs.dtype == torch.bool
     assert torch.all(pairs[torch.arange(4), torch.arange(4)])  # each text entails its own ray
     assert not torch.any(pairs[torch.arange(4), torch.arange(4) + 4])  # and not the opposite point
-    torch.testing.assert_close(pairs, g.entailment(texts[:, None], images[None], 0.1, curv) == 0)
+
+
+@pytest.mark.parametrize("offset,inside", [(-0.05, True), (0.05, False)])
+def test_euclidean_cone_test_turns_at_the_half_aperture(offset, inside):
+    """A point reached from x at exterior angle aper(x) - 0.05 is inside the cone; at + 0.05 it is not."""
+    g = get_geometry("euclidean")
+    x = torch.tensor([[3.0, 0.0]], dtype=torch.float64)
+    aperture = math.asin(0.5 / 3.0)  # K = 0.5, ||x|| = 3
+    angle = aperture + offset
+    y = x + 2.0 * torch.tensor([[math.cos(angle), math.sin(angle)]], dtype=torch.float64)
+    assert bool(g.entails(x, y, 0.5)[0]) is inside

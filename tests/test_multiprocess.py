@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from euclip_cli.train import checkpoint
+from euclip_cli.rundir import RunDir, load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def free_port() -> int:
 def check_run(run: Path, steps: int) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, steps + 1))  # rank 0 alone writes the log
-    state = checkpoint.load(checkpoint.latest(run / "checkpoints"))
+    state = load_checkpoint(RunDir(run).latest_checkpoint())
     assert state["step"] == steps and len(state["data"]) == 2  # one data position per rank
 
 

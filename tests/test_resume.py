@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from euclip_cli.train import checkpoint
+from euclip_cli.rundir import RunDir, load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def logged_steps(metrics):
 
 
 def final_state(runs_dir, name):
-    return checkpoint.load(checkpoint.latest(runs_dir / name / "checkpoints"))
+    return load_checkpoint(RunDir(runs_dir / name).latest_checkpoint())
 
 
 def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world, tmp_path):

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.train import checkpoint
+from euclip_cli.errors import Failure
+from euclip_cli.rundir import RunDir, load_checkpoint
+from euclip_cli.train.metrics import start_wandb
 from euclip_cli.train import loop
 
 TINY = ["data.batch_size=16", "optim.warmup_steps=1", "train.precision=fp32", "train.log_every=1",
@@ -57,8 +59,8 @@ def test_a_nan_step_is_skipped_and_repeated_nans_stop_with_the_checkpoint_intact
         loop.run(cfg, tmp_path / "run")
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert '"nonfinite_steps": 1' in lines[-1]  # the isolated NaN was skipped and counted, training went on
-    latest = checkpoint.latest(tmp_path / "run" / "checkpoints")
-    state = checkpoint.load(latest)
+    latest = RunDir(tmp_path / "run").latest_checkpoint()
+    state = load_checkpoint(latest)
     assert state["step"] == 4  # calls 1, 2, 4, 5 were good steps; the last good checkpoint is step 4
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
@@ -80,14 +82,14 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(worl
     monkeypatch.setattr(loop, "forward_backward", preempted)
     first = loop.run(cfg, tmp_path / "run")
     assert first["interrupted"] and first["steps"] == 2
-    assert checkpoint.load(checkpoint.latest(tmp_path / "run" / "checkpoints"))["step"] == 2
+    assert load_checkpoint(RunDir(tmp_path / "run").latest_checkpoint())["step"] == 2
     monkeypatch.setattr(loop, "forward_backward", real)
     second = loop.run(cfg, tmp_path / "run")
     assert second["branch"] == "resumed from step_2.pt" and second["steps"] == 6 and not second["interrupted"]
     # Resumed mid-segment (the data position is replayed), it ends bitwise where an uninterrupted run ends.
     straight = loop.run(cfg, tmp_path / "straight")
-    resumed_state = checkpoint.load(Path(second["checkpoint"]))
-    straight_state = checkpoint.load(Path(straight["checkpoint"]))
+    resumed_state = load_checkpoint(Path(second["checkpoint"]))
+    straight_state = load_checkpoint(Path(straight["checkpoint"]))
     for name, tensor in straight_state["model"].items():
         assert torch.equal(resumed_state["model"][name], tensor), name
 
@@ -101,7 +103,7 @@ def test_fp16_scales_the_loss_and_checkpoints_the_scaler(world, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # GradScaler starts at 2**16 and halves on every overflow (an overflowing step is skipped and counted).
     assert all(r["loss_scale"] == 2.0 ** 16 / 2 ** r["nonfinite_steps"] for r in records)
-    state = checkpoint.load(checkpoint.latest(tmp_path / "run" / "checkpoints"))
+    state = load_checkpoint(RunDir(tmp_path / "run").latest_checkpoint())
     assert state["scaler"]["scale"] == records[-1]["loss_scale"]
 
 
@@ -132,12 +134,12 @@ def test_wandb_gets_every_logged_record_and_resumes_the_same_wandb_run(world, tm
     assert fake.logged[0][1]["train/loss"] > 0 and "train/logit_scale" in fake.logged[0][1]
     assert fake.inits[0]["project"] == "geom" and fake.inits[0]["resume"] == "allow"
     assert fake.inits[0]["config"]["model"]["arch"] == "tiny"
-    loop.start_wandb(cfg, tmp_path / "run")  # what a resumed run does: it continues the same W&B run
+    start_wandb(RunDir(tmp_path / "run"), "geom", C.to_dict(cfg))  # what a resumed run does: it continues the same W&B run
     assert fake.inits[1]["id"] == fake.inits[0]["id"] == (tmp_path / "run" / "wandb_id").read_text()
 
 
 def test_wandb_asked_for_but_missing_is_a_clear_error(world, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "train.wandb=true", *TINY])
-    with pytest.raises(loop.RunError, match="pip install wandb"):
+    with pytest.raises(Failure, match="pip install wandb"):
         loop.run(cfg, tmp_path / "run")

@@ -15,10 +15,13 @@ from typing import Optional
 import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
-from euclip_cli.evaluate.runner import EvalError, embed_images, embed_texts, feature_cache, load_run, world_root
+from euclip_cli import config as C
+from euclip_cli.encode import embed_images, embed_texts, feature_cache, load_model
+from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import TASKS, list_tasks
 from euclip_cli.geometry import Geometry
 from euclip_cli.model import tokenizer_for, transforms_for
+from euclip_cli.rundir import RunDir
 
 
 @dataclass
@@ -41,28 +44,29 @@ class RunEmbeddings:
 @torch.no_grad()
 def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, batch_size: int = 64,
             vocabulary: Optional[list[str]] = None) -> RunEmbeddings:
-    model, cfg, ckpt, _ = load_run(run_dir, device)
-    world = world or world_root(cfg)
+    run = RunDir(run_dir)
+    model, cfg, ckpt, _ = load_model(run, device)
+    world = world or C.world_dir(cfg)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
     tasks = [t for t in list_tasks("world") if t.kind == "classification"]
     for task in [TASKS["world/retrieval"], *tasks]:
         if not (task.data_dir(Path(), world) / "test" / "nshards.txt").exists():
-            raise EvalError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
-    cache = feature_cache(run_dir, ckpt)
+            raise UsageError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
+    cache = feature_cache(run, ckpt)
 
     retrieval = build_dataset("wds/world/retrieval", root=str(world / "eval" / "retrieval"), transform=transform,
                               split="test", task="zeroshot_retrieval")
     loader = torch.utils.data.DataLoader(retrieval.batched(batch_size, collation_fn=image_captions_collate_fn),
                                          batch_size=None, num_workers=0)
-    image, captions = cache.get(TASKS["world/retrieval"], lambda: embed_images(model, loader, device, lambda n: None))
+    image, captions = cache.get("world/retrieval", lambda: embed_images(model, loader, device, lambda n: None))
     text = embed_texts(model, tokenizer, [caps[0] for caps in captions], device)
 
     classes = {}
     for task in tasks:
         ds = build_dataset("wds/" + task.key, root=str(task.data_dir(Path(), world)), transform=transform, split="test")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-        images, labels = cache.get(task, lambda: embed_images(model, loader, device, lambda n: None))
+        images, labels = cache.get(task.key, lambda: embed_images(model, loader, device, lambda n: None))
         prompts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
         templates = embed_texts(model, tokenizer, prompts, device).reshape(len(ds.classes), len(ds.templates), -1)
         classes[task.key] = ClassTask(images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu())
@@ -79,10 +83,9 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int,
     training shards, in shard order, through the evaluation transform (no augmentation)."""
     import webdataset as wds
 
-    from euclip_cli import config as C
     from euclip_cli.data.loader import list_shards
 
-    model, cfg, _, _ = load_run(run_dir, device)
+    model, cfg, _, _ = load_model(RunDir(run_dir), device)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
@@ -119,11 +122,11 @@ def folder_embeddings(run_dir: Path, device: torch.device, image_dir: Path, capt
     """``(geometry, curv, image names, image (N, D), captions (C, D))`` for a folder of images and a caption list."""
     from PIL import Image
 
-    model, cfg, _, _ = load_run(run_dir, device)
+    model, cfg, _, _ = load_model(RunDir(run_dir), device)
     _, transform = transforms_for(model.clip)
     paths = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
     if not paths:
-        raise EvalError(f"no images (.jpg, .jpeg, .png, .webp) in {image_dir}")
+        raise UsageError(f"no images (.jpg, .jpeg, .png, .webp) in {image_dir}")
     embs = []
     for i in range(0, len(paths), batch_size):
         batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[i:i + batch_size]])

@@ -33,7 +33,7 @@ def distance_study(g: Geometry, image: torch.Tensor, text: torch.Tensor, curv: O
     both = torch.cat([image, text])
     out = {"geometry": g.name, "logit": g.logit, "references": {}, "arrays": {}}
     references = {"root": g.root(both), "average": both.mean(dim=0)}
-    if g.name in ("clip", "elliptic", "product-sphere"):
+    if g.facts.root == "mean":
         del references["average"]  # [ROOT] is the average already
     for ref_name, ref in references.items():
         image_d = g.distance_to_root(image, ref, curv)

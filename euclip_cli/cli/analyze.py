@@ -8,7 +8,10 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import RUNS_DIR, console, errors, fail, resolve_run
+from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.errors import UsageError
+from euclip_cli.geometry.facts import describe
+from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
                   no_args_is_help=True)
@@ -16,15 +19,15 @@ app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: J
 
 def _collect(run: str, runs_dir: Path, world: Optional[Path], device: str):
     from euclip_cli.analysis.embeddings import collect
-    from euclip_cli.train.loop import resolve_device
+    from euclip_cli.device import resolve_device
 
-    run_dir = resolve_run(run, runs_dir)
+    run_dir = resolve(run, runs_dir).path
     with console.status(f"embedding the world's evaluation images and captions with {run_dir.name}"):
         return run_dir, collect(run_dir, resolve_device(device), world)
 
 
 def _write(run_dir: Path, name: str, result: dict) -> Path:
-    out = run_dir / "analysis" / f"{name}.json"
+    out = RunDir(run_dir).analysis_dir / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return out
@@ -55,16 +58,16 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
             result = distance_study(emb.geometry, emb.image, emb.text, emb.curv)
         else:
             from euclip_cli.analysis.embeddings import training_pairs
-            from euclip_cli.train.loop import resolve_device
+            from euclip_cli.device import resolve_device
 
-            run_dir = resolve_run(run, runs_dir)
+            run_dir = resolve(run, runs_dir).path
             with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
                 geometry, curv, image, text = training_pairs(run_dir, resolve_device(device), samples)
             result = distance_study(geometry, image, text, curv)
         result["split"] = split
     name = "distances" if split == "eval" else "distances_train"
     figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}), {split} pairs",
-                                 run_dir / "analysis" / name)
+                                 RunDir(run_dir).analysis_dir / name)
     out = _write(run_dir, name, result)
     for ref, d in result["references"].items():
         name = "[ROOT]" if ref == "root" else "the embedding average"
@@ -93,9 +96,9 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
         run_dir, emb = _collect(run, runs_dir, world, device)
         dim = emb.image.shape[1]
         if not 0 <= k <= dim:
-            raise ValueError(f"--k {k}: must lie in [1, {dim}] (the embedding size), or 0 for {dim // 2}")
+            raise UsageError(f"--k {k}: must lie in [1, {dim}] (the embedding size), or 0 for {dim // 2}")
         result = isotropy_study(emb, k or dim // 2)
-    figures = spectra_plot(result, f"{run_dir.name}: singular values", run_dir / "analysis" / "isotropy_spectra")
+    figures = spectra_plot(result, f"{run_dir.name}: singular values", RunDir(run_dir).analysis_dir / "isotropy_spectra")
     out = _write(run_dir, "isotropy", result)
     table = Table(title=f"{run_dir.name}: isotropy on {result['pairs'] - result['fit_pairs']} held-out pairs "
                         f"(fitted on {result['fit_pairs']})")
@@ -138,8 +141,7 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
 
     from euclip_cli.analysis.studies import traversal_study
     from euclip_cli.data import world as W
-    from euclip_cli.evaluate.runner import world_root
-    from euclip_cli.train.loop import resolve_device
+    from euclip_cli.device import resolve_device
 
     with errors():
         ks: list[Optional[float]] = [None]
@@ -148,19 +150,19 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
                 try:
                     ks.append(float(item))
                 except ValueError:
-                    raise ValueError(f"--entail: '{item}' is not a number (e.g. --entail 0.1,0.3)") from None
+                    raise UsageError(f"--entail: '{item}' is not a number (e.g. --entail 0.1,0.3)") from None
         from euclip_cli import config as C
         from euclip_cli.analysis.embeddings import collect
 
-        run_dir = resolve_run(run, runs_dir)
-        cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
-        if len(ks) > 1 and cfg.geometry.name not in ("euclidean", "hyperbolic"):
-            raise ValueError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
-                             f"entailment cones (only euclidean and hyperbolic)")
+        run_dir = resolve(run, runs_dir).path
+        cfg = C.from_dict(RunDir(run_dir).config())
+        if len(ks) > 1 and not describe(cfg.geometry.name).has_entailment:
+            raise UsageError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
+                             f"entailment cones")
         if image_dir is not None:
             _custom_traversal(run_dir, image_dir, nouns, adjectives, steps, ks, device)
             return
-        world = world or world_root(cfg)
+        world = world or C.world_dir(cfg)
         specs = W.traversal_vocabulary()
         with console.status(f"embedding images, captions and {len(specs)} vocabulary captions"):
             emb = collect(run_dir, resolve_device(device), world, vocabulary=[W.caption_text(s) for s in specs])
@@ -198,13 +200,13 @@ def _custom_traversal(run_dir: Path, image_dir: Path, nouns: Optional[Path], adj
 
     from euclip_cli.analysis.embeddings import folder_embeddings
     from euclip_cli.analysis.traverse import traverse as walk
-    from euclip_cli.train.loop import resolve_device
+    from euclip_cli.device import resolve_device
 
     if not image_dir.is_dir():
-        raise FileNotFoundError(f"--image-dir {image_dir} is not a folder")
+        raise UsageError(f"--image-dir {image_dir} is not a folder")
     captions = [f"a photo of a {w}." for w in _words(nouns)] + [f"this photo is {w}." for w in _words(adjectives)]
     if not captions:
-        raise ValueError("--image-dir needs a vocabulary: --nouns FILE and/or --adjectives FILE, one word per line")
+        raise UsageError("--image-dir needs a vocabulary: --nouns FILE and/or --adjectives FILE, one word per line")
     with console.status(f"embedding the images in {image_dir} and {len(captions)} captions"):
         g, curv, names, images, texts = folder_embeddings(run_dir, resolve_device(device), image_dir, captions)
     root = g.root(torch.cat([images, texts]))

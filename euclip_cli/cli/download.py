@@ -12,7 +12,7 @@ import typer
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.config import DataConfig
 from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
-from euclip_cli.evaluate.evalsets import HF_DATASETS
+from euclip_cli.data.fetch import HF_DATASETS
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
@@ -182,7 +182,8 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from euclip_cli.evaluate.evalsets import DownloadError, download_task, download_winogavil
+    from euclip_cli.data.fetch import FetchError
+    from euclip_cli.evaluate.evalsets import download_task, download_winogavil
     from euclip_cli.evaluate.tasks import select
 
     with errors():
@@ -206,7 +207,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             try:
                 result = fetch(folder, base_url,
                                lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
-            except DownloadError as err:
+            except FetchError as err:
                 fail(f"{task.key}: {err}", 1)
             what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")

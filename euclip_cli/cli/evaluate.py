@@ -6,8 +6,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
-from euclip_cli.cli.common import RUNS_DIR, console, errors, fail, resolve_run, runs_of_recipe
+from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.errors import UsageError
+from euclip_cli.rundir import RUNS_DIR
 
 
 def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run directories or names under --runs-dir.",
@@ -37,12 +40,14 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             console.print(f"{t.key:55s} {t.suite:9s} {t.group or '-':11s} {t.main_metric or '-'}", highlight=False)
         return
     with errors():
-        targets = [resolve_run(r, runs_dir) for r in runs or []]
+        from euclip_cli import rundir
+
+        targets = [rundir.resolve(r, runs_dir).path for r in runs or []]
         if recipe:
-            found = runs_of_recipe(recipe, runs_dir)
+            found = rundir.runs_of_recipe(recipe, runs_dir)
             if not found:
-                raise FileNotFoundError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
-            targets += found
+                raise UsageError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
+            targets += [run.path for run in found]
         if openclip:
             from euclip_cli.evaluate.runner import import_openclip
 
@@ -54,12 +59,13 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
         chosen = select(tasks) if tasks else None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from euclip_cli.device import resolve_device
     from euclip_cli.evaluate.aggregate import aggregate
     from euclip_cli.evaluate.runner import evaluate_run
-    from euclip_cli.train.loop import resolve_device
 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
                TimeElapsedColumn()]
+    failures: list[str] = []
     with errors(), Progress(*columns, console=console, transient=True) as progress:
         for run_dir in targets:
             bars: dict[str, int] = {}
@@ -74,16 +80,25 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                     progress.remove_task(bars.pop(task.key))
                 if line is None:
                     progress.console.print(f"  {task.key}: already evaluated", highlight=False)
+                elif line.get("failed"):
+                    progress.console.print(f"  {task.key}: [red]failed[/]: {escape(line['error'])}", highlight=False)
                 else:
-                    progress.console.print(f"  {task.key}: {line['metrics']['main_metric']:.4f}", highlight=False)
+                    value = line["metrics"]["main_metric"]
+                    shown = "scored (no main metric)" if value is None else f"{value:.4f}"
+                    progress.console.print(f"  {task.key}: {shown}", highlight=False)
 
             progress.console.print(f"[bold]{run_dir}[/]")
-            results = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
+            outcome = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
                                    on_images=on_images)
             for suite in ("world", "datacomp"):
-                agg = aggregate(results, suite)
+                agg = aggregate(outcome.results, suite)
                 if agg["tasks_done"]:
-                    parts = [f"{k} {v:.4f}" for k, v in agg.items() if k in ("main", "shifts", "attributes",
-                                                                              "retrieval", "average") and v is not None]
-                    progress.console.print(f"  {suite}: " + ", ".join(parts), highlight=False)
+                    parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()
+                             if k in ("main", "shifts", "attributes", "retrieval", "average")]
+                    progress.console.print(f"  {suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): "
+                                           + ", ".join(parts), highlight=False)
+            failures += [f"{run_dir.name}: {why}" for why in outcome.failed.values()]
+    if failures:
+        fail(f"{len(failures)} task(s) failed; the others are scored, and rerunning retries only the failed ones:\n"
+             + "\n".join(failures), 1)
     console.print("next: euclip report")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from euclip_cli.cli.common import RUNS_DIR, console, errors, fail
+from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.rundir import RUNS_DIR
 
 TABLES = ("embedded", "1", "4", "5", "8", "all")
 

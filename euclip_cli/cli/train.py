@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import RUNS_DIR, console, errors, fail
+from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.rundir import RUNS_DIR
 
 
 def default_run_name(recipe: str, overrides: list[str]) -> str:

@@ -16,7 +16,10 @@ computes them:
 
 A subset is written as DataComp writes uid files: a sorted NumPy ``u8,u8`` array (the high
 and low 64 bits of the 128-bit hex uid). A uid listed twice in the pool is selected once.
-Any such file (another baseline's, one's own filter) can also serve as the subset (``UID_FILE``).
+Any such file (another baseline's, one's own filter) can also serve as the subset (``UID_FILE``);
+a uid the file lists k times is upsampled to k samples, as DataComp's resharder does. The
+resharder copies one downloaded sample k times; here the row is put k times in the download
+list (each listing is its own request), so no second pass over the shards is needed.
 
 Everything here is importable without a network; fetching lives in ``data/webshards.py``.
 """
@@ -30,6 +33,8 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from euclip_cli.errors import UsageError
 
 FILTERS = ("none", "clip-l14-30", "image-based-clip-l14-30")
 # A subset given as a uid file (another baseline's, or one's own filter) instead of a named filter.
@@ -92,7 +97,7 @@ def uid_pairs(uids: Sequence[str]) -> np.ndarray:
     """Hex uids (32 chars) -> (n,) ``u8,u8``: first 16 hex digits, next 16 (DataComp's convention)."""
     if any(len(u) != 32 for u in uids):
         bad = next(u for u in uids if len(u) != 32)
-        raise ValueError(f"uid {bad!r} is not 32 hex digits (DataComp's 128-bit uid)")
+        raise UsageError(f"uid {bad!r} is not 32 hex digits (DataComp's 128-bit uid)")
     # One hex decode of the concatenation, read as big-endian 64-bit halves: DataComp's pools hold
     # ~10^8 uids, and int(uid, 16) per half took minutes where this takes seconds.
     halves = np.frombuffer(bytes.fromhex("".join(uids)), dtype=">u8").reshape(-1, 2)
@@ -106,15 +111,22 @@ def uid_hex(pairs: np.ndarray) -> list[str]:
 
 
 def load_uids(path: Path) -> np.ndarray:
-    """A DataComp uid file (``.npy`` of ``u8,u8``), sorted and without repeats. (n,) u8,u8."""
+    """A DataComp uid file (``.npy`` of ``u8,u8``), sorted, repeats kept: a uid listed k times is
+    upsampled to k samples, as DataComp's resharder writes it. (n,) u8,u8."""
     try:
         pairs = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
-        raise ValueError(f"--uids {path} is not a NumPy .npy file ({err})") from None
+        raise UsageError(f"--uids {path} is not a NumPy .npy file ({err})") from None
     if pairs.dtype != UID_DTYPE or pairs.ndim != 1:
-        raise ValueError(f"--uids {path} holds {pairs.dtype} of shape {pairs.shape}; a DataComp uid file is a 1-D "
+        raise UsageError(f"--uids {path} holds {pairs.dtype} of shape {pairs.shape}; a DataComp uid file is a 1-D "
                          f"'u8,u8' array")
-    return np.unique(pairs)
+    return np.sort(pairs)
+
+
+def listings(sorted_pairs: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """(m,) int: how many times each of ``pairs`` is listed in ``sorted_pairs`` (the resharder's
+    ``searchsorted`` left/right count)."""
+    return np.searchsorted(sorted_pairs, pairs, side="right") - np.searchsorted(sorted_pairs, pairs, side="left")
 
 
 def contains(sorted_pairs: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -201,7 +213,7 @@ class ImageBasedInputs:
 def metadata_files(metadata_dir: Path) -> list[Path]:
     files = sorted(metadata_dir.glob("*.parquet"))
     if not files:
-        raise FileNotFoundError(f"no metadata (*.parquet) in {metadata_dir}")
+        raise UsageError(f"no metadata (*.parquet) in {metadata_dir}")
     return files
 
 
@@ -238,7 +250,7 @@ def select_rows(parquet: Path, uids: np.ndarray, filter_name: str, threshold: Op
 
     embeddings = np.load(parquet.with_suffix(".npz"))["l14_img"]  # (n_rows, 768) fp16, rows as in the parquet
     if embeddings.shape[0] != table.num_rows:
-        raise ValueError(f"{parquet.with_suffix('.npz')} has {embeddings.shape[0]} embeddings for {table.num_rows} "
+        raise UsageError(f"{parquet.with_suffix('.npz')} has {embeddings.shape[0]} embeddings for {table.num_rows} "
                          f"metadata rows; delete both files and rerun to fetch them again")
     nearest = nearest_centroid(torch.from_numpy(embeddings[rows]), image_based.centroids, image_based.chunk)
     return rows[image_based.target[nearest].numpy()]
@@ -247,10 +259,11 @@ def select_rows(parquet: Path, uids: np.ndarray, filter_name: str, threshold: Op
 @dataclass
 class Selection:
     """The subset, per metadata file: row indices to download, and the uid file's content."""
-    rows: dict[str, np.ndarray]  # metadata file name -> selected rows (duplicates of earlier uids removed)
-    uids: np.ndarray  # (n,) u8,u8, sorted, unique
+    rows: dict[str, np.ndarray]  # metadata file name -> selected rows (a repeated uid's row once per listing)
+    uids: np.ndarray  # (n,) u8,u8, sorted; a uid-file selection keeps the file's repeats
     pool: int
     threshold: Optional[float]
+    repeats: int = 0  # extra listings of uids a uid file names more than once (upsampling)
 
 
 def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBasedInputs] = None,
@@ -259,11 +272,11 @@ def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBase
     """Apply ``filter_name`` (or, for ``UID_FILE``, the sorted uid array ``subset``) to the pool in
     ``metadata_dir``, one metadata file at a time."""
     if filter_name not in FILTERS + (UID_FILE,):
-        raise ValueError(f"unknown filter '{filter_name}': choose one of {', '.join(FILTERS)}")
+        raise UsageError(f"unknown filter '{filter_name}': choose one of {', '.join(FILTERS)}")
     if filter_name == "image-based-clip-l14-30" and image_based is None:
-        raise ValueError("the image-based filter needs its language model, centroids and ImageNet clusters")
+        raise UsageError("the image-based filter needs its language model, centroids and ImageNet clusters")
     if filter_name == UID_FILE and subset is None:
-        raise ValueError("a uid-file selection needs the uids")
+        raise UsageError("a uid-file selection needs the uids")
     files = metadata_files(metadata_dir)
     scored = filter_name not in ("none", UID_FILE)
     threshold, pool = pool_threshold(files, FRACTION, on_file) if scored else (None, None)
@@ -281,11 +294,18 @@ def select(metadata_dir: Path, filter_name: str, image_based: Optional[ImageBase
     unique, first = np.unique(everything, return_index=True)
     keep = np.zeros(len(everything), dtype=bool)
     keep[first] = True
-    offset = 0
-    for name, rows in per_file.items():
-        per_file[name] = rows[keep[offset:offset + len(rows)]]
+    offset, repeats = 0, 0
+    for (name, rows), file_pairs in zip(per_file.items(), pairs):
+        kept = keep[offset:offset + len(rows)]
+        per_file[name] = rows[kept]
+        if filter_name == UID_FILE:
+            counts = listings(subset, file_pairs[kept])
+            per_file[name] = np.repeat(per_file[name], counts)
+            repeats += int((counts - 1).sum())
         offset += len(rows)
-    return Selection(per_file, unique, pool, threshold)
+    if filter_name == UID_FILE:
+        unique = np.repeat(unique, listings(subset, unique))
+    return Selection(per_file, unique, pool, threshold, repeats)
 
 
 def write_download_list(metadata_dir: Path, selection: Selection, out_dir: Path, bbox: bool) -> int:

@@ -33,10 +33,12 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from euclip_cli.errors import UsageError
+
 IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
 
 
-class DataError(Exception):
+class DataError(UsageError):
     """The training data is missing or unusable; the message says what to run."""
 
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from euclip_cli.data.fetch import FetchError, fetch_file, sha256_of
+from euclip_cli.errors import UsageError
+
 if TYPE_CHECKING:
     from euclip_cli.data.datacomp import ImageBasedInputs
 
@@ -43,11 +46,7 @@ ASSET_CACHE = Path("~/.cache/euclip/datacomp")
 BYTES_PER_IMAGE = 35_000
 
 
-class FetchError(Exception):
-    """The network, the disk or a server let the download down; rerunning continues it."""
-
-
-class OutputConflict(Exception):
+class OutputConflict(UsageError):
     """The output folder holds something other than this download."""
 
 
@@ -180,7 +179,6 @@ def _hub_call(repo: str, endpoint: Optional[str], call):
 def fetch_assets(names: list[str], cache: Path, on_progress: OnProgress) -> dict[str, Path]:
     """DataComp's filter assets into ``cache``, each checked against its pinned sha256."""
     from euclip_cli.data import datacomp as dc
-    from euclip_cli.evaluate.evalsets import DownloadError, fetch_file, sha256_of
 
     cache.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -188,10 +186,7 @@ def fetch_assets(names: list[str], cache: Path, on_progress: OnProgress) -> dict
         asset, path = dc.ASSETS[name], cache / name
         if not (path.exists() and sha256_of(path) == asset.sha256):
             on_progress(name, 0, None)
-            try:
-                fetch_file(asset.url, path, None, lambda n, name=name: on_progress(name, n, None))
-            except DownloadError as err:
-                raise FetchError(str(err)) from None
+            fetch_file(asset.url, path, None, lambda n, name=name: on_progress(name, n, None))
             if sha256_of(path) != asset.sha256:
                 bad = path.with_name(path.name + ".bad")
                 path.replace(bad)
@@ -320,7 +315,7 @@ def check_distributor(options: ImageOptions) -> None:
 
     module = options.distributor
     if module != "multiprocessing" and importlib.util.find_spec(module) is None:
-        raise ValueError(f"--distributor {module} needs the {module} package: pip install {module}")
+        raise UsageError(f"--distributor {module} needs the {module} package: pip install {module}")
 
 
 # ------------------------------------------------------------------ the two entry points
@@ -333,12 +328,11 @@ def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOpt
     """Metadata, the filter (``filter_name``, or the subset in ``uid_file`` when one is given), then
     the selected images; every stage resumable. Returns the manifest."""
     from euclip_cli.data import datacomp as dc
-    from euclip_cli.evaluate.evalsets import sha256_of
 
     if scale not in dc.SCALES:
-        raise ValueError(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(dc.SCALES)}")
+        raise UsageError(f"unknown --scale '{scale}': the paper's DataComp scales are {', '.join(dc.SCALES)}")
     if filter_name not in dc.FILTERS + (dc.UID_FILE,):
-        raise ValueError(f"unknown --filter '{filter_name}': choose one of {', '.join(dc.FILTERS)}")
+        raise UsageError(f"unknown --filter '{filter_name}': choose one of {', '.join(dc.FILTERS)}")
     subset, identity = None, {"source": "datacomp", "scale": scale, "filter": filter_name}
     if uid_file is not None:
         subset = dc.load_uids(uid_file)
@@ -365,7 +359,8 @@ def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOpt
                          "metadata_dir": str(metadata_dir)})
         if subset is not None:
             # As DataComp's resharder warns: uids of the file that the pool does not hold.
-            manifest.update(uid_file=str(uid_file), not_in_pool=len(subset) - written)
+            manifest.update(uid_file=str(uid_file), not_in_pool=len(subset) - written,
+                            repeated_listings=selection.repeats)
         write_manifest(out, manifest)
         (out / LIST_DIR / ".complete").touch()
         say(f"selected {written:,} of {selection.pool:,} samples ({written / max(selection.pool, 1):.1%}); "
@@ -388,11 +383,11 @@ def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str,
     import pyarrow.parquet as pq
 
     if not parquet.is_file():
-        raise FileNotFoundError(f"--parquet {parquet} does not exist")
+        raise UsageError(f"--parquet {parquet} does not exist")
     names = pq.ParquetFile(parquet).schema_arrow.names
     for option, column in (("--url-col", url_col), ("--caption-col", caption_col), ("--uid-col", uid_col)):
         if column is not None and column not in names:
-            raise ValueError(f"{option} '{column}' is not a column of {parquet} (columns: {', '.join(names)})")
+            raise UsageError(f"{option} '{column}' is not a column of {parquet} (columns: {', '.join(names)})")
     check_distributor(options)
     identity = {"source": "urls", "parquet": str(parquet.resolve()), "url_col": url_col, "caption_col": caption_col,
                 "uid_col": uid_col, **options.identity()}
@@ -418,14 +413,14 @@ def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str,
 def training_record(train_dir: Path) -> Optional[dict]:
     """What the trainer logs about a download whose shards are ``train_dir`` (None for other folders).
 
-    Raises ValueError when the download is unfinished: training on part of a subset would
+    Raises UsageError when the download is unfinished: training on part of a subset would
     silently change the experiment.
     """
     manifest = read_manifest(train_dir.parent)
     if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls"):
         return None
     if not manifest.get("complete"):
-        raise ValueError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "
+        raise UsageError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "
                          f"{manifest.get('expected_shards', '?')} shards): rerun '{manifest['command']}' first")
     keys = ("pool", "threshold", "selected", "attempted", "downloaded", "success_rate", "shards", "bytes")
     return {**manifest["identity"], **{k: manifest.get(k) for k in keys}}

@@ -26,6 +26,7 @@ import webdataset as wds
 
 from euclip_cli.data import world as w
 from euclip_cli.data.world_tasks import WORLD_TASKS
+from euclip_cli.errors import UsageError
 
 GENERATOR_VERSION = 1
 SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard default
@@ -45,8 +46,8 @@ class WorldSettings:
     eval_size: int = 1000
 
 
-class WorldExistsError(Exception):
-    pass
+class WorldExistsError(UsageError):
+    """The output folder holds another world or other files; nothing is overwritten."""
 
 
 def _rng(*parts) -> random.Random:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from euclip_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Task:
@@ -117,6 +119,6 @@ def select(spec: str) -> list[Task]:
         else:
             unknown.append(item)
     if unknown:
-        raise ValueError(f"unknown task(s) {', '.join(unknown)}: use a suite (datacomp, world), "
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: use a suite (datacomp, world), "
                          f"SUITE:GROUP (groups: {', '.join(GROUPS)}) or task keys ('euclip eval --list-tasks')")
     return list(dict.fromkeys(chosen))

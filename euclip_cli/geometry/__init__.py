@@ -11,9 +11,18 @@ Every geometry answers the same questions (see ``Geometry``): how encoder featur
 embeddings in its output space, their pairwise similarity, the zero-shot class-prototype
 rule, the root [ROOT] and the distance to it, and, for the Euclidean and hyperbolic
 geometries, the entailment loss. The formulas live as small pure functions in
-``sphere``, ``euclidean`` and ``lorentz``.
+``sphere``, ``euclidean`` and ``lorentz``; what each geometry is (its logits, its [ROOT], whether it
+has entailment cones) is in ``facts``, which imports no torch.
 """
 
-from euclip_cli.geometry.registry import Geometry, get_geometry, list_geometries
-
 __all__ = ["Geometry", "get_geometry", "list_geometries"]
+
+
+def __getattr__(name: str):
+    # Lazy: ``euclip_cli.geometry.facts`` is read by torch-free code (config, reports), and importing
+    # this package must not import torch for it.
+    if name in __all__:
+        from euclip_cli.geometry import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

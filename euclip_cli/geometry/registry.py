@@ -18,12 +18,16 @@ from typing import ClassVar, Optional
 import torch
 
 from euclip_cli.geometry import euclidean, lorentz, sphere
+from euclip_cli.errors import UsageError
+from euclip_cli.geometry import facts as F
 
 _REGISTRY: dict[str, type["Geometry"]] = {}
 
 
 def register(cls: type["Geometry"]) -> type["Geometry"]:
-    _REGISTRY[cls.name] = cls
+    """Make ``cls`` the math of the geometry its ``facts`` describe (and declare those facts)."""
+    F.declare(cls.facts)
+    _REGISTRY[cls.facts.name] = cls
     return cls
 
 
@@ -34,24 +38,40 @@ def list_geometries() -> list[str]:
 def get_geometry(name: str, logit: str = "default", blocks: int = 8) -> "Geometry":
     """The geometry ``name`` with the given logit ("default" = its first) and, for product-sphere, m blocks."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown geometry '{name}' (known: {', '.join(list_geometries())})")
+        F.describe(name)  # raises, naming the known geometries
+        raise UsageError(f"geometry '{name}' is described but has no math registered")
     return _REGISTRY[name](logit=logit, blocks=blocks)
 
 
 class Geometry:
-    name: ClassVar[str]
-    logits: ClassVar[tuple[str, ...]]
-    has_entailment: ClassVar[bool] = False
-    # Learnable per-modality embedding scales alpha (log-space) and curvature c.
-    learned_scales: ClassVar[bool] = False
-    has_curvature: ClassVar[bool] = False
+    facts: ClassVar[F.GeometryFacts]
 
     def __init__(self, logit: str = "default", blocks: int = 8):
-        logit = self.logits[0] if logit == "default" else logit
+        logit = self.facts.logit(logit)
         if logit not in self.logits:
-            raise ValueError(f"geometry '{self.name}' has no logit '{logit}' (allowed: {', '.join(self.logits)})")
+            raise UsageError(f"geometry '{self.name}' has no logit '{logit}' (allowed: {', '.join(self.logits)})")
         self.logit = logit
         self.blocks = blocks
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def logits(self) -> tuple[str, ...]:
+        return self.facts.logits
+
+    @property
+    def has_entailment(self) -> bool:
+        return self.facts.has_entailment
+
+    @property
+    def learned_scales(self) -> bool:
+        return self.facts.learned_scales
+
+    @property
+    def has_curvature(self) -> bool:
+        return self.facts.has_curvature
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(logit={self.logit!r})"
@@ -77,7 +97,11 @@ class Geometry:
         return self.project(text.mean(dim=-2))
 
     def root(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """[ROOT]: the origin, or for spherical geometries the mean embedding. ``(N, D) -> (D,)``."""
+        """[ROOT] as ``facts.root`` says: the origin, or the mean embedding. ``(N, D) -> (D,)``."""
+        if self.facts.root == "mean":
+            # The mean of the embeddings, not projected back: its norm ||[ROOT]|| is itself a
+            # finding (paper, appendix D).
+            return embeddings.mean(dim=0)
         return torch.zeros(embeddings.shape[-1], dtype=embeddings.dtype, device=embeddings.device)
 
     def distance_to_root(self, z: torch.Tensor, root: torch.Tensor, curv: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -87,7 +111,7 @@ class Geometry:
     def entailment(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
                    curv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Entailment loss of y (specific, image) against the cone at x (generic, text). ``(..., D) -> (...)``."""
-        raise ValueError(f"geometry '{self.name}' has no entailment loss (only euclidean and hyperbolic)")
+        raise ValueError(f"geometry '{self.name}' has no entailment loss")
 
     def entails(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
                 curv: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -102,8 +126,7 @@ class Geometry:
 class Clip(Geometry):
     """Cosine similarity of L2-normalized embeddings (CLIP)."""
 
-    name = "clip"
-    logits = ("cos",)
+    facts = F.CLIP
 
     def embed(self, features, log_scale=None):
         return sphere.normalize(features)
@@ -114,10 +137,6 @@ class Clip(Geometry):
     def similarity(self, x, y, curv=None):
         return sphere.cosine(x, y)
 
-    def root(self, embeddings):
-        # The mean of unit vectors, not re-normalized: its norm ||[ROOT]|| is itself a finding (paper, appendix D).
-        return embeddings.mean(dim=0)
-
     def distance_to_root(self, z, root, curv=None):
         return sphere.arc_distance(z, sphere.normalize(root)[None]).squeeze(-1)
 
@@ -126,8 +145,7 @@ class Clip(Geometry):
 class Elliptic(Clip):
     """Negative geodesic (arc) distance on the unit sphere: -acos(cosine)."""
 
-    name = "elliptic"
-    logits = ("arccos",)
+    facts = F.ELLIPTIC
 
     def similarity(self, x, y, curv=None):
         return -sphere.arc_distance(x, y)
@@ -137,8 +155,7 @@ class Elliptic(Clip):
 class ProductSphere(Geometry):
     """PS(n/m, m): m blocks, each L2-normalized; sum of block cosines ("inner") or minus the geodesic distance."""
 
-    name = "product-sphere"
-    logits = ("inner", "geodesic")
+    facts = F.PRODUCT_SPHERE
 
     def embed(self, features, log_scale=None):
         return sphere.block_normalize(features, self.blocks)
@@ -151,9 +168,6 @@ class ProductSphere(Geometry):
             return sphere.product_inner(x, y)
         return -sphere.product_geodesic(x, y, self.blocks)
 
-    def root(self, embeddings):
-        return embeddings.mean(dim=0)
-
     def distance_to_root(self, z, root, curv=None):
         return sphere.product_geodesic(z, self.project(root)[None], self.blocks).squeeze(-1)
 
@@ -162,9 +176,7 @@ class ProductSphere(Geometry):
 class Euclidean(Geometry):
     """Embeddings scaled by 1/sqrt(n); similarity -||x - y|| (d) or -||x - y||^2 (d2)."""
 
-    name = "euclidean"
-    logits = ("d", "d2")
-    has_entailment = True
+    facts = F.EUCLIDEAN
 
     def embed(self, features, log_scale=None):
         # 1/sqrt(n) makes ||f|| ~ sqrt(n) at initialization an embedding of norm ~1 (paper, section 3.1).
@@ -186,11 +198,7 @@ class Euclidean(Geometry):
 class Hyperbolic(Geometry):
     """MERU: alpha-scaled tangent vectors, exponential map onto the Lorentz hyperboloid, -d_L (d) or -d_L^2 (d2)."""
 
-    name = "hyperbolic"
-    logits = ("d", "d2")
-    has_entailment = True
-    learned_scales = True
-    has_curvature = True
+    facts = F.HYPERBOLIC
 
     def embed(self, features, log_scale=None):
         if log_scale is None:

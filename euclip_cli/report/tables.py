@@ -15,10 +15,10 @@ from typing import Optional
 
 import pandas as pd
 
-from euclip_cli.config import GEOMETRY_LOGITS
+from euclip_cli.geometry.facts import describe
 from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.runner import latest_results
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS
+from euclip_cli.rundir import RunDir, all_runs
 
 PAPER_CSV = Path(__file__).with_name("paper-tables.csv")
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
@@ -37,11 +37,11 @@ class Run:
 
 def load_runs(runs_dir: Path) -> list[Run]:
     runs = []
-    for config_path in sorted(runs_dir.glob("*/config.json")):
-        config = json.loads(config_path.read_text())
-        results = latest_results(config_path.parent / "eval.jsonl")
+    for run in all_runs(runs_dir):
+        config = run.config()
+        results = run.latest_results()
         scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
-        runs.append(Run(config_path.parent.name, config.get("recipe", ""), config, scores))
+        runs.append(Run(run.name, config.get("recipe", ""), config, scores))
     return runs
 
 
@@ -72,7 +72,7 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
         same_recipe = len(members) > 1 and len({m.recipe for m in members}) == 1 and members[0].recipe
         label = members[0].recipe if same_recipe else ", ".join(m.name for m in members)
         g = members[0].config["geometry"]
-        logit = GEOMETRY_LOGITS[g["name"]][0] if g["logit"] == "default" else g["logit"]
+        logit = describe(g["name"]).logit(g["logit"])
         row = {"run": label, "geometry": g["name"], "logit": logit,
                "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
                "λ": members[0].config["loss"]["entail_weight"]}
@@ -122,15 +122,5 @@ def render(df: pd.DataFrame, fmt: str) -> str:
 
 def training_metrics(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
     """Each run's ``metrics.jsonl`` records (lines cut short by a crash are skipped)."""
-    out = {}
-    for name in names:
-        path = runs_dir / name / "metrics.jsonl"
-        if path.exists():
-            records = []
-            for line in path.read_text().splitlines():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-            out[name] = records
-    return out
+    runs = {name: RunDir(runs_dir / name) for name in names}
+    return {name: run.training_records() for name, run in runs.items() if run.metrics_file.exists()}

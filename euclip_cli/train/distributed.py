@@ -68,6 +68,22 @@ class Dist:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def all(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when ``flag`` is true on all of them."""
+        if not self.enabled:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())
+
+    def broadcast_object(self, value):
+        """Rank 0's ``value`` on every rank (a small picklable object)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def broadcast_parameters(self, module: torch.nn.Module) -> None:
         if self.enabled:
             for tensor in list(module.parameters()) + list(module.buffers()):

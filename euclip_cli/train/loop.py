@@ -7,7 +7,6 @@ else start from scratch; the branch taken is returned and logged by the caller.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
 import random
@@ -23,10 +22,14 @@ from typing import Callable, Optional
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.data.loader import DataError, TrainBatches, list_shards
+from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.data.webshards import training_record
+from euclip_cli.device import autocast_factory, resolve_device
+from euclip_cli.errors import Failure
 from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
-from euclip_cli.train import checkpoint, distributed
+from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
+from euclip_cli.train import distributed
+from euclip_cli.train.metrics import MetricsWriters
 from euclip_cli.train.optim import build_optimizer, cosine_lr
 from euclip_cli.train.step import forward_backward
 
@@ -34,43 +37,8 @@ from euclip_cli.train.step import forward_backward
 MAX_NONFINITE = 5
 
 
-class RunError(Exception):
+class RunError(Failure):
     """The run cannot proceed; the message says why and what to do."""
-
-
-class RunConflict(RunError):
-    """The run directory holds a run with another configuration."""
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto``: this process's GPU under torchrun (``cuda:LOCAL_RANK``), else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
-    return device
-
-
-def autocast_factory(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
-
-
-def start_wandb(cfg: C.Config, run_dir: Path):
-    """A W&B run that resumes with the training run (its id is kept in the run directory)."""
-    try:
-        import wandb
-    except ImportError:
-        raise RunError("train.wandb=true but the wandb package is not installed: pip install wandb, "
-                       "or set train.wandb=false") from None
-    id_file = run_dir / "wandb_id"
-    if not id_file.exists():
-        id_file.write_text(f"{run_dir.name}-{time.strftime('%Y%m%d%H%M%S')}")
-    return wandb.init(project=cfg.train.wandb_project, name=run_dir.name, id=id_file.read_text().strip(),
-                      resume="allow", dir=str(run_dir), config=C.to_dict(cfg))
 
 
 def run_meta(cfg: C.Config, argv: list[str]) -> dict:
@@ -93,27 +61,20 @@ def run_meta(cfg: C.Config, argv: list[str]) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def prepare_run_dir(cfg: C.Config, run_dir: Path, argv: list[str], downloaded: Optional[dict] = None) -> None:
-    """Create the run directory, or check that an existing one holds this same configuration."""
-    config_path = run_dir / "config.json"
-    if config_path.exists():
-        stored = json.loads(config_path.read_text())
-        if stored != json.loads(C.dumps(cfg)):
-            changed = sorted(f"{s}.{k}" for s, v in stored.items() if isinstance(v, dict)
-                             for k in v if v[k] != C.to_dict(cfg).get(s, {}).get(k))
-            raise RunConflict(f"{run_dir} holds a run with another configuration (differs in: "
-                              f"{', '.join(changed) or 'recipe'}); pass --name NEW to start a separate run")
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(C.dumps(cfg))
-    # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
-    (run_dir / "meta.json").write_text(json.dumps(run_meta(cfg, argv) | {"data": downloaded}, indent=2))
-
-
-def checkpoint_meta(cfg: C.Config, model: EuclipModel) -> dict:
-    """What a checkpoint is: evaluation reads this, never a directory name."""
-    return {"arch": cfg.model.arch, "final_ln": cfg.model.final_ln, "geometry": cfg.geometry.name,
-            "logit": model.geometry.logit, "blocks": cfg.geometry.blocks, "embed_dim": model.embed_dim}
+def resume_point(run: RunDir, ranks: distributed.Dist, device: torch.device) -> Optional[Path]:
+    """The checkpoint every rank resumes from: rank 0 decides and tells the others, and a rank that
+    cannot read it stops every rank with one message instead of leaving the others waiting."""
+    found = run.latest_checkpoint()
+    if not ranks.enabled:
+        return found
+    name = ranks.broadcast_object(found.name if found else None)
+    if name is None:
+        return None
+    path = run.checkpoints_dir / name
+    if not ranks.all(path.is_file(), device):
+        raise RunError(f"rank 0 resumes from {path}, which another rank cannot read: the run directory "
+                       f"must be on a filesystem every node shares")
+    return path
 
 
 def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
@@ -123,20 +84,18 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     Under torchrun every rank calls this; rank 0 writes the run directory and the logs.
     """
     # ---- set-up
-    wanted = resolve_device(cfg.train.device)
-    ranks = distributed.from_environment(wanted.type)
-    device = resolve_device(cfg.train.device, ranks.local_rank)
+    ranks = distributed.from_environment(resolve_device(cfg.train.device).type)
+    device = resolve_device(cfg.train.device, ranks.local_rank, ranks.world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
-    try:
-        downloaded = training_record(C.train_dir(cfg))
-    except ValueError as err:
-        raise DataError(str(err)) from None
+    downloaded = training_record(C.train_dir(cfg))
+    directory = RunDir(run_dir)
     if ranks.main:
-        prepare_run_dir(cfg, run_dir, argv or sys.argv, downloaded)
+        # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
+        directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv) | {"data": downloaded})
     ranks.barrier()
     autocast = autocast_factory(cfg.train.precision, device)
     # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.
@@ -148,13 +107,14 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     params = [p for p in model.parameters() if p.requires_grad]
     total = C.total_steps(cfg)
     interval = max(1, math.ceil(total / cfg.train.checkpoints))
-    ckpt_dir = run_dir / "checkpoints"
 
     # ---- resume
     step, branch, data_state = 0, "scratch", None
-    found = checkpoint.latest(ckpt_dir)
+    found = resume_point(directory, ranks, device)
     if found is not None:
-        state = checkpoint.load(found, map_location=str(device))
+        # Loaded onto the CPU: load_state_dict copies each tensor to its parameter's device, and
+        # the RNG state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
+        state = load_checkpoint(found)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
@@ -197,9 +157,10 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         if not ranks.main:
             return None
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "step": step, "data": data, "config": C.to_dict(cfg), "meta": checkpoint_meta(cfg, model),
+                 "step": step, "data": data, "config": C.to_dict(cfg),
+                 "meta": checkpoint_meta(C.to_dict(cfg), model.geometry.logit, model.embed_dim),
                  "rng_torch": torch.get_rng_state()}
-        return checkpoint.save(state, ckpt_dir, step, cfg.train.keep_checkpoints)
+        return directory.save_checkpoint(state, step, cfg.train.keep_checkpoints)
 
     stop = {"signal": None}
 
@@ -210,14 +171,10 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # be installed from the main thread; elsewhere the caller owns signals.
     in_main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
-    writer = wandb_run = metrics = None
+    writers = None
     if ranks.main:
-        metrics = (run_dir / "metrics.jsonl").open("a")
-        if cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(str(run_dir / "tensorboard"))
-        if cfg.train.wandb:
-            wandb_run = start_wandb(cfg, run_dir)
+        writers = MetricsWriters(directory, step, cfg.train.tensorboard, cfg.train.wandb_project if cfg.train.wandb else None,
+                                 C.to_dict(cfg))
     sdpa = contextlib.nullcontext()
     if cfg.train.sdpa_math and device.type == "cpu":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -280,13 +237,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
                     if device.type == "cuda":
                         record["gpu_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
                     if ranks.main:
-                        metrics.write(json.dumps(record) + "\n")
-                        metrics.flush()
-                        if writer:
-                            for key, value in record.items():
-                                writer.add_scalar(f"train/{key}", value, step)
-                        if wandb_run:
-                            wandb_run.log({f"train/{k}": v for k, v in record.items()}, step=step)
+                        writers.write(record, step)
                         if on_step:
                             on_step(step, total, record)
                     window_start, window_samples = time.time(), 0
@@ -296,12 +247,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         if stopping and saved["step"] != step:
             last_ckpt = save()
     finally:
-        if metrics:
-            metrics.close()
-        if writer:
-            writer.close()
-        if wandb_run:
-            wandb_run.finish()
+        if writers:
+            writers.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return summary(branch, last_ckpt, stopping, batches.skipped, nonfinite_total)

@@ -1,0 +1,142 @@
+"""Fetching files over HTTP(S) with resume and checksums: the one place euclip's downloads share.
+
+Files are addressed by plain URLs (Hugging Face's ``resolve/main`` and ``raw/main`` ones, or an
+asset host's), so every downloader is tested offline against a server on 127.0.0.1. A transfer
+goes into ``NAME.part``, continues with an HTTP range request after an interruption, is checked
+against its Git LFS pointer (size and sha256) when there is one, and only then renamed into place.
+
+Written with urllib rather than ``huggingface_hub``: these are single files at known URLs that
+any HTTP server can serve; the Hub's own API (metadata trees) goes through ``huggingface_hub``
+in ``euclip_cli.data.webshards``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from euclip_cli.errors import Failure
+
+HF_DATASETS = "https://huggingface.co/datasets"
+CHUNK = 1 << 20
+TIMEOUT_S = 60
+
+
+class FetchError(Failure):
+    """A file could not be fetched or failed its check; nothing verified was deleted, and rerunning continues."""
+
+
+@dataclass
+class LfsPointer:
+    sha256: str
+    size: int
+
+
+def parse_pointer(text: str) -> Optional[LfsPointer]:
+    """The oid and size of a Git LFS pointer file, or None when ``text`` is not one."""
+    fields = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+    if not fields.get("version", "").startswith("https://git-lfs") or "oid" not in fields:
+        return None
+    return LfsPointer(fields["oid"].split(":", 1)[1].strip(), int(fields["size"]))
+
+
+def open_url(url: str, start: int = 0):
+    headers = {"Range": f"bytes={start}-"} if start else {}
+    if os.environ.get("HF_TOKEN"):  # gated repos (WinoGAViL) need the user's token
+        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        return urllib.request.urlopen(request, timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise FetchError(f"{url}: HTTP {err.code}: the repository is gated; accept its terms on Hugging Face "
+                                f"and set HF_TOKEN") from None
+        raise FetchError(f"{url}: HTTP {err.code} {err.reason}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise FetchError(f"could not reach {url} ({getattr(err, 'reason', err)}); check the network "
+                            f"connection or --base-url") from None
+
+
+def fetch_text(url: str) -> str:
+    with open_url(url) as response:
+        return response.read().decode("utf-8")
+
+
+def fetch_pointer(url: str) -> Optional[LfsPointer]:
+    """The LFS pointer served at a ``raw/main`` URL; None when the file is stored in git itself."""
+    with open_url(url) as response:
+        head = response.read(1024)  # a pointer is ~130 bytes; a plain file is not read in full
+    try:
+        return parse_pointer(head.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_file(url: str, dest: Path, expected: Optional[LfsPointer],
+               on_bytes: Callable[[int], None] = lambda n: None) -> None:
+    """Download ``url`` to ``dest`` through ``dest.part``, continuing a partial file; verify; rename."""
+    part = dest.with_name(dest.name + ".part")
+    start = part.stat().st_size if part.exists() else 0
+    if expected and start > expected.size:
+        part.unlink()
+        start = 0
+    if not expected or start < expected.size:
+        try:
+            with open_url(url, start) as response:
+                mode = "ab" if start and response.status == 206 else "wb"  # 200: the server ignored the range
+                if mode == "wb":
+                    start = 0
+                on_bytes(start)
+                with part.open(mode) as f:
+                    for block in iter(lambda: response.read(CHUNK), b""):
+                        f.write(block)
+                        on_bytes(len(block))
+        except (OSError, http.client.HTTPException) as err:  # a connection cut mid-file: the .part file stays for the next run
+            raise FetchError(f"{url}: transfer interrupted ({err}); run the same command again to continue") from None
+    if expected:
+        size = part.stat().st_size
+        if size < expected.size:  # the server closed early without an error: keep what came
+            raise FetchError(f"{url}: transfer interrupted at {size} of {expected.size} bytes; "
+                                f"run the same command again to continue")
+        if size != expected.size or sha256_of(part) != expected.sha256:
+            part.unlink()
+            raise FetchError(f"{url}: downloaded file fails its checksum (size {size}, expected {expected.size}); "
+                                f"run the same command again")
+    os.replace(part, dest)
+
+
+def is_complete(dest: Path, expected: Optional[LfsPointer], verified_before: bool) -> bool:
+    """A final file was checksummed when it was renamed into place; once the task's marker exists,
+    its size alone is re-checked (hashing gigabytes on every run would dominate a no-op)."""
+    if not dest.exists():
+        return False
+    if expected is None:
+        return True
+    if dest.stat().st_size != expected.size:
+        return False
+    return verified_before or sha256_of(dest) == expected.sha256
+
+
+def fetch_lfs(repo: str, rel: str, dest: Path, verified_before: bool,
+              on_progress: Callable[[str, int, Optional[int]], None]) -> bool:
+    """``repo``'s file ``rel`` into ``dest`` unless already there and intact; True when it was fetched."""
+    pointer = fetch_pointer(f"{repo}/raw/main/{rel}")
+    if is_complete(dest, pointer, verified_before):
+        return False
+    on_progress(rel, 0, pointer.size if pointer else None)
+    fetch_file(f"{repo}/resolve/main/{rel}", dest, pointer, lambda n: on_progress(rel, n, None))
+    return True

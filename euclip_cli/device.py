@@ -1,0 +1,49 @@
+"""Which device a process computes on, and the autocast context for a precision.
+
+Shared by training, evaluation and the analyses, so each command resolves ``--device`` /
+``train.device`` the same way and reports a device it cannot use in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from euclip_cli.errors import UsageError
+
+
+def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> torch.device:
+    """``auto``: this process's GPU under torchrun (``cuda:LOCAL_RANK``) when there is one, else the CPU.
+
+    ``cuda`` without an index is ``cuda:LOCAL_RANK``. An explicit index under several processes
+    would put every rank on that one GPU, so it is refused.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"device '{name}' is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"device '{name}': euclip runs on cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device '{name}': this machine has no CUDA GPU (torch sees none); use cpu or auto")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        elif world > 1:
+            raise UsageError(f"device '{name}' under {world} processes would put every rank on GPU {device.index}; "
+                             f"use cuda (each rank takes cuda:LOCAL_RANK) and CUDA_VISIBLE_DEVICES to pick GPUs")
+        if device.index >= torch.cuda.device_count():
+            raise UsageError(f"device '{device}': this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
+
+
+def autocast_factory(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A fresh autocast context per call: bf16 or fp16 around the encoders, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)

@@ -1,0 +1,85 @@
+"""A trained run's model, and its embeddings of images and texts: what evaluation and the analyses share.
+
+Image embeddings are cached per checkpoint in ``RUN/features/``, so a task's images are
+encoded once whether evaluation or an analysis asks first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from euclip_cli import config as C
+from euclip_cli.errors import UsageError
+from euclip_cli.model import EuclipModel
+from euclip_cli.rundir import RunDir, load_checkpoint
+
+# Bump when a change alters image embeddings (transforms, encoders): cached features are keyed by it.
+FEATURES = "features-1"
+
+
+def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config, Path, int]:
+    """``(model, config, checkpoint, step)`` of a run's latest checkpoint, rebuilt from the config stored in it.
+
+    Only the weights reach ``device``: the checkpoint is read on the CPU, and its optimizer and RNG
+    state are never moved.
+    """
+    found = run.latest_checkpoint()
+    if found is None:
+        raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
+    state = load_checkpoint(found)
+    cfg = C.from_dict(state["config"])
+    model = EuclipModel(cfg)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), cfg, found, state["step"]
+
+
+@torch.no_grad()
+def embed_images(model: EuclipModel, batches: Iterable, device: torch.device,
+                 on_images: Callable[[int], None] = lambda n: None) -> tuple[torch.Tensor, list]:
+    """``(embeddings (N, D), labels)`` of ``(images, labels)`` batches; labels are kept as a flat list."""
+    embs, labels = [], []
+    for images, label in batches:
+        embs.append(model.encode_image(images.to(device)))
+        labels.extend(label if isinstance(label, (list, tuple)) else label.tolist())
+        on_images(len(images))
+    return torch.cat(embs), labels
+
+
+@torch.no_grad()
+def embed_texts(model: EuclipModel, tokenizer, texts: list[str], device: torch.device,
+                batch_size: int = 256) -> torch.Tensor:
+    """``(len(texts), D)`` output-space text embeddings."""
+    return torch.cat([model.encode_text(tokenizer(texts[i:i + batch_size]).to(device))
+                      for i in range(0, len(texts), batch_size)])
+
+
+class FeatureCache:
+    """Image embeddings of one checkpoint per task (``name``), so a task's images are encoded once.
+
+    Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder.
+    """
+
+    def __init__(self, folder: Optional[Path]):
+        self.folder = folder
+
+    def get(self, name: str, compute: Callable[[], tuple[torch.Tensor, list]]) -> tuple[torch.Tensor, list]:
+        if self.folder is None:
+            return compute()
+        path = self.folder / (name.replace("/", "__") + ".pt")
+        if path.exists():
+            cached = torch.load(path, map_location="cpu", weights_only=True)
+            return cached["image_emb"], cached["labels"]
+        image_emb, labels = compute()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"image_emb": image_emb.cpu(), "labels": labels}, tmp)
+        tmp.replace(path)
+        return image_emb, labels
+
+
+def feature_cache(run: RunDir, ckpt: Path) -> FeatureCache:
+    """The cache of one checkpoint, keyed by the file itself: a run trained again writes new files."""
+    return FeatureCache(run.features_dir / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}")

@@ -1,0 +1,32 @@
+"""euclip's two kinds of error, and the exit code each one owns.
+
+Every exception euclip raises on purpose derives from one of these:
+
+- ``UsageError`` (exit 2): the command, a recipe, an override or an input file is wrong; the
+  message says what to change.
+- ``Failure`` (exit 1): the command was right but the work could not be done (no network, a
+  corrupt download, a run that diverged); the message says what happened and what to do.
+
+Anything else that escapes a command is a bug and is shown with its traceback. Standard library
+only, so the CLI can classify errors without importing torch.
+"""
+
+from __future__ import annotations
+
+
+class EuclipError(Exception):
+    """Base of euclip's deliberate errors; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(EuclipError):
+    """A mistake in what the user asked for (exit 2)."""
+
+    exit_code = 2
+
+
+class Failure(EuclipError):
+    """The work could not be done (exit 1)."""
+
+    exit_code = 1

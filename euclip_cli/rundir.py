@@ -1,0 +1,268 @@
+"""The run directory: the one owner of its layout, its files and how they are read and written.
+
+::
+
+    RUN/config.json          the resolved config (every key), written once when the run starts
+    RUN/meta.json            git revision, package versions, seed, argv, host; the data's manifest
+    RUN/metrics.jsonl        one training record per logged step
+    RUN/tensorboard/         the same records for TensorBoard
+    RUN/checkpoints/         step_N.pt (plain tensors + JSON-able metadata) and ``latest`` (a file naming one)
+    RUN/eval.jsonl           one line per (task, checkpoint): DataComp's fields plus checkpoint, step, protocol
+    RUN/eval_results.jsonl   DataComp's own results file for the latest evaluated checkpoint
+    RUN/features/            cached image embeddings, one folder per checkpoint
+    RUN/analysis/            what ``euclip analyze`` writes (JSON, PNG, PDF)
+
+Everything else asks this module where a file is and how to read it. It imports the standard
+library only; torch is imported inside the checkpoint functions, so ``euclip report`` (which
+reads JSON alone) never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from euclip_cli.errors import Failure, UsageError
+
+RUNS_DIR = Path("results") / "runs"
+CHECKPOINT_PREFIX = "step_"
+
+
+class RunConflict(UsageError):
+    """The run directory holds a run with another configuration."""
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, or a one-line failure naming it (a truncated file is not a bug of ours)."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise Failure(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); restore or delete it") from None
+    except UnicodeDecodeError:
+        raise Failure(f"{path} is not UTF-8 text; restore or delete it") from None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file; a line cut short by a crash mid-write is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one record and flush; a line left without its newline by a crash is ended first."""
+    with path.open("a+b") as f:  # appends always go to the end, whatever was read
+        cut_short = False
+        if f.tell() > 0:
+            f.seek(-1, 2)
+            cut_short = f.read(1) != b"\n"
+        f.write((("\n" if cut_short else "") + json.dumps(record) + "\n").encode())
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run directory; every path inside it comes from here."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def meta_file(self) -> Path:
+        return self.path / "meta.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def wandb_id_file(self) -> Path:
+        return self.path / "wandb_id"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def eval_file(self) -> Path:
+        return self.path / "eval.jsonl"
+
+    @property
+    def datacomp_results_file(self) -> Path:
+        return self.path / "eval_results.jsonl"
+
+    @property
+    def features_dir(self) -> Path:
+        return self.path / "features"
+
+    @property
+    def analysis_dir(self) -> Path:
+        return self.path / "analysis"
+
+    def exists(self) -> bool:
+        return self.config_file.exists()
+
+    # ---- config and meta
+
+    def config(self) -> dict:
+        return read_json(self.config_file)
+
+    def meta(self) -> dict:
+        return read_json(self.meta_file) if self.meta_file.exists() else {}
+
+    def claim(self, config: dict, meta: dict) -> bool:
+        """Create the run with ``config`` and ``meta``, or check that it already holds ``config``.
+
+        Returns True when the directory was created. Raises RunConflict, naming the keys that
+        differ, when it holds another configuration.
+        """
+        if self.exists():
+            stored = self.config()
+            if stored != config:
+                changed = sorted(f"{s}.{k}" for s, v in stored.items() if isinstance(v, dict)
+                                 for k in v if v[k] != config.get(s, {}).get(k))
+                raise RunConflict(f"{self.path} holds a run with another configuration (differs in: "
+                                  f"{', '.join(changed) or 'recipe'}); pass --name NEW to start a separate run")
+            return False
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.meta_file, json.dumps(meta, indent=2))
+        # config.json last: a directory with it is a complete run directory.
+        write_text_atomic(self.config_file, json.dumps(config, indent=2, sort_keys=True))
+        return True
+
+    # ---- checkpoints
+
+    def checkpoint_file(self, step: int) -> Path:
+        return self.checkpoints_dir / f"{CHECKPOINT_PREFIX}{step}.pt"
+
+    def checkpoints(self) -> list[Path]:
+        """Every ``step_N.pt``, oldest first."""
+        found = [p for p in self.checkpoints_dir.glob(f"{CHECKPOINT_PREFIX}*.pt")
+                 if p.stem[len(CHECKPOINT_PREFIX):].isdigit()]
+        return sorted(found, key=checkpoint_step)
+
+    def latest_checkpoint(self) -> Optional[Path]:
+        """The checkpoint ``latest`` names, or None when there is none yet."""
+        pointer = self.checkpoints_dir / "latest"
+        if not pointer.exists():
+            return None
+        path = self.checkpoints_dir / pointer.read_text().strip()
+        return path if path.is_file() else None
+
+    def save_checkpoint(self, state: dict, step: int, keep: int) -> Path:
+        """Write ``step_N.pt`` atomically, point ``latest`` at it, and keep the newest ``keep``."""
+        import torch
+
+        self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoint_file(step)
+        tmp = self.checkpoints_dir / f".{path.name}.tmp"
+        try:
+            torch.save(state, tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not keep a half-written file on it
+            raise
+        os.replace(tmp, path)
+        write_text_atomic(self.checkpoints_dir / "latest", path.name)
+        for old in self.checkpoints()[:-keep]:
+            old.unlink()
+        return path
+
+    # ---- evaluation results
+
+    def eval_lines(self) -> list[dict]:
+        return read_jsonl(self.eval_file)
+
+    def append_eval(self, line: dict) -> None:
+        append_jsonl(self.eval_file, line)
+
+    def latest_results(self) -> list[dict]:
+        """One successful line per task: the newest, by checkpoint step then file order."""
+        best: dict[str, dict] = {}
+        for line in self.eval_lines():
+            if line.get("failed"):
+                continue
+            key = line["key"]
+            if key not in best or line.get("step", 0) >= best[key].get("step", 0):
+                best[key] = line
+        return list(best.values())
+
+    def write_datacomp_results(self) -> Optional[Path]:
+        """``eval_results.jsonl`` exactly as DataComp's ``evaluate.py`` writes it, for the newest
+        evaluated checkpoint: one ``{"key", "dataset", "metrics"}`` line per task, so DataComp's
+        ``aggregate_scores.py`` and leaderboard tools read it unchanged. None when nothing is scored."""
+        lines = [line for line in self.eval_lines() if not line.get("failed")]
+        if not lines:
+            return None
+        newest = max(lines, key=lambda line: line.get("step", 0))["checkpoint"]
+        chosen: dict[str, dict] = {}
+        for line in lines:
+            if line["checkpoint"] == newest:
+                chosen[line["key"]] = {"key": line["key"], "dataset": line["dataset"], "metrics": line["metrics"]}
+        write_text_atomic(self.datacomp_results_file, "".join(json.dumps(v) + "\n" for v in chosen.values()))
+        return self.datacomp_results_file
+
+    def training_records(self) -> list[dict]:
+        return read_jsonl(self.metrics_file)
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.stem[len(CHECKPOINT_PREFIX):])
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint's state on the CPU; moving tensors to a device is the caller's choice (the RNG
+    state, for one, must stay a CPU tensor)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def checkpoint_meta(config: dict, logit: str, embed_dim: int) -> dict:
+    """What a checkpoint is: evaluation reads this, never a directory name."""
+    return {"arch": config["model"]["arch"], "final_ln": config["model"]["final_ln"],
+            "geometry": config["geometry"]["name"], "logit": logit, "blocks": config["geometry"]["blocks"],
+            "embed_dim": embed_dim}
+
+
+def resolve(name_or_path: str, runs_dir: Path = RUNS_DIR) -> RunDir:
+    """A run given as a path or as a name under ``runs_dir``."""
+    path = Path(name_or_path)
+    for candidate in (RunDir(path), RunDir(runs_dir / name_or_path)):
+        if candidate.exists():
+            return candidate
+    raise UsageError(f"no run '{name_or_path}' (looked for {path}/config.json and "
+                     f"{runs_dir / name_or_path}/config.json); 'euclip train --recipe RECIPE' creates one")
+
+
+def all_runs(runs_dir: Path = RUNS_DIR) -> list[RunDir]:
+    return [RunDir(p.parent) for p in sorted(runs_dir.glob("*/config.json"))]
+
+
+def runs_of_recipe(recipe: str, runs_dir: Path = RUNS_DIR) -> list[RunDir]:
+    return [run for run in all_runs(runs_dir) if run.config().get("recipe") == recipe]

@@ -1,0 +1,88 @@
+"""Device handling where a GPU run would break: checkpoints read on the CPU, ``cuda:N`` per rank."""
+
+import pytest
+import torch
+
+from euclip_cli import config as C
+from euclip_cli import rundir
+from euclip_cli.device import resolve_device
+from euclip_cli.errors import UsageError
+from euclip_cli.rundir import RunDir, load_checkpoint
+from euclip_cli.train import loop
+
+TINY = ["data.batch_size=16", "optim.warmup_steps=1", "train.precision=fp32", "train.log_every=1",
+        "train.tensorboard=false", "data.shuffle_buffer=50", "train.checkpoints=2"]
+
+
+def test_a_checkpoint_read_onto_an_accelerator_breaks_the_rng_restore(world, tmp_path):
+    """Why resume reads on the CPU: a checkpoint mapped onto another device (the meta device stands in
+    for a GPU) carries its RNG state there, and ``set_rng_state`` refuses it."""
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY])
+    loop.run(cfg, tmp_path / "run")
+    path = RunDir(tmp_path / "run").latest_checkpoint()
+    moved = torch.load(path, map_location="meta", weights_only=True)
+    with pytest.raises(TypeError, match="ByteTensor"):
+        torch.set_rng_state(moved["rng_torch"])
+    torch.set_rng_state(load_checkpoint(path)["rng_torch"])  # what the trainer does
+
+
+def test_resume_and_evaluation_read_checkpoints_on_the_cpu(world, tmp_path, monkeypatch):
+    from euclip_cli.encode import load_model
+
+    seen = []
+    real = torch.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("map_location"))
+        return real(*args, **kwargs)
+
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", *TINY])
+    loop.run(cfg, tmp_path / "run", on_step=lambda step, total, record: None)
+    monkeypatch.setattr(torch, "load", spy)
+    # A longer budget in the same run directory is another configuration, so resume a copy of its
+    # first half: delete the final checkpoint and let the same command continue from the middle.
+    run = RunDir(tmp_path / "run")
+    middle, final = run.checkpoints()
+    final.unlink()
+    (run.checkpoints_dir / "latest").write_text(middle.name)
+    summary = loop.run(cfg, tmp_path / "run")
+    assert summary["branch"].startswith("resumed from") and summary["steps"] == 4
+    load_model(run, torch.device("cpu"))
+    assert seen and all(location == "cpu" for location in seen)
+
+
+class FakeCuda:
+    """A machine with ``count`` GPUs, as far as ``resolve_device`` can tell."""
+
+    def __init__(self, monkeypatch, count):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_each_rank_takes_its_own_gpu_and_an_explicit_index_under_torchrun_is_refused(monkeypatch):
+    FakeCuda(monkeypatch, 4)
+    assert resolve_device("auto", local_rank=2, world=4) == torch.device("cuda", 2)
+    assert resolve_device("cuda", local_rank=3, world=4) == torch.device("cuda", 3)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)  # one process may pick its GPU
+    with pytest.raises(UsageError, match="every rank on GPU 1"):
+        resolve_device("cuda:1", local_rank=0, world=4)
+    with pytest.raises(UsageError, match="has 4 GPU"):
+        resolve_device("cuda:7")
+
+
+def test_devices_a_machine_cannot_use_are_one_line_usage_errors(monkeypatch):
+    FakeCuda(monkeypatch, 0)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(UsageError, match="no CUDA GPU"):
+        resolve_device("cuda")
+    with pytest.raises(UsageError, match="not a device"):
+        resolve_device("gpu0")
+    with pytest.raises(UsageError, match="cpu or cuda"):
+        resolve_device("meta")
+
+
+def test_checkpoint_metadata_describes_the_model_without_a_directory_name():
+    cfg = C.to_dict(C.load_config("tiny-euclip"))
+    meta = rundir.checkpoint_meta(cfg, "d2", 64)
+    assert meta == {"arch": "tiny", "final_ln": False, "geometry": "euclidean", "logit": "d2",
+                    "blocks": cfg["geometry"]["blocks"], "embed_dim": 64}
