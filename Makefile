@@ -9,7 +9,7 @@ EUCLIP := $(BIN)/euclip
 # The sweep `make demo` trains on the embedded world (override: make demo DEMO_RECIPES="tiny-clip").
 DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 
-.PHONY: help install demo analyze test test-fast clean-results
+.PHONY: help install demo study analyze test test-fast clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,11 @@ demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write
 	$(EUCLIP) eval $(addprefix results/runs/,$(DEMO_RECIPES))
 	$(EUCLIP) report
 	@echo "report: results/tables/embedded.md (all tables in results/tables/)"
+
+study: $(STAMP)  ## The embedded study: every configuration of recipes/study-geometries.toml over seeds, with intervals.
+	$(EUCLIP) download --recipe tiny-clip
+	$(EUCLIP) study --recipe study-geometries
+	@echo "study: results/studies/geometries/study.md and claims.csv"
 
 analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of each run, then report.html.
 	@for r in $(DEMO_RECIPES); do \

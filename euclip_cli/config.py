@@ -135,7 +135,7 @@ class EvalConfig:
 @dataclass
 class ReportConfig:
     # Paper rows this recipe reproduces, as "TABLE:LABEL" (labels from
-    # euclip_cli/report/paper-tables.csv); empty for recipes outside the paper.
+    # euclip_cli/published/euclip-tables.csv); empty for recipes outside the paper.
     paper_rows: list[str] = field(default_factory=list)
 
 
@@ -153,7 +153,9 @@ class Config:
     recipe: str = ""
 
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+# Shipped inside the package, so a non-editable install finds them (``recipes/`` at the repository
+# root links here).
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 
 class ConfigError(UsageError):
@@ -268,6 +270,14 @@ def recipe_path(name_or_path: str) -> Path:
     return RECIPES_DIR / f"{name_or_path}.toml"
 
 
+# Study recipes (``euclip study``) share the folder; their names start with this.
+STUDY_PREFIX = "study-"
+
+
+def is_study_recipe(name_or_path: str) -> bool:
+    return Path(name_or_path).stem.startswith(STUDY_PREFIX)
+
+
 def list_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
 
@@ -313,6 +323,8 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = N
     """
     cfg = Config()
     problems: list[str] = []
+    if recipe and is_study_recipe(recipe):
+        raise ConfigError([f"'{recipe}' is a study recipe, not a run recipe: run 'euclip study --recipe {recipe}'"])
     if recipe:
         for where, table in _read_recipe(recipe, problems, ()):
             for section, values in table.items():

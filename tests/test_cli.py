@@ -130,3 +130,32 @@ def test_download_world_refuses_a_folder_holding_something_else(tmp_path):
     result = invoke("download", "world", "--out", str(tmp_path), "--samples", "10", "--eval-size", "5")
     assert result.exit_code == 2 and "not an embedded world" in result.output
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_a_built_wheel_ships_every_recipe(tmp_path):
+    """A non-editable install (pip install euclip) must find the recipes: they are package data."""
+    import shutil
+    import zipfile
+    from pathlib import Path
+
+    from euclip_cli.config import list_recipes
+
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "src"
+    shutil.copytree(root, source, ignore=shutil.ignore_patterns(".venv", ".git", "data", "results", "build", "*.egg-info"),
+                    symlinks=True)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source),
+                            "-w", str(tmp_path / "wheel")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    wheel = next((tmp_path / "wheel").glob("euclip-*.whl"))
+    shipped = {Path(n).stem for n in zipfile.ZipFile(wheel).namelist() if n.startswith("euclip_cli/recipes/")}
+    assert shipped == set(list_recipes()) and len(shipped) > 10
+
+
+def test_a_truncated_config_in_one_run_is_named_not_a_json_error(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "broken").mkdir(parents=True)
+    (runs / "broken" / "config.json").write_text('{"model": {"arch": "ti')
+    result = invoke("report", "--runs-dir", str(runs), "--out", str(tmp_path / "tables"))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "broken/config.json is not valid JSON" in result.output.replace("\n", "")

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from euclip_cli import config as C
-from euclip_cli.report.tables import read_paper
+from euclip_cli.published import euclip_tables as read_paper
 
 
 def test_defaults_are_the_papers_common_setting():
@@ -77,12 +77,19 @@ def test_config_round_trips_through_json():
 
 @pytest.mark.parametrize("name", C.list_recipes())
 def test_every_shipped_recipe_validates_and_has_a_header(name):
-    cfg = C.load_config(name)
+    from euclip_cli.study.spec import load_study
+
+    load_study(name) if C.is_study_recipe(name) else C.load_config(name)
     header = C.recipe_header(name)
     assert header.startswith(f"{name}:") and "Run:" in header and "Expected:" in header
 
 
-PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith("tiny-")]
+PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith("tiny-") and not C.is_study_recipe(n)]
+
+
+def test_a_study_recipe_given_as_a_run_recipe_says_which_command_takes_it():
+    with pytest.raises(C.ConfigError, match="euclip study --recipe study-geometries"):
+        C.load_config("study-geometries")
 
 
 @pytest.mark.parametrize("name", PAPER_RECIPES)

@@ -61,3 +61,17 @@ def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world
     for key, value in straight["optimizer"]["state"].items():
         for slot, tensor in value.items():
             assert torch.equal(resumed["optimizer"]["state"][key][slot], tensor), (key, slot)
+    # The steps logged after the last checkpoint and before the kill were logged again on resume:
+    # the log keeps each once.
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1)), f"killed after step {killed_at}"
+
+
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path):
+    from euclip_cli.train.metrics import truncate_records
+
+    run = RunDir(tmp_path)
+    run.metrics_file.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8))
+                                + '{"step": 8, "lo')  # and a line cut short by the kill
+    truncate_records(run, 5)
+    assert [json.loads(line)["step"] for line in run.metrics_file.read_text().splitlines()] == [1, 2, 3, 4, 5]

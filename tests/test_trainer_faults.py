@@ -143,3 +143,34 @@ def test_wandb_asked_for_but_missing_is_a_clear_error(world, tmp_path, monkeypat
     cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "train.wandb=true", *TINY])
     with pytest.raises(Failure, match="pip install wandb"):
         loop.run(cfg, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_with_loader_workers_checkpoints_and_resumes(world, tmp_path):
+    """As SLURM preempts: SIGTERM reaches the trainer and its loader worker alike. The worker must
+    not die of it; the trainer finishes the step, checkpoints, exits 1; the same command resumes,
+    and metrics.jsonl ends with every step once."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path),
+               "--name", "run", f"data.train_dir={world / 'train'}", "optim.samples=640", "data.workers=1",
+               "train.checkpoints=2", *TINY]
+    child = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    os.killpg(child.pid, signal.SIGTERM)
+    output, _ = child.communicate(timeout=120)
+    assert child.returncode == 1, output
+    assert "stopped at step" in output and "Traceback" not in output
+    stopped = load_checkpoint(RunDir(tmp_path / "run").latest_checkpoint())["step"]
+    assert 2 <= stopped < 40
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 41))

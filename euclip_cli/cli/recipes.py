@@ -8,7 +8,8 @@ import typer
 
 from euclip_cli.cli.common import console, errors, fail
 
-app = typer.Typer(help="List, show and validate recipes (recipes/*.toml).", no_args_is_help=True)
+app = typer.Typer(help="List, show and validate recipes (recipes/*.toml; study-*.toml are study recipes).",
+                  no_args_is_help=True)
 
 
 @app.command("list")
@@ -32,9 +33,18 @@ def show(name: str = typer.Argument(..., help="Recipe name or path."),
 
     Example: euclip recipes show tiny-euclip --resolved
     """
-    from euclip_cli.config import dumps, load_config, recipe_path
+    from euclip_cli.config import dumps, is_study_recipe, load_config, recipe_path
+    from euclip_cli.study.spec import load_study
 
     with errors():
+        if is_study_recipe(name):
+            study = load_study(name)
+            text = recipe_path(name).read_text()
+            if resolved:
+                text = "\n".join(f"{c}: euclip train --recipe {study.configs[c].recipe} {' '.join(study.overrides(c, 0))}"
+                                 for c in study.configs)
+            console.print(text, highlight=False, markup=False)
+            return
         cfg = load_config(name)
         console.print(dumps(cfg) if resolved else recipe_path(name).read_text(), highlight=False, markup=False)
 
@@ -45,13 +55,14 @@ def validate(names: Optional[list[str]] = typer.Argument(None, help="Recipe name
 
     Example: euclip recipes validate            (all shipped recipes)
     """
-    from euclip_cli.config import ConfigError, list_recipes, load_config
+    from euclip_cli.config import ConfigError, is_study_recipe, list_recipes, load_config
+    from euclip_cli.study.spec import load_study
 
     problems = []
     targets = names or list_recipes()
     for name in targets:
         try:
-            load_config(name)
+            load_study(name) if is_study_recipe(name) else load_config(name)
             console.print(f"[green]ok[/]  {name}")
         except ConfigError as err:
             problems += err.problems

@@ -16,6 +16,7 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
+           studies_dir: Path = typer.Option(Path("results") / "studies", help="Where studies live (euclip study)."),
            out: Path = typer.Option(Path("results") / "tables", help="Where the tables are written.")) -> None:
     """Write result tables to --out and print them; figures go to --out/../figures (PNG and PDF).
 
@@ -29,12 +30,24 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if fmt not in ("md", "csv", "tex", "html"):
         fail(f"--format {fmt!r} is not one of md, csv, tex, html", 2)
     with errors():
-        from euclip_cli.report.tables import load_runs, paper_table, render, suite_table
+        from euclip_cli.report.tables import load_runs, paper_table, render, study_tables, suite_table
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
         wanted = ["embedded", "1", "4", "5", "8"] if table == "all" else [table]
-        sections = []
+        sections, study_figures = [], []
+        # Studies first: seeds and intervals are what a comparison stands on.
+        for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
+            results, claims = study_tables(folder)
+            for title, df in ((f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results),
+                              (f"Study {folder.name}: the paper's claims", claims)):
+                sections.append((title, render(df, fmt)))
+                if fmt != "html":
+                    console.print(f"[bold]{title}[/]  ({folder})")
+                    console.print(sections[-1][1], highlight=False, markup=False, soft_wrap=True)
+            if (folder / "study.png").exists():
+                study_figures.append((f"Study {folder.name}: means and paired differences with 95% intervals",
+                                      folder / "study.png"))
         for name in wanted:
             if name == "embedded":
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
@@ -54,8 +67,9 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
 
         analysis = [(f"{p.parent.parent.name}: {p.stem}", p) for p in sorted(runs_dir.glob("*/analysis/*.png"))]
         path = out / "report.html"
-        path.write_text(page("euclip report", sections, figures + analysis))
-        console.print(f"report page: {path} ({len(sections)} tables, {len(figures) + len(analysis)} figures)")
+        path.write_text(page("euclip report", sections, study_figures + figures + analysis))
+        console.print(f"report page: {path} ({len(sections)} tables, "
+                      f"{len(study_figures) + len(figures) + len(analysis)} figures)")
         return
     console.print(f"tables written to {out}; figures to {out.parent / 'figures'}")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -149,6 +150,15 @@ class TrainStream(IterableDataset):
                 images, tokens = [], []
 
 
+def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
+    """Loader workers ignore SIGTERM and SIGINT. SLURM's preemption warning and a Ctrl-C reach every
+    process of the job or terminal, workers included; a worker killed by it would break the step the
+    trainer is finishing before it checkpoints. Workers still exit with the trainer (the DataLoader
+    shuts them down, and each watches its parent)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class TrainBatches:
     """The trainer's endless batch iterator; ``state()`` is the position to checkpoint."""
 
@@ -166,7 +176,7 @@ class TrainBatches:
             self._iter = iter(dataset)
         else:
             self._iter = iter(DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
-                                         prefetch_factor=2))
+                                         prefetch_factor=2, worker_init_fn=leave_stop_signals_to_the_trainer))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self

@@ -79,3 +79,29 @@ def group_bars(scores: dict[str, dict[str, float]], columns: dict[str, str], ste
     ax.set_ylabel("zero-shot (%)")
     ax.legend(fontsize=7)
     return _save(fig, stem)
+
+
+def study_figure(rows: list[dict], configs: list[str], baseline: str, columns: dict[str, str], stem: Path) -> list[Path]:
+    """Each configuration's mean with its 95% interval over seeds (left: the main task and the
+    average), and its paired difference to the baseline (right); ``rows`` are study.csv's."""
+    by = {(r["config"], r["metric"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(configs) + 1.6), sharey=True)
+    ys = list(range(len(configs)))[::-1]
+    for metric, colour, shift in (("main", "tab:blue", 0.12), ("average", "tab:orange", -0.12)):
+        for ax, (value, low, high) in zip(axes, (("mean", "ci_low", "ci_high"), ("diff_mean", "diff_low", "diff_high"))):
+            points = [(y + shift, by[(c, metric)]) for y, c in zip(ys, configs)
+                      if (c, metric) in by and by[(c, metric)].get(value) is not None]
+            if not points:
+                continue
+            centre = [r[value] for _, r in points]
+            err = [[r[value] - (r[low] if r.get(low) is not None else r[value]) for _, r in points],
+                   [(r[high] if r.get(high) is not None else r[value]) - r[value] for _, r in points]]
+            ax.errorbar(centre, [y for y, _ in points], xerr=err, fmt="o", color=colour, capsize=3,
+                        label=columns[metric])
+    axes[0].set_yticks(ys, configs)
+    axes[0].set_xlabel("zero-shot (%), mean and 95% interval over seeds")
+    axes[1].axvline(0, color="grey", lw=0.8)
+    axes[1].set_xlabel(f"difference to {baseline} (points), paired by seed")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, stem)

@@ -16,11 +16,11 @@ from typing import Optional
 import pandas as pd
 
 from euclip_cli.geometry.facts import describe
+from euclip_cli.published import euclip_tables
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS
 from euclip_cli.rundir import RunDir, all_runs
 
-PAPER_CSV = Path(__file__).with_name("paper-tables.csv")
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
                  "retrieval": "retrieval", "average": "avg38"}
@@ -82,13 +82,9 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def read_paper() -> pd.DataFrame:
-    return pd.read_csv(PAPER_CSV, comment="#")
-
-
 def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
     """The paper's rows of ``table`` with ours beside each published number and the difference (points)."""
-    paper = read_paper()
+    paper = euclip_tables()
     rows = []
     for _, ref in paper[paper["table"] == table].iterrows():
         tag = f"{table}:{ref['label']}"
@@ -124,3 +120,42 @@ def training_metrics(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
     """Each run's ``metrics.jsonl`` records (lines cut short by a crash are skipped)."""
     runs = {name: RunDir(runs_dir / name) for name in names}
     return {name: run.training_records() for name, run in runs.items() if run.metrics_file.exists()}
+
+
+def _interval(mean, low, high, digits: int = 1) -> str:
+    if pd.isna(mean):
+        return MISSING
+    if pd.isna(low):
+        return f"{mean:+.{digits}f}"
+    return f"{mean:+.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A study's results (``euclip study``) as two display tables: each configuration's groups as
+    mean ± sd over seeds with the paired difference to the baseline, and the claims with verdicts."""
+    rows = pd.read_csv(folder / "study.csv")
+    names = SUITE_COLUMNS["world"]
+    table = []
+    for config, group in rows.groupby("config", sort=False):
+        by = group.set_index("metric")
+        row = {"config": config, "seeds": int(by["n_seeds"].max())}
+        for metric in METRICS:
+            if metric in by.index:
+                r = by.loc[metric]
+                row[names[metric]] = f"{r['mean']:.1f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.1f}")
+            else:
+                row[names[metric]] = MISSING
+        if "main" in by.index and "diff_mean" in by.columns:
+            r = by.loc["main"]
+            row[f"Δ {names['main']} vs baseline"] = ("baseline" if pd.isna(r["diff_mean"])
+                                                     else _interval(r["diff_mean"], r["diff_low"], r["diff_high"]))
+        table.append(row)
+    claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
+    shown = []
+    for _, c in claims.iterrows():
+        digits = 3 if c["metric"] in ("text_nearer_root", "curvature_fall") else 1
+        shown.append({"claim": c["statement"], "metric": c["metric"],
+                      "effect here [95%]": _interval(c["effect"], c["ci_low"], c["ci_high"], digits),
+                      "seeds": int(c["n_seeds"]), "verdict": c["verdict"],
+                      "paper": "" if pd.isna(c["paper_effect"]) else f"{c['paper_effect']:+.2f} ({c['paper_source']})"})
+    return pd.DataFrame(table), pd.DataFrame(shown)

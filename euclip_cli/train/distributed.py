@@ -62,18 +62,17 @@ class Dist:
 
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank when ``flag`` is true on one (stop requests must be collective)."""
-        if not self.enabled:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+        return self._agree(flag, device, dist.ReduceOp.MAX)
 
     def all(self, flag: bool, device: torch.device) -> bool:
         """True on every rank when ``flag`` is true on all of them."""
+        return self._agree(flag, device, dist.ReduceOp.MIN)
+
+    def _agree(self, flag: bool, device: torch.device, op) -> bool:
         if not self.enabled:
             return flag
         value = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        dist.all_reduce(value, op=op)
         return bool(value.item())
 
     def broadcast_object(self, value):

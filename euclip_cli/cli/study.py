@@ -1,0 +1,41 @@
+"""``euclip study --recipe NAME [--seeds N] [--jobs J]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import console, errors
+
+
+def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe (recipes/study-*.toml)."),
+          seeds: Optional[int] = typer.Option(None, min=1, help="Seeds 0..N-1 instead of the recipe's count."),
+          jobs: int = typer.Option(1, min=1, help="Runs trained at once (each gets cores / jobs threads)."),
+          out: Optional[Path] = typer.Option(None, help="Study folder (default: results/studies/NAME)."),
+          world: Optional[Path] = typer.Option(None, help="Embedded world to evaluate on (default: the one trained on).")
+          ) -> None:
+    """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
+
+    Re-running the same command skips finished runs and resumes interrupted ones. Writes
+    study.md, study.csv, claims.csv and study.png/pdf to the study folder.
+
+    Examples:
+      euclip study --recipe study-geometries
+      euclip study --recipe study-geometries --seeds 5 --jobs 2
+    """
+    from euclip_cli.evaluate.tasks import SUITE_COLUMNS
+    from euclip_cli.report.figures import study_figure
+    from euclip_cli.study.runner import STUDIES_DIR, run_study, to_markdown, write_tables
+    from euclip_cli.study.spec import load_study
+
+    with errors():
+        spec = load_study(recipe, seeds)
+        folder = out or STUDIES_DIR / spec.name
+        summary = run_study(spec, folder, jobs, world, say=lambda line: console.print(line, highlight=False))
+        written = write_tables(spec, summary, folder)
+        written += study_figure(summary["rows"], list(spec.configs), spec.baseline,
+                                {**SUITE_COLUMNS["world"]}, folder / "study")
+    console.print(to_markdown(spec, summary), highlight=False, markup=False)
+    console.print("written: " + ", ".join(str(p) for p in written))

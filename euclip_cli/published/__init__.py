@@ -1,0 +1,28 @@
+"""Published numbers copied into the project, each file naming its source in its first line.
+
+``euclip-tables.csv``: the EuCLIP paper's zero-shot results (Tables 1, 4, 5 and 8), one row per
+(table, model, label). Reports put our runs beside these rows; study claims take the paper's
+effects from them. pandas is imported only when a table is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
+
+
+def euclip_tables():
+    """The EuCLIP paper's published rows as a DataFrame (numbers in percent)."""
+    import pandas as pd
+
+    return pd.read_csv(EUCLIP_TABLES, comment="#")
+
+
+def euclip_imagenet(table: int, model: str, label: str) -> float:
+    """One published row's ImageNet zero-shot accuracy (percent)."""
+    rows = euclip_tables()
+    match = rows[(rows["table"] == table) & (rows["model"] == model) & (rows["label"] == label)]
+    if len(match) != 1:
+        raise KeyError(f"no single published row for table {table}, {model}, {label!r}")
+    return float(match["imagenet"].iloc[0])

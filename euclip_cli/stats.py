@@ -1,0 +1,87 @@
+"""Statistics over seeds: means with intervals, paired differences, and claim verdicts.
+
+A study trains every configuration with the same seeds; a seed fixes both the initialisation and
+the data order, so two configurations' runs of one seed are paired, and their difference is the
+quantity whose interval decides a claim.
+
+Intervals are two-sided 95% by default, either Student's t over the seeds (``"t"``) or a
+percentile bootstrap of the mean (``"bootstrap"``, resampling seeds with a fixed generator).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+INTERVALS = ("t", "bootstrap")
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The mean of ``n`` values with its sample standard deviation and interval (None for n < 2)."""
+
+    n: int
+    mean: float
+    sd: Optional[float]
+    low: Optional[float]
+    high: Optional[float]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with ``df`` degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def estimate(values: Sequence[float], interval: str = "t", level: float = 0.95, seed: int = 0) -> Estimate:
+    """Mean, sd and a ``level`` interval of the mean of ``values`` (one per seed)."""
+    if interval not in INTERVALS:
+        raise ValueError(f"interval {interval!r} is not one of {INTERVALS}")
+    values = [float(v) for v in values]
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values to estimate from")
+    mean = statistics.fmean(values)
+    if n < 2:
+        return Estimate(n, mean, None, None, None)
+    sd = statistics.stdev(values)
+    if interval == "t":
+        half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+        return Estimate(n, mean, sd, mean - half, mean + half)
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = (1 - level) / 2
+    low = means[int(math.floor(tail * (BOOTSTRAP_RESAMPLES - 1)))]
+    high = means[int(math.ceil((1 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]
+    return Estimate(n, mean, sd, low, high)
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float], interval: str = "t", level: float = 0.95,
+                      seed: int = 0) -> Optional[Estimate]:
+    """The mean of ``a[s] - b[s]`` over the seeds ``s`` both have, with its interval; None without a
+    common seed."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    return estimate([a[s] - b[s] for s in common], interval, level, seed)
+
+
+REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "inconclusive"
+
+
+def verdict(effect: Optional[Estimate], expected_sign: int) -> str:
+    """``reproduced`` when the interval excludes 0 on the expected side (``expected_sign`` +1 or -1),
+    ``opposite`` when it excludes 0 on the other side, ``inconclusive`` otherwise (or without an
+    interval)."""
+    if effect is None or effect.low is None:
+        return INCONCLUSIVE
+    if expected_sign * effect.low > 0 and expected_sign * effect.high > 0:
+        return REPRODUCED
+    if expected_sign * effect.low < 0 and expected_sign * effect.high < 0:
+        return OPPOSITE
+    return INCONCLUSIVE

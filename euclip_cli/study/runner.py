@@ -1,0 +1,293 @@
+"""``euclip study``: every (configuration, seed) of a study trained, evaluated and compared.
+
+Each run is an ordinary run directory under ``results/studies/NAME/runs/CONFIG-seedK``, made by
+the same commands a user types (``euclip train``, ``euclip eval``, ``euclip analyze distances``),
+started as child processes so that ``--jobs`` can run several at once and an interrupted study
+loses at most the runs in progress. A finished run is marked, and a rerun skips it.
+
+Every number in the tables comes from the runs' own files (``eval.jsonl``, ``metrics.jsonl``,
+``analysis/distances.json``) through ``euclip_cli.stats``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from euclip_cli import config as C
+from euclip_cli import stats
+from euclip_cli.errors import Failure
+from euclip_cli.evaluate.aggregate import aggregate
+from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, select
+from euclip_cli.published import euclip_imagenet
+from euclip_cli.rundir import RunDir, read_json, write_text_atomic
+from euclip_cli.study.spec import Claim, Study, load_claims
+
+STUDIES_DIR = Path("results") / "studies"
+DONE = ".study-done"
+GROUP_METRICS = (*GROUPS, "average")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: str
+    seed: int
+    run_dir: Path
+    commands: tuple[tuple[str, ...], ...]
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+def measured_configs(claims: list[Claim], study: Study) -> set[str]:
+    """Configurations whose runs need ``analyze distances`` for a claim."""
+    return {c.config for c in claims if c.kind == "measure" and c.measure == "text_nearer_root" and c.config in study.configs}
+
+
+def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = None) -> list[RunPlan]:
+    """The commands of every (configuration, seed), seed-major so that early stops leave whole seeds."""
+    euclip = (sys.executable, "-m", "euclip_cli")
+    runs_dir = out / "runs"
+    distances = measured_configs(claims, study)
+    plans = []
+    for seed in study.seeds:
+        for name, cfg in study.configs.items():
+            run = study.run_name(name, seed)
+            run_dir = runs_dir / run
+            where = ("--world", str(world)) if world else ()
+            commands = [(*euclip, "train", "--recipe", cfg.recipe, "--name", run, "--runs-dir", str(runs_dir),
+                         *study.overrides(name, seed)),
+                        (*euclip, "eval", str(run_dir), "--tasks", study.tasks, *where)]
+            if name in distances:
+                commands.append((*euclip, "analyze", "distances", str(run_dir), *where))
+            plans.append(RunPlan(name, seed, run_dir, tuple(commands)))
+    return plans
+
+
+def is_done(p: RunPlan) -> bool:
+    marker = p.run_dir / DONE
+    return marker.exists() and marker.read_text() == json.dumps(p.commands[0])
+
+
+def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
+    """Run a plan's commands in order; None on success, else the failing command's last line."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{p.name}.log"
+    with log.open("a") as f:
+        for command in p.commands:
+            f.write("$ " + " ".join(command[2:]) + "\n")
+            f.flush()
+            code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL).returncode
+            if code != 0:
+                lines = [l for l in log.read_text().splitlines() if l.strip()]
+                return f"'{' '.join(command[3:5])}' exited {code}: {lines[-1] if lines else ''} (log: {log})"
+    (p.run_dir / DONE).write_text(json.dumps(p.commands[0]))
+    return None
+
+
+def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
+              say: Callable[[str], None] = print) -> dict:
+    """Train and evaluate every unfinished run, ``jobs`` at a time; returns the tables' rows."""
+    claims = load_claims()
+    plans = plan(study, out, claims, world)
+    todo = [p for p in plans if not is_done(p)]
+    say(f"study {study.name}: {len(study.configs)} configurations x {len(study.seeds)} seeds = {len(plans)} runs; "
+        f"{len(plans) - len(todo)} already finished")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    failures, durations, started = [], [], time.time()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pending: dict[Future, tuple[RunPlan, float]] = {}
+        queue = list(todo)
+        while queue or pending:
+            while queue and len(pending) < jobs:
+                p = queue.pop(0)
+                pending[pool.submit(execute, p, threads, out / "logs")] = (p, time.time())
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                p, began = pending.pop(future)
+                error = future.result()
+                durations.append(time.time() - began)
+                done = len(durations)
+                left = (len(todo) - done) * (sum(durations) / done) / jobs
+                if error:
+                    failures.append(f"{p.name}: {error}")
+                    say(f"[{done}/{len(todo)}] {p.name} FAILED: {error}")
+                else:
+                    say(f"[{done}/{len(todo)}] {p.name} done in {_duration(durations[-1])}; "
+                        f"about {_duration(left)} left")
+    if todo:
+        say(f"study wall time: {_duration(time.time() - started)} for {len(todo)} runs with {jobs} job(s)")
+    if failures:
+        raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:\n"
+                      + "\n".join(failures))
+    return summarize(study, plans, claims)
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+# ------------------------------------------------------------------ collecting and comparing
+
+def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
+    """Every metric of one run, in points (eval) or as measured: tasks, groups, average, measures."""
+    run = RunDir(p.run_dir)
+    results = run.latest_results()
+    values = {}
+    for line in results:
+        if line["key"] in tasks and line["metrics"].get("main_metric") is not None:
+            values[line["key"]] = 100 * line["metrics"]["main_metric"]
+    agg = aggregate(results, "world")
+    for group in GROUP_METRICS:
+        if agg.get(group) is not None:
+            values[group] = 100 * agg[group]
+    distances = run.analysis_dir / "distances.json"
+    if distances.exists():
+        values["text_nearer_root"] = read_json(distances)["auc_text_closer"]
+    records = run.training_records()
+    if records and "curvature" in records[-1]:
+        cfg = C.from_dict(run.config())
+        values["curvature_fall"] = cfg.geometry.curvature_init - records[-1]["curvature"]
+        values["curvature_final"] = records[-1]["curvature"]
+    return values
+
+
+def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
+    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": per-metric seed sd}``."""
+    tasks = [t.key for t in select(study.tasks)]
+    by_config: dict[str, dict[int, dict[str, float]]] = {}
+    for p in plans:
+        if p.run_dir.exists():
+            by_config.setdefault(p.config, {})[p.seed] = run_values(p, tasks)
+    metrics = [*GROUP_METRICS, *tasks]
+    rows = []
+    for config in study.configs:
+        seeds = by_config.get(config, {})
+        for metric in metrics + ["text_nearer_root", "curvature_final"]:
+            values = {s: v[metric] for s, v in seeds.items() if metric in v}
+            if not values:
+                continue
+            est = stats.estimate(list(values.values()), study.interval)
+            row = {"config": config, "metric": metric, "n_seeds": est.n, "mean": est.mean, "sd": est.sd,
+                   "ci_low": est.low, "ci_high": est.high, "interval": study.interval}
+            if config != study.baseline and metric in metrics:
+                base = {s: v[metric] for s, v in by_config.get(study.baseline, {}).items() if metric in v}
+                diff = stats.paired_difference(values, base, study.interval)
+                if diff is not None:
+                    row.update(diff_mean=diff.mean, diff_low=diff.low, diff_high=diff.high, diff_n=diff.n)
+            rows.append(row)
+    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config), "seeds": list(study.seeds)}
+
+
+def paper_effect(claim: Claim) -> tuple[Optional[float], str]:
+    """The published ImageNet difference between the claim's two rows, and where it comes from."""
+    if not claim.paper:
+        return None, ""
+    table, model = claim.paper["table"], claim.paper["model"]
+    high, low = (euclip_imagenet(table, model, claim.paper[k]) for k in ("higher", "lower"))
+    source = (f"Table {table} {model}: {claim.paper['higher']} {high:.2f} vs {claim.paper['lower']} {low:.2f} "
+              f"ImageNet")
+    return high - low, source
+
+
+def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]]) -> list[dict]:
+    out = []
+    for claim in claims:
+        if not all(c in study.configs for c in claim.configs):
+            continue
+        if claim.kind == "compare":
+            a = {s: v[claim.metric] for s, v in by_config.get(claim.higher, {}).items() if claim.metric in v}
+            b = {s: v[claim.metric] for s, v in by_config.get(claim.lower, {}).items() if claim.metric in v}
+            effect = stats.paired_difference(a, b, study.interval)
+            metric = claim.metric
+        else:
+            values = [v[claim.measure] - claim.reference for v in by_config.get(claim.config, {}).values()
+                      if claim.measure in v]
+            effect = stats.estimate(values, study.interval) if values else None
+            metric = claim.measure
+        published, source = paper_effect(claim)
+        out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
+                    "configs": " vs ".join(claim.configs), "n_seeds": effect.n if effect else 0,
+                    "effect": effect.mean if effect else None, "ci_low": effect.low if effect else None,
+                    "ci_high": effect.high if effect else None, "verdict": stats.verdict(effect, +1),
+                    "paper_effect": published, "paper_source": source, "interval": study.interval})
+    return out
+
+
+# ------------------------------------------------------------------ writing
+
+def to_csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def to_markdown(study: Study, summary: dict) -> str:
+    """The study table (groups and average, mean ± sd and the paired difference to the baseline),
+    the claims with verdicts, and the noise floor."""
+    names = SUITE_COLUMNS["world"]
+    interval = "Student's t" if study.interval == "t" else "percentile bootstrap"
+    lines = [f"# Study {study.name}", "",
+             f"Seeds {', '.join(map(str, summary['seeds']))}; zero-shot {study.tasks} tasks in %; 95% intervals "
+             f"over seeds ({interval}); Δ is the difference to `{study.baseline}` paired by seed.", ""]
+    header = ["config"] + [f"{names[m]}" for m in GROUP_METRICS] + [f"Δ {names['main']}", f"Δ {names['average']}"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = {(r["config"], r["metric"]): r for r in summary["rows"]}
+    for config in study.configs:
+        cells = [config]
+        for metric in GROUP_METRICS:
+            r = rows.get((config, metric))
+            cells.append("missing" if r is None else f"{_fmt(r['mean'])} ± {_fmt(r['sd'])}")
+        for metric in ("main", "average"):
+            r = rows.get((config, metric), {})
+            cells.append("baseline" if config == study.baseline else
+                         (f"{r['diff_mean']:+.1f} [{_fmt(r.get('diff_low'))}, {_fmt(r.get('diff_high'))}]"
+                          if r.get("diff_mean") is not None else "–"))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Claims", "", "| claim | effect here [95% interval] | verdict | the paper |", "|---|---|---|---|"]
+    for c in summary["claims"]:
+        digits = 3 if c["metric"] in ("text_nearer_root", "curvature_fall") else 1
+        effect = "no runs" if c["effect"] is None else (f"{c['effect']:+.{digits}f} [{_fmt(c['ci_low'], digits)}, "
+                                                        f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
+        paper = "" if c["paper_effect"] is None else f"{c['paper_effect']:+.2f} ({c['paper_source']})"
+        lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
+    noise = [r for r in summary["rows"] if r["metric"] in GROUP_METRICS and r["sd"] is not None]
+    if noise:
+        lines += ["", "## Noise floor", "", "Seed standard deviation (points), median over configurations:", ""]
+        for metric in GROUP_METRICS:
+            sds = sorted(r["sd"] for r in noise if r["metric"] == metric)
+            if sds:
+                lines.append(f"- {names[metric]}: {sds[len(sds) // 2]:.2f} (range {sds[0]:.2f}–{sds[-1]:.2f})")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("study.csv", to_csv(summary["rows"])), ("claims.csv", to_csv(summary["claims"])),
+                       ("study.md", to_markdown(study, summary))):
+        write_text_atomic(out / name, text)
+        written.append(out / name)
+    return written

@@ -1,0 +1,149 @@
+"""Study recipes and the paper's claims, read and checked (standard library only).
+
+A study recipe (``recipes/study-NAME.toml``) names configurations, each a run recipe plus
+overrides, and the seeds, tasks, baseline and interval of the comparison::
+
+    [study]
+    seeds = 3                 # seeds 0..2; every configuration trains with each
+    tasks = "world"           # what each run is evaluated on
+    baseline = "clip"         # the configuration every other one is compared with, paired by seed
+    interval = "t"            # t or bootstrap (over seeds), 95%
+    overrides = []            # applied to every configuration, before its own
+
+    [configs.clip]
+    recipe = "tiny-clip"
+
+    [configs.euclip-ln]
+    recipe = "tiny-euclip"
+    overrides = ["model.final_ln=true"]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from euclip_cli import config as C
+from euclip_cli.errors import UsageError
+from euclip_cli.evaluate.tasks import select
+from euclip_cli.stats import INTERVALS
+
+CLAIMS_FILE = Path(__file__).with_name("claims.toml")
+MEASURES = ("text_nearer_root", "curvature_fall")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    name: str
+    recipe: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    path: Path
+    configs: dict[str, StudyConfig]
+    seeds: tuple[int, ...]
+    tasks: str
+    baseline: str
+    interval: str = "t"
+
+    def run_name(self, config: str, seed: int) -> str:
+        return f"{config}-seed{seed}"
+
+    def overrides(self, config: str, seed: int) -> list[str]:
+        """What ``euclip train --recipe RECIPE`` gets for this (configuration, seed)."""
+        return [*self.configs[config].overrides, f"train.seed={seed}", f"eval.tasks={self.tasks}"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    statement: str
+    kind: str  # compare | measure
+    metric: Optional[str] = None
+    higher: Optional[str] = None
+    lower: Optional[str] = None
+    paper: dict = field(default_factory=dict)
+    config: Optional[str] = None
+    measure: Optional[str] = None
+    reference: float = 0.0
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        return (self.higher, self.lower) if self.kind == "compare" else (self.config,)
+
+
+def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: must be a list of 'section.key=value' strings")
+        return ()
+    return tuple(value)
+
+
+def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
+    """Read and check a study recipe: every configuration must load as a run config; ``seeds``
+    (a count) replaces the recipe's. Raises UsageError listing every problem."""
+    path = C.recipe_path(name_or_path)
+    if not path.is_file():
+        raise UsageError(f"study recipe '{name_or_path}' not found (run 'euclip recipes list' to see them)")
+    try:
+        table = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: not a valid TOML file ({err}); fix the file") from None
+    problems: list[str] = []
+    study = table.get("study", {})
+    unknown = set(table) - {"study", "configs"} | set(study) - {"seeds", "tasks", "baseline", "interval", "overrides"}
+    if unknown:
+        problems.append(f"{path.name}: unknown key(s) {', '.join(sorted(unknown))} (a study has [study] with seeds, "
+                        f"tasks, baseline, interval, overrides, and [configs.NAME] tables)")
+    count = seeds if seeds is not None else study.get("seeds", 3)
+    if not isinstance(count, int) or count < 1:
+        problems.append(f"{path.name}: seeds must be a positive integer, not {count!r}")
+        count = 1
+    common = _strings(study.get("overrides", []), f"{path.name}: study.overrides", problems)
+    configs = {}
+    for name, spec in table.get("configs", {}).items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("recipe"), str):
+            problems.append(f"{path.name}: configs.{name} needs recipe = \"NAME\"")
+            continue
+        extra = set(spec) - {"recipe", "overrides"}
+        if extra:
+            problems.append(f"{path.name}: configs.{name} has unknown key(s) {', '.join(sorted(extra))}")
+        own = _strings(spec.get("overrides", []), f"{path.name}: configs.{name}.overrides", problems)
+        configs[name] = StudyConfig(name, spec["recipe"], common + own)
+    if len(configs) < 2:
+        problems.append(f"{path.name}: a study compares at least two [configs.NAME]")
+    baseline = study.get("baseline", next(iter(configs), ""))
+    if configs and baseline not in configs:
+        problems.append(f"{path.name}: baseline '{baseline}' is not one of the configs ({', '.join(configs)})")
+    interval = study.get("interval", "t")
+    if interval not in INTERVALS:
+        problems.append(f"{path.name}: interval '{interval}' is not one of {', '.join(INTERVALS)}")
+    tasks = study.get("tasks", "world")
+    try:
+        select(tasks)
+    except UsageError as err:
+        problems.append(f"{path.name}: tasks: {err}")
+    result = Study(path.stem.removeprefix(C.STUDY_PREFIX), path, configs, tuple(range(count)), tasks, baseline, interval)
+    for name, cfg in configs.items():
+        try:
+            C.load_config(cfg.recipe, result.overrides(name, 0))
+        except C.ConfigError as err:
+            problems += [f"{path.name}: configs.{name}: {p}" for p in err.problems]
+    if problems:
+        raise C.ConfigError(problems)
+    return result
+
+
+def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
+    claims = []
+    for entry in tomllib.loads(path.read_text())["claim"]:
+        claim = Claim(**entry)
+        if claim.kind not in ("compare", "measure") or (claim.kind == "measure" and claim.measure not in MEASURES):
+            raise ValueError(f"{path}: claim {claim.id} is malformed")  # shipped data: a bug, not a usage error
+        claims.append(claim)
+    return claims

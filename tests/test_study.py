@@ -1,0 +1,158 @@
+"""Studies: statistics against hand computations, the claims file against the study recipes, and a
+micro study through the CLI that resumes without retraining what it finished."""
+
+import csv
+import json
+import math
+import statistics
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli import stats
+from euclip_cli.cli import app
+from euclip_cli.config import list_recipes
+from euclip_cli.study import runner as R
+from euclip_cli.config import is_study_recipe
+from euclip_cli.study.spec import load_claims, load_study
+
+runner = CliRunner()
+
+
+# ---------------------------------------------------------------- statistics
+
+def test_t_interval_matches_a_hand_computation():
+    values = [40.0, 43.0, 41.5, 44.5]
+    est = stats.estimate(values, "t")
+    mean, sd = sum(values) / 4, math.sqrt(sum((v - 41.0 - 1.25) ** 2 for v in values) / 3)
+    half = 3.182446305284263 * sd / 2  # t(0.975, 3) from a table, times sd / sqrt(4)
+    assert est.n == 4 and est.mean == pytest.approx(mean) and est.sd == pytest.approx(sd)
+    assert (est.low, est.high) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    one = stats.estimate([3.0])
+    assert one.mean == 3.0 and one.sd is None and one.low is None  # one seed: no interval at all
+
+
+def test_bootstrap_interval_is_reproducible_and_brackets_the_mean():
+    values = [1.0, 2.0, 4.0, 7.0, 11.0]
+    a, b = stats.estimate(values, "bootstrap", seed=5), stats.estimate(values, "bootstrap", seed=5)
+    assert (a.low, a.high) == (b.low, b.high)  # a fixed generator: the same interval every time
+    assert min(values) <= a.low < statistics.fmean(values) < a.high <= max(values)
+    # A resampled mean of 5 values can only be a multiple of 1/5 of their sum's parts: check one is.
+    assert any(math.isclose(a.low * 5, sum(c)) for c in _multisets(values, 5))
+
+
+def _multisets(values, k):
+    from itertools import combinations_with_replacement
+
+    return combinations_with_replacement(values, k)
+
+
+def test_paired_difference_uses_common_seeds_only():
+    a = {0: 50.0, 1: 52.0, 2: 55.0, 3: 60.0}
+    b = {0: 48.0, 1: 51.0, 2: 52.0}
+    diff = stats.paired_difference(a, b)
+    assert diff.n == 3 and diff.mean == pytest.approx((2 + 1 + 3) / 3)
+    assert diff.sd == pytest.approx(1.0)
+    assert stats.paired_difference({0: 1.0}, {1: 2.0}) is None
+
+
+@pytest.mark.parametrize("low,high,sign,expected", [
+    (0.5, 2.0, +1, "reproduced"), (-2.0, -0.5, +1, "opposite"), (-0.5, 2.0, +1, "inconclusive"),
+    (-2.0, -0.5, -1, "reproduced"), (0.0, 1.0, +1, "inconclusive")])
+def test_verdicts(low, high, sign, expected):
+    assert stats.verdict(stats.Estimate(3, (low + high) / 2, 1.0, low, high), sign) == expected
+    assert stats.verdict(stats.Estimate(1, 1.0, None, None, None), +1) == "inconclusive"
+
+
+# ---------------------------------------------------------------- recipes and claims
+
+def test_every_claim_names_configurations_of_a_shipped_study():
+    studies = [load_study(name) for name in list_recipes() if is_study_recipe(name)]
+    assert studies, "no study recipe is shipped"
+    names = {config for study in studies for config in study.configs}
+    for claim in load_claims():
+        assert set(claim.configs) <= names, f"claim {claim.id} names {claim.configs}"
+        if claim.paper:  # and its published rows exist
+            effect, source = R.paper_effect(claim)
+            assert effect is not None and "ImageNet" in source
+
+
+def test_the_paper_effects_are_read_from_the_published_tables():
+    claim = next(c for c in load_claims() if c.id == "no-final-ln-helps-euclip")
+    effect, _ = R.paper_effect(claim)
+    assert effect == pytest.approx(28.97 - 22.22)  # Table 5, ViT-B/32: no-ln vs ln
+
+
+def test_a_bad_study_recipe_lists_every_problem(tmp_path):
+    path = tmp_path / "study-bad.toml"
+    path.write_text('[study]\nseeds = 0\nbaseline = "nope"\ninterval = "z"\ntasks = "world/colr"\n[configs.a]\nrecipe = "tiny-clip"\n'
+                    'overrides = ["optim.lr=fast"]\n[configs.b]\nrecipe = "tiny-clip"\n')
+    result = runner.invoke(app, ["study", "--recipe", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    for text in ("seeds must be a positive integer", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr"):
+        assert text in result.output
+
+
+# ---------------------------------------------------------------- a micro study, end to end
+
+def micro_study(tmp_path, world):
+    path = tmp_path / "study-micro.toml"
+    overrides = [f"data.train_dir={world / 'train'}", "data.batch_size=32", "optim.samples=64",
+                 "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=100"]
+    path.write_text(f'[study]\nseeds = 2\ntasks = "world/shapes,world/colour"\nbaseline = "clip"\n'
+                    f'overrides = {json.dumps(overrides)}\n[configs.clip]\nrecipe = "tiny-clip"\n'
+                    f'[configs.euclip]\nrecipe = "tiny-euclip"\n')
+    return path
+
+
+@pytest.mark.slow
+def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path, world, monkeypatch):
+    path, out = micro_study(tmp_path, world), tmp_path / "out"
+    real, executed = R.execute, []
+
+    def interrupted_after_two(p, threads, log_dir):
+        if len(executed) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the third run starts
+        executed.append(p.name)
+        return real(p, threads, log_dir)
+
+    monkeypatch.setattr(R, "execute", interrupted_after_two)
+    args = ["study", "--recipe", str(path), "--out", str(out), "--world", str(world)]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 1 and executed == ["clip-seed0", "euclip-seed0"]
+    assert "[1/4] clip-seed0 done" in first.output and "left" in first.output
+
+    monkeypatch.setattr(R, "execute", lambda p, t, d: (executed.append(p.name), real(p, t, d))[1])
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.output
+    assert executed[2:] == ["clip-seed1", "euclip-seed1"]  # the finished runs were not trained again
+    assert "2 already finished" in second.output
+
+    rows = list(csv.DictReader((out / "study.csv").open()))
+    main = {r["config"]: r for r in rows if r["metric"] == "main"}
+    assert main["clip"]["n_seeds"] == "2" and float(main["clip"]["ci_low"]) <= float(main["clip"]["mean"])
+    assert main["euclip"]["diff_mean"] != "" and "diff_mean" not in {k for k, v in main["clip"].items() if v}
+    claims = list(csv.DictReader((out / "claims.csv").open()))
+    # Only the claims whose configurations the study has: EuCLIP vs CLIP, and EuCLIP's [ROOT] distances.
+    assert [c["claim"] for c in claims] == ["euclip-beats-clip", "euclip-text-nearer-root"]
+    assert all(c["verdict"] in ("reproduced", "opposite", "inconclusive") for c in claims)
+    aucs = [json.loads((out / "runs" / f"euclip-seed{s}" / "analysis" / "distances.json").read_text())["auc_text_closer"]
+            for s in (0, 1)]
+    assert float(claims[1]["effect"]) == pytest.approx(statistics.fmean(aucs) - 0.5)
+    # The effect is the paired difference of the runs' own Shapes accuracies.
+    shapes = {}
+    for run in (out / "runs").iterdir():
+        line = next(json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines() if '"world/shapes"' in l)
+        shapes[run.name] = 100 * line["metrics"]["acc1"]
+    by_hand = statistics.fmean(shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
+    assert float(claims[0]["effect"]) == pytest.approx(by_hand)
+    assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()
+    report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
+                                 "--out", str(tmp_path / "tables")])
+    assert report.exit_code == 0, report.output
+    assert "Study out: the paper's claims" in report.output and "EuCLIP matches or beats CLIP" in report.output
+    page = runner.invoke(app, ["report", "--format", "html", "--studies-dir", str(tmp_path), "--runs-dir",
+                               str(tmp_path / "none"), "--out", str(tmp_path / "tables")])
+    assert page.exit_code == 0, page.output
+    html = (tmp_path / "tables" / "report.html").read_text()
+    assert html.index("Study out") < html.index("Paper Table 1") and "means and paired differences" in html
