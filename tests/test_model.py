@@ -79,3 +79,11 @@ def test_weight_decay_spares_gains_biases_and_scalars():
                  "clip.visual.ln_post.bias"):
         assert id(named[name]) in ids, name
     assert id(named["clip.text_projection"]) not in ids and decay["weight_decay"] == 0.2
+
+
+def test_an_unknown_arch_is_a_usage_error_naming_the_key():
+    from euclip_cli.errors import UsageError
+    from euclip_cli.model import build_clip
+
+    with pytest.raises(UsageError, match="model.arch 'vit-tiny-typo'"):
+        build_clip("vit-tiny-typo")

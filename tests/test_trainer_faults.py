@@ -174,3 +174,26 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers_checkpoints_and_
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(1, 41))
+
+
+def test_a_corrupt_or_missing_latest_checkpoint_falls_back_to_the_newest_that_loads(world, tmp_path):
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", "train.checkpoints=4",
+                                      "train.keep_checkpoints=3", *TINY])
+    loop.run(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    newest = run.latest_checkpoint()
+    assert [p.name for p in run.checkpoints()] == ["step_2.pt", "step_3.pt", "step_4.pt"]
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as a full disk or a kill mid-copy leaves it
+    path, state, skipped = run.readable_checkpoint()
+    assert path.name == "step_3.pt" and state["step"] == 3 and "step_4.pt does not load" in skipped[0]
+
+    newest.unlink()  # and 'latest' now names a file that is gone
+    path, _, skipped = run.readable_checkpoint()
+    assert path.name == "step_3.pt" and "'latest' names 'step_4.pt', which is missing" in skipped[0]
+    resumed = loop.run(cfg, tmp_path / "run")  # resumes from step 3 instead of starting over
+    assert resumed["branch"].startswith("resumed from step_3.pt (passed over:") and resumed["steps"] == 4
+
+    for p in run.checkpoints():
+        p.write_bytes(b"not a checkpoint")
+    with pytest.raises(Failure, match="no checkpoint in .* loads"):
+        loop.run(cfg, tmp_path / "run")

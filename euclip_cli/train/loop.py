@@ -61,20 +61,38 @@ def run_meta(cfg: C.Config, argv: list[str]) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def resume_point(run: RunDir, ranks: distributed.Dist, device: torch.device) -> Optional[Path]:
-    """The checkpoint every rank resumes from: rank 0 decides and tells the others, and a rank that
-    cannot read it stops every rank with one message instead of leaving the others waiting."""
-    found = run.latest_checkpoint()
+def resume_state(run: RunDir, ranks: distributed.Dist, device: torch.device) -> tuple[Optional[Path], Optional[dict], str]:
+    """``(checkpoint, its state, note)`` every rank resumes from. Rank 0 chooses (the newest checkpoint
+    that loads) and tells the others; whatever goes wrong, on rank 0 or on another rank, stops every
+    rank with one message instead of leaving the others waiting in a collective."""
+    def passed_over(skipped: list[str]) -> str:
+        return f" (passed over: {'; '.join(skipped)})" if skipped else ""
+
     if not ranks.enabled:
-        return found
-    name = ranks.broadcast_object(found.name if found else None)
-    if name is None:
-        return None
-    path = run.checkpoints_dir / name
-    if not ranks.all(path.is_file(), device):
-        raise RunError(f"rank 0 resumes from {path}, which another rank cannot read: the run directory "
-                       f"must be on a filesystem every node shares")
-    return path
+        path, state, skipped = run.readable_checkpoint()
+        return path, state, passed_over(skipped)
+    path = state = None
+    name, note, problem = None, "", None
+    if ranks.main:
+        try:
+            path, state, skipped = run.readable_checkpoint()
+            name, note = (path.name if path else None), passed_over(skipped)
+        except Failure as err:
+            problem = str(err)
+    name, problem = ranks.broadcast_object((name, problem))
+    if problem:
+        raise RunError(problem)
+    readable = True
+    if name is not None and not ranks.main:
+        path = run.checkpoints_dir / name
+        try:
+            state = load_checkpoint(path)
+        except Exception:  # unreadable here: every rank must learn it before anyone waits on a collective
+            readable = False
+    if not ranks.all(readable, device):
+        raise RunError(f"rank 0 resumes from {run.checkpoints_dir / name}, which another rank cannot read: the run "
+                       f"directory must be on a filesystem every node shares")
+    return path, state, note
 
 
 def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
@@ -92,6 +110,13 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
     downloaded = training_record(C.train_dir(cfg))
+    hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
+    shards = list_shards(C.train_dir(cfg), hint)
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    model = EuclipModel(cfg).to(device)
+    # The data and the model are checked before the run directory exists: a corrected command must
+    # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)
     if ranks.main:
         # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
@@ -100,9 +125,6 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     autocast = autocast_factory(cfg.train.precision, device)
     # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = EuclipModel(cfg).to(device)
     optimizer = build_optimizer(model, cfg.optim)
     params = [p for p in model.parameters() if p.requires_grad]
     total = C.total_steps(cfg)
@@ -110,16 +132,15 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
 
     # ---- resume
     step, branch, data_state = 0, "scratch", None
-    found = resume_point(directory, ranks, device)
+    # Read onto the CPU: load_state_dict copies each tensor to its parameter's device, and the RNG
+    # state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
+    found, state, note = resume_state(directory, ranks, device)
     if found is not None:
-        # Loaded onto the CPU: load_state_dict copies each tensor to its parameter's device, and
-        # the RNG state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
-        state = load_checkpoint(found)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng_torch"])
-        step, branch = state["step"], f"resumed from {found.name}"
+        step, branch = state["step"], f"resumed from {found.name}{note}"
         data_states = state["data"]
         data_state = data_states[ranks.rank] if len(data_states) == ranks.world else None
     ranks.broadcast_parameters(model)
@@ -136,8 +157,6 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         return summary("already complete", found, interrupted=False, skipped=0, nonfinite=0)
 
     # ---- data: this rank's share of the global batch, from the exact position the checkpoint holds
-    hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
-    shards = list_shards(C.train_dir(cfg), hint)
     train_tf, _ = transforms_for(model.clip)
     batches = TrainBatches(shards, cfg.data.batch_size // ranks.world, train_tf, tokenizer_for(cfg.model.arch),
                            seed=cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
