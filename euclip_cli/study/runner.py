@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -279,7 +280,7 @@ def to_markdown(study: Study, summary: dict) -> str:
         for metric in GROUP_METRICS:
             sds = sorted(r["sd"] for r in noise if r["metric"] == metric)
             if sds:
-                lines.append(f"- {names[metric]}: {sds[len(sds) // 2]:.2f} (range {sds[0]:.2f}–{sds[-1]:.2f})")
+                lines.append(f"- {names[metric]}: {statistics.median(sds):.2f} (range {sds[0]:.2f}–{sds[-1]:.2f})")
     return "\n".join(lines) + "\n"
 
 
