@@ -1,7 +1,6 @@
 """DataComp's whole task list on small local stand-ins of every kind: FairFace and UTKFace scored,
 a failing task recorded without stopping the others, and DataComp's own results file written."""
 
-import io
 import json
 import math
 import shutil
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 from euclip_cli.cli import app
 from euclip_cli.evaluate.tasks import list_tasks
 from euclip_cli.evaluate.zeroshot import fairface_metrics
+from tests.wdsfixtures import with_metadata
 
 runner = CliRunner()
 TINY = ["data.batch_size=32", "optim.samples=64", "optim.warmup_steps=2", "train.precision=fp32",
@@ -27,24 +27,6 @@ RACES = ["black", "white", "indian", "east asian", "southeast asian", "middle ea
 FAIRFACE_CLASSES = ([f"race:{r}" for r in RACES] + ["gender:man", "gender:woman"]
                     + [f"age:{a}" for a in ("child", "adult", "old")] + [f"toxic:thing {i}" for i in range(20)])
 FAIRFACE_TEMPLATES = [f"{o}:a photo of a {{c}}." for o in ("race", "gender", "age", "toxic")]
-
-
-def rewrite_shards(source, dest, extra):
-    """Copy a wds task folder, giving each sample an ``npy`` metadata row ``extra(label)``."""
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.tar"))
-    n = int((source / "test" / "nshards.txt").read_text())
-    for i in range(n):
-        with tarfile.open(source / "test" / f"{i}.tar") as src, tarfile.open(dest / "test" / f"{i}.tar", "w") as out:
-            for member in src.getmembers():
-                data = src.extractfile(member).read()
-                out.addfile(member, io.BytesIO(data))
-                if member.name.endswith(".cls"):
-                    buf = io.BytesIO()
-                    np.save(buf, np.array(extra(int(data.decode())), dtype=np.int64))
-                    info = tarfile.TarInfo(member.name[:-4] + ".npy")
-                    info.size = buf.getbuffer().nbytes
-                    buf.seek(0)
-                    out.addfile(info, buf)
 
 
 def winogavil_from(shapes, dest):
@@ -83,11 +65,11 @@ def evalsets(world, tmp_path_factory):
         elif task.kind == "winogavil":
             winogavil_from(shapes, dest)
         elif task.key in ("fairness/fairface", "fairness/utkface"):
-            rewrite_shards(shapes, dest, lambda label: [label % 3, label % 2, label % 7, int(label % 7 != 1)])
+            with_metadata(shapes, dest, lambda label: [label % 3, label % 2, label % 7, int(label % 7 != 1)])
             (dest / "classnames.txt").write_text("\n".join(FAIRFACE_CLASSES) + "\n")
             (dest / "zeroshot_classification_templates.txt").write_text("\n".join(FAIRFACE_TEMPLATES) + "\n")
         elif task.kind in ("wilds", "fairness"):
-            rewrite_shards(shapes, dest, lambda label: [label % 3, label % 2, label])
+            with_metadata(shapes, dest, lambda label: [label % 3, label % 2, label])
         else:
             shutil.copytree(shapes, dest)
     return root

@@ -11,6 +11,7 @@ from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
 from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
 from euclip_cli.geometry import get_geometry, list_geometries
+from tests.wdsfixtures import with_metadata
 
 CURV = torch.tensor(1.0)
 
@@ -155,28 +156,6 @@ def test_wilds_and_fairness_metrics_match_an_independent_computation():
         by_hand_worst(hit5, [r[0] for r in m]))
     assert wilds_metrics("fairness/geode", topk, targets, metadata)["acc_wg"] == pytest.approx(
         by_hand_worst(hit, [r[0] for r in m]))
-
-
-def with_metadata(source, dest, rows_for):
-    """Copy a wds task, adding an ``npy`` metadata array per sample (as DataComp's WILDS shards have)."""
-    import io
-    import shutil
-    import tarfile
-
-    import numpy as np
-
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.tar"))
-    with tarfile.open(source / "test" / "0.tar") as src, tarfile.open(dest / "test" / "0.tar", "w") as out:
-        for member in src.getmembers():
-            data = src.extractfile(member).read()
-            out.addfile(member, io.BytesIO(data))
-            if member.name.endswith(".cls"):
-                buf = io.BytesIO()
-                np.save(buf, np.array(rows_for(int(data.decode()))))
-                info = tarfile.TarInfo(member.name[:-4] + ".npy")
-                info.size = buf.getbuffer().nbytes
-                buf.seek(0)
-                out.addfile(info, buf)
 
 
 def test_a_wilds_task_reads_its_metadata_in_image_order(world, tmp_path):

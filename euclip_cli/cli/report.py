@@ -65,7 +65,9 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if fmt == "html":
         from euclip_cli.report.html import page
 
-        analysis = [(f"{p.parent.parent.name}: {p.stem}", p) for p in sorted(runs_dir.glob("*/analysis/*.png"))]
+        from euclip_cli.rundir import all_runs
+
+        analysis = [(f"{run.name}: {p.stem}", p) for run in all_runs(runs_dir) for p in sorted(run.analysis_dir.glob("*.png"))]
         path = out / "report.html"
         path.write_text(page("euclip report", sections, study_figures + figures + analysis))
         console.print(f"report page: {path} ({len(sections)} tables, "
