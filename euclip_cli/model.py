@@ -114,6 +114,63 @@ def transforms_for(clip: open_clip.CLIP):
     return open_clip.image_transform(size, is_train=True), open_clip.image_transform(size, is_train=False)
 
 
+# Trimmed contexts are rounded up to a multiple of this: few distinct shapes for torch.compile to
+# specialise on, few groups per batch, and matrix sizes the kernels like.
+TRIM_MULTIPLE = 8
+
+
+def context_groups(clip: nn.Module, tokens: torch.Tensor) -> Optional[list[tuple[torch.Tensor, int]]]:
+    """``[(sample indices, context length), ...]`` covering the batch, or None where trimming is not exact.
+
+    Exact for open_clip's ``CLIP`` text tower with a causal mask and end-of-text pooling: no
+    position attends to a later one, so the tokens after a caption's pooled token cannot change
+    its pooled feature or its gradient; and the tower treats each caption on its own (no batch
+    statistics), so captions can run in groups. Each caption goes to the group of its pooled
+    position rounded up to ``TRIM_MULTIPLE``: a few long captions no longer make the whole batch
+    pay for the full context. Towers without a causal mask, or pooling another position, keep it.
+    """
+    if not isinstance(clip, open_clip.CLIP) or clip.attn_mask is None:
+        return None
+    if clip.text_pool_type == "argmax":  # OpenAI's BPE: end-of-text has the largest id
+        ends = tokens.argmax(dim=-1)
+    elif clip.text_pool_type == "eos" and getattr(clip, "text_eos_id", None) is not None:
+        ends = (tokens == clip.text_eos_id).int().argmax(dim=-1)
+    else:
+        return None
+    lengths = ((ends + TRIM_MULTIPLE) // TRIM_MULTIPLE * TRIM_MULTIPLE).clamp_max(tokens.shape[1])
+    return [((lengths == length).nonzero().squeeze(1), int(length)) for length in lengths.unique().tolist()]
+
+
+def _prefix_features(clip: open_clip.CLIP, tokens: torch.Tensor, length: int) -> torch.Tensor:
+    """open_clip's ``CLIP.encode_text`` on the first ``length`` tokens. ``(B, L) -> (B, D)``.
+
+    ``CLIP.encode_text`` adds the full positional table and causal mask, so a shorter context
+    cannot be passed to it; this is its computation with both sliced.
+    """
+    tokens = tokens[:, :length]
+    cast = clip.transformer.get_cast_dtype()
+    x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding[:length].to(cast)
+    x = clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask[:length, :length]))
+    x = open_clip.transformer.text_global_pool(x, tokens, clip.text_pool_type,
+                                               eos_token_id=getattr(clip, "text_eos_id", None))
+    if isinstance(clip.text_projection, nn.Linear):
+        return clip.text_projection(x)
+    return x @ clip.text_projection if clip.text_projection is not None else x
+
+
+def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """``clip.encode_text(tokens)`` computed on each caption's shortest exact context (``context_groups``).
+
+    ``(B, L) -> (B, D)``, rows in the input's order.
+    """
+    groups = context_groups(clip, tokens)
+    if groups is None or groups == [(groups[0][0], tokens.shape[1])]:
+        return clip.encode_text(tokens)
+    features = torch.cat([_prefix_features(clip, tokens[rows], length) for rows, length in groups])
+    order = torch.cat([rows for rows, _ in groups])
+    return features[order.argsort()]
+
+
 class EuclipModel(nn.Module):
     def __init__(self, cfg: Config, clip: Optional[open_clip.CLIP] = None):
         """``clip``: already-built towers (e.g. an open_clip pretrained model) instead of fresh ones."""
@@ -150,8 +207,8 @@ class EuclipModel(nn.Module):
         return self._embed(self.clip.encode_image(images), getattr(self, "log_alpha_img", None))
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``."""
-        return self._embed(self.clip.encode_text(tokens), getattr(self, "log_alpha_txt", None))
+        """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``; the context is trimmed exactly."""
+        return self._embed(text_features(self.clip, tokens), getattr(self, "log_alpha_txt", None))
 
     def logit_scale(self) -> torch.Tensor:
         """beta = exp(t), 0-dim. t is kept in range by ``clamp_scalars_`` after each step."""

@@ -1,6 +1,10 @@
 """``euclip analyze distances | isotropy`` on tiny trained runs: results, figures and invariants."""
 
+import io
 import json
+import math
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -30,25 +34,77 @@ def analyze(runs, world, *args):
 
 
 def test_distances_write_results_and_figures(runs, world):
-    analyze(runs, world, "distances", "tiny-meru")
     folder = runs / "tiny-meru" / "analysis"
+    analyze(runs, world, "distances", "tiny-meru", "--protocol", "euclip")
+    geodesic = json.loads((folder / "distances.json").read_text())
+    analyze(runs, world, "distances", "tiny-meru")
     study = json.loads((folder / "distances.json").read_text())
-    assert study["root_norm"] == 0.0  # hyperbolic [ROOT] is the origin
+    assert study["protocol"] == "paper" and study["root_norm"] == 0.0  # hyperbolic [ROOT] is the origin
     assert set(study["arrays"]) == {"root", "average"} and study["references"]["average"]["norm"] > 0
     assert len(study["arrays"]["root"]["image"]) == len(study["arrays"]["root"]["text"]) == 120
     assert 0 <= study["auc_text_closer"] <= 1
     assert (folder / "distances.png").stat().st_size > 1000 and (folder / "distances.pdf").exists()
+    # MERU's axis is ||x_space|| = sinh(sqrt(c) d) / sqrt(c) of the geodesic d = ||v||.
+    c = json.loads((runs / "tiny-meru" / "metrics.jsonl").read_text().splitlines()[-1])["curvature"]
+    for modality in ("image", "text"):
+        expected = [math.sinh(math.sqrt(c) * d) / math.sqrt(c) for d in geodesic["arrays"]["root"][modality]]
+        assert study["arrays"]["root"][modality] == pytest.approx(expected, rel=1e-4)
+
+    analyze(runs, world, "distances", "tiny-clip", "--protocol", "euclip")
+    clip = json.loads((runs / "tiny-clip" / "analysis" / "distances.json").read_text())
+    assert 0 < clip["root_norm"] < 1  # the plain mean of the analysed unit vectors
+    assert set(clip["arrays"]) == {"root"}  # for spherical geometries [ROOT] is the average
     analyze(runs, world, "distances", "tiny-clip")
     clip = json.loads((runs / "tiny-clip" / "analysis" / "distances.json").read_text())
-    assert 0 < clip["root_norm"] <= 1  # the mean of unit vectors
-    assert set(clip["arrays"]) == {"root"}  # for spherical geometries [ROOT] is the average
+    assert clip["root_norm"] == pytest.approx(1) and 0 < clip["average_norm"] < 1  # normalised training mean
+    assert clip["root_pairs"] == 1500  # the session world has fewer training pairs than the 5,000 asked for
+    assert all(0 <= d <= 1 for m in ("image", "text") for d in clip["arrays"]["root"][m])  # the papers' scale
+
+
+def test_the_paper_root_of_clip_is_the_normalised_mean_of_training_embeddings(runs, world):
+    """Recomputed from the first training shard read with tarfile, independently of the loader."""
+    import tarfile
+
+    import torch
+    from PIL import Image
+
+    from euclip_cli.analysis.embeddings import paper_root
+    from euclip_cli.encode import embed_texts, load_model
+    from euclip_cli.model import tokenizer_for, transforms_for
+    from euclip_cli.rundir import RunDir
+
+    run = runs / "tiny-clip"
+    root, reference = paper_root(run, torch.device("cpu"), 40)
+    model, cfg, _, _ = load_model(RunDir(run), torch.device("cpu"))
+    _, transform = transforms_for(model.clip)
+    samples: dict[str, dict] = {}
+    with tarfile.open(sorted((world / "train").glob("*.tar"))[0]) as tar:
+        for member in tar.getmembers():
+            key, ext = member.name.split(".", 1)
+            if len(samples) == 40 and key not in samples:
+                break
+            samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    images = torch.stack([transform(Image.open(io.BytesIO(s["jpg"])).convert("RGB")) for s in samples.values()])
+    with torch.no_grad():
+        image = model.encode_image(images)
+        text = embed_texts(model, tokenizer_for(cfg.model.arch), [s["txt"].decode() for s in samples.values()],
+                           torch.device("cpu"))
+    mean = torch.cat([image, text]).mean(dim=0)
+    torch.testing.assert_close(root, mean / mean.norm(), atol=1e-5, rtol=1e-5)
+    assert len(reference) == 80
 
 
 def test_isotropy_rows_obey_the_transforms_invariants(runs, world):
     analyze(runs, world, "isotropy", "tiny-clip", "--k", "16")
     study = json.loads((runs / "tiny-clip" / "analysis" / "isotropy.json").read_text())
     rows = study["transforms"]
-    assert set(rows) == {"none", "whitening-16", "pca-16", "procrustes text->image", "lstsq text->image"}
+    assert study["protocol"] == "paper" and study["eigenvector_signs"] == "one"
+    assert set(rows) == {"none", "centering", "whitening-16", "pca-16", "procrustes text->image", "lstsq text->image"}
+    # Table 2's rows: the CLIP loss on both halves; the modalities are told apart by both classifiers.
+    assert all(r["clip_loss_fit"] > 0 and r["clip_loss_test"] > 0 for r in rows.values())
+    assert rows["none"]["separability"] > 0.9 and rows["none"]["separability_svc"] > 0.9
+    # Centering only moves each point: the pairs' loss changes, the spectrum of the centred set is flatter.
+    assert rows["centering"]["I1_image"] > rows["none"]["I1_image"]
     # For the clip geometry, cosine zero-shot on untransformed embeddings is the geometry's own rule.
     assert rows["none"]["zero_shot"] == pytest.approx(study["zero_shot_own_geometry"])
     assert len(rows["none"]["zero_shot"]) == 9  # every classification task of the world
@@ -105,8 +161,10 @@ def test_traverse_scores_traversals_against_the_worlds_hierarchy(runs, world):
     study = json.loads((runs / "tiny-meru" / "analysis" / "traverse.json").read_text())
     assert set(study["filters"]) == {"none", "K=0.1"} and study["images"] == 20
     plain = study["filters"]["none"]
-    assert plain["captions_per_image"] >= 1 and 0 <= plain["precision"] <= 1 and 0 <= plain["generic_order"] <= 1
-    assert len(plain["examples"]) == 5 and all(e["captions"] for e in plain["examples"])
+    assert study["protocol"] == "paper" and study["root_in_pool"]
+    assert 0 <= plain["captions_per_image"] and 0 <= plain["precision"] <= 1 and 0 <= plain["generic_order"] <= 1
+    # [ROOT] is a candidate: every walk meets it (the last point is [ROOT] itself), and it is not counted.
+    assert len(plain["examples"]) == 5 and all("[ROOT]" in e["captions"] for e in plain["examples"])
     test = study["entailment_test"]["K=0.1"]
     assert 0 <= test["precision"] <= 1 and 0 <= test["recall"] <= 1 and 0 < test["true_share"] < 1
     assert "image 0:" in result.output  # example traversals are printed
@@ -123,7 +181,7 @@ def test_distances_over_the_training_set(runs, world):
     assert (runs / "tiny-clip" / "analysis" / "distances_train.png").exists()
 
 
-def test_traverse_a_folder_of_images_over_a_meru_style_vocabulary(runs, world, tmp_path):
+def test_traverse_a_folder_of_images_over_merus_text_pool_beside_tables_6_and_7(runs, world, tmp_path):
     import tarfile
 
     images = tmp_path / "images"
@@ -131,15 +189,79 @@ def test_traverse_a_folder_of_images_over_a_meru_style_vocabulary(runs, world, t
     with tarfile.open(world / "eval" / "shapes" / "test" / "0.tar") as tar:
         for member in [m for m in tar.getmembers() if m.name.endswith(".jpg")][:3]:
             (images / member.name).write_bytes(tar.extractfile(member).read())
-    (tmp_path / "nouns.txt").write_text("star\ncircle\n# a comment\nshape\n")
-    (tmp_path / "adjectives.txt").write_text("red\nsmall\n")
-    analyze(runs, world, "traverse", "tiny-meru", "--image-dir", str(images), "--nouns", str(tmp_path / "nouns.txt"),
-            "--adjectives", str(tmp_path / "adjectives.txt"), "--entail", "0.3")
+    pool = tmp_path / "pexels_text.json"
+    pool.write_text(json.dumps({"captions": ["a red star on a grey background "], "nouns": ["star", "circle", "shape"],
+                                "adjectives": ["red", "small"]}))
+    analyze(runs, world, "traverse", "tiny-meru", "--image-dir", str(images), "--text-pool", str(pool),
+            "--entail", "0.3")
     study = json.loads((runs / "tiny-meru" / "analysis" / "traverse_custom.json").read_text())
-    assert study["images"] == 3 and study["vocabulary"] == 5
-    vocabulary = {"a photo of a star.", "a photo of a circle.", "a photo of a shape.", "this photo is red.",
-                  "this photo is small."}
+    assert study["images"] == 3 and study["vocabulary"] == 6 and study["protocol"] == "paper"
+    vocabulary = {"a red star on a grey background ", "a photo of a star.", "a photo of a circle.",
+                  "a photo of a shape.", "this photo is red.", "this photo is small.", "[ROOT]"}
     for name in ("none", "K=0.3"):
-        traversals = study["filters"][name]["traversals"]
-        assert len(traversals) == 3 and all(set(seq) <= vocabulary for seq in traversals.values())
-    assert all(study["filters"]["none"]["traversals"].values())  # unfiltered, every step has a nearest caption
+        row = study["filters"][name]
+        traversals = row["traversals"]
+        assert len(traversals) == 3 and all(set(seq) <= vocabulary and "[ROOT]" in seq for seq in traversals.values())
+        assert row["captions_per_image"] == pytest.approx(sum(len(seq) - 1 for seq in traversals.values()) / 3)
+
+    result = runner.invoke(app, ["report", "--table", "traversal", "--runs-dir", str(runs), "--out",
+                                 str(tmp_path / "tables")])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "tables" / "traversal.md").read_text()
+    meru = [line for line in table.splitlines() if "Table 6: MERU" in line and "| none " in line]
+    folder = [line for line in meru if "images (3)" in line]  # beside the world's traversal, named apart
+    assert len(folder) == 1
+    cells = [c.strip() for c in folder[0].strip("|").split("|")]
+    assert cells[2] == "1.783" and cells[3] == "tiny-meru" and cells[5] == "paper"  # published, run, protocol
+    assert float(cells[6]) == pytest.approx(study["filters"]["none"]["captions_per_image"], abs=5e-4)
+    assert any("Table 7" in line and "missing" in line for line in table.splitlines())
+    assert any("K=0.3" in line and "tiny-meru" in line for line in table.splitlines())  # no published row: kept
+
+    refused = runner.invoke(app, ["analyze", "traverse", "tiny-meru", "--image-dir", str(images), "--nouns",
+                                  str(pool), "--text-pool", str(pool), "--runs-dir", str(runs)])
+    assert refused.exit_code == 2 and "one or the other" in refused.output
+
+
+EXPECTED = Path(__file__).parent / "expected" / "analyses.json"
+
+
+def _key_numbers(runs: Path) -> dict:
+    """The analyses' headline numbers on the fixture runs, as the README's tables quote them."""
+    def read(run, name):
+        return json.loads((runs / run / "analysis" / f"{name}.json").read_text())
+
+    numbers = {}
+    for run in ("tiny-clip", "tiny-meru"):
+        d = read(run, "distances")["references"]
+        numbers[f"{run} distances"] = {f"{ref} {k}": v for ref, r in d.items()
+                                       for k, v in (("image", r["image"]["mean"]), ("text", r["text"]["mean"]),
+                                                    ("auc", r["auc_text_closer"]), ("norm", r["norm"]))}
+    iso = read("tiny-clip", "isotropy")["transforms"]
+    numbers["tiny-clip isotropy"] = {f"{t} {k}": row[k] for t, row in iso.items()
+                                     for k in ("I1_image", "I2_image", "I1_text", "I2_text", "pair_cosine",
+                                               "clip_loss_test", "zero_shot_mean")}
+    walk = read("tiny-meru", "traverse")["filters"]
+    numbers["tiny-meru traverse"] = {f"{f} {k}": row[k] for f, row in walk.items()
+                                     for k in ("captions_per_image", "no_caption")}
+    return numbers
+
+
+def test_the_analyses_numbers_match_the_stored_expected_file(runs, world):
+    """A regression check: a change to an analysis that moves its numbers must update this file
+    (``EUCLIP_WRITE_EXPECTED=1 pytest tests/test_analyze.py``) and the README's quoted numbers with it.
+    Tolerances allow for float rounding across CPUs (the fixture trains for four steps)."""
+    for run in ("tiny-clip", "tiny-meru"):
+        analyze(runs, world, "distances", run)
+    analyze(runs, world, "isotropy", "tiny-clip", "--k", "16")
+    analyze(runs, world, "traverse", "tiny-meru", "--images", "20", "--entail", "0.1")
+    numbers = _key_numbers(runs)
+    if os.environ.get("EUCLIP_WRITE_EXPECTED") == "1":
+        EXPECTED.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+    expected = json.loads(EXPECTED.read_text())
+    assert set(numbers) == set(expected)
+    for group, values in expected.items():
+        assert set(numbers[group]) == set(values), group
+        for key, value in values.items():
+            # Traversal counts move in steps of 1/20 when one near-tied step flips.
+            tolerance = {"abs": 0.1} if "traverse" in group else {"rel": 1e-2, "abs": 1e-4}
+            assert numbers[group][key] == pytest.approx(value, **tolerance), f"{group}: {key}"

@@ -307,6 +307,33 @@ def test_distance_to_root_matches_a_computation_from_first_principles(name):
     torch.testing.assert_close(d, hand_distance_to_root(name, z))
 
 
+def hand_plotted_distance(name, z, c=1.0, blocks=4):
+    """The papers' plotted distance from [ROOT] (EuCLIP Fig. 2, MERU Fig. 4), written out in fp64."""
+    if name == "euclidean":
+        return z.norm(dim=1)
+    if name == "hyperbolic":
+        return torch.sinh(math.sqrt(c) * z.norm(dim=1)) / math.sqrt(c)  # ||x_space|| of exp_O(z)
+    mean = z.mean(0)
+    if name == "product-sphere":
+        parts = z.reshape(len(z), blocks, -1)
+        centres = mean.reshape(blocks, -1)
+        cosines = torch.stack([parts[:, i] @ (centres[i] / centres[i].norm()) for i in range(blocks)], -1)
+        return 0.5 * (1 - cosines.mean(-1))
+    return 0.5 * (1 - z @ (mean / mean.norm()))
+
+
+@pytest.mark.parametrize("name", list_geometries())
+def test_plotted_distance_to_root_is_the_papers_axis(name):
+    g = get_geometry(name, blocks=4)
+    z = embed(g, torch.randn(50, 16, dtype=torch.float64))
+    d = g.plotted_distance_to_root(z, g.root(z), curv_for(g, torch.float64))
+    torch.testing.assert_close(d, hand_plotted_distance(name, z))
+    if g.facts.root == "mean":
+        assert torch.all((d >= 0) & (d <= 1))  # the papers' [0, 1] scale
+        at_root = g.plotted_distance_to_root(g.project(g.root(z))[None], g.root(z))
+        torch.testing.assert_close(at_root, torch.zeros(1, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("name", WITH_CONES)
 def test_entails_is_the_zero_set_of_the_loss_and_broadcasts(name):
     g = get_geometry(name)

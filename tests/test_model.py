@@ -87,3 +87,51 @@ def test_an_unknown_arch_is_a_usage_error_naming_the_key():
 
     with pytest.raises(UsageError, match="model.arch 'vit-tiny-typo'"):
         build_clip("vit-tiny-typo")
+
+
+def _captions(tokenizer) -> torch.Tensor:
+    tokens = tokenizer(["a red star", "two small blue circles above a large green square on the left",
+                        "a shape", "a star"])
+    tokens[2, :-1] = torch.arange(1, tokens.shape[1])  # a caption that fills the context ...
+    tokens[2, -1] = int(tokens.max())  # ... and ends with end-of-text in the last position
+    return tokens
+
+
+@pytest.mark.parametrize("final_ln", [True, False])
+def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
+    """Padding after a caption's end-of-text token cannot matter under a causal mask (fp64)."""
+    from euclip_cli.model import context_groups, text_features, tokenizer_for
+
+    torch.manual_seed(0)
+    clip = build_clip("tiny").double()
+    if not final_ln:
+        remove_final_layernorm(clip)
+    tokens = _captions(tokenizer_for("tiny"))
+    groups = context_groups(clip, tokens)
+    # Three groups: the two short captions share one, the long one and the full one get theirs.
+    assert sorted((rows.tolist(), length) for rows, length in groups) == [([0, 3], 8), ([1], 16), ([2], 32)]
+
+    def run(features):
+        clip.zero_grad()
+        out = features(tokens)
+        (out.sin().sum()).backward()  # a loss that weighs every feature differently
+        return out.detach(), {n: p.grad.clone() for n, p in clip.named_parameters() if p.grad is not None}
+
+    trimmed, trimmed_grads = run(lambda t: text_features(clip, t))
+    padded, padded_grads = run(clip.encode_text)  # open_clip's own computation on the full context
+    torch.testing.assert_close(trimmed, padded, atol=1e-9, rtol=0)
+    assert trimmed_grads.keys() == padded_grads.keys() and any("transformer" in n for n in padded_grads)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(trimmed_grads[name], grad, atol=1e-9, rtol=0, msg=name)
+
+
+def test_trimming_is_refused_where_it_would_not_be_exact():
+    from euclip_cli.model import context_groups, tokenizer_for
+
+    clip = build_clip("tiny")
+    tokens = _captions(tokenizer_for("tiny"))
+    clip.text_pool_type = "last"
+    assert context_groups(clip, tokens) is None  # the pooled position is the context's last
+    clip.text_pool_type = "argmax"
+    clip.attn_mask = None
+    assert context_groups(clip, tokens) is None  # bidirectional attention: padding is seen

@@ -4,7 +4,13 @@ import math
 
 import torch
 
-from euclip_cli.analysis.traverse import dedupe, nearest_captions, traversal_points, traverse
+import json
+
+import pytest
+
+from euclip_cli.analysis.traverse import (ROOT, caption_count, dedupe, nearest_captions, text_pool, traversal_points,
+                                          traverse)
+from euclip_cli.errors import UsageError
 from euclip_cli.data import world as W
 from euclip_cli.geometry import get_geometry
 
@@ -64,3 +70,63 @@ def test_the_world_vocabulary_spans_the_hierarchy_and_its_truth_is_exact():
     true = {W.caption_text(s) for s in specs if W.entails(s, scene)}
     assert {"a symbol", "a red shape", "a star", "a red star", "a large red star", "one shape"} <= true
     assert "a circle" not in true and "a blue star" not in true and "two shapes" not in true
+
+
+def test_with_root_in_the_pool_an_image_nearest_the_root_counts_no_caption():
+    g = get_geometry("euclidean", logit="d")
+    captions = torch.tensor([[4.0, 0.0], [2.0, 0.0], [0.0, 5.0]])
+    walk = traverse(g, torch.tensor([4.0, 0.0]), torch.zeros(2), captions, steps=50, root_in_pool=True)
+    # [ROOT] (the origin) wins the steps nearer it than to (2, 0): it ends the walk, uncounted.
+    assert walk == [0, 1, ROOT] and caption_count(walk) == 2
+    near_root = traverse(g, torch.tensor([0.3, 0.0]), torch.zeros(2), captions, steps=50, root_in_pool=True)
+    assert near_root == [ROOT] and caption_count(near_root) == 0
+    # Without [ROOT] as a candidate the same image is named by the nearest real caption.
+    assert traverse(g, torch.tensor([0.3, 0.0]), torch.zeros(2), captions, steps=50) == [1]
+
+
+def test_root_passes_every_entailment_filter():
+    g = get_geometry("euclidean", logit="d")
+    captions = torch.tensor([[0.0, 5.0]])  # its cone does not hold points on the x axis
+    points = traversal_points(g, torch.tensor([3.0, 0.0]), torch.zeros(2), 5)
+    assert nearest_captions(g, points, captions, entail_k=0.1) == [None] * 5
+    assert nearest_captions(g, points, captions, entail_k=0.1, root=torch.zeros(2)) == [ROOT] * 5
+
+
+def test_hyperbolic_scores_against_the_root_are_finite():
+    # The origin's exponential map is the vertex; a NaN there would make argmax pick at random.
+    g = get_geometry("hyperbolic", logit="d2")
+    points = torch.randn(6, 4)
+    walk = nearest_captions(g, points, torch.randn(3, 4) * 3, torch.tensor(1.0), root=torch.zeros(4))
+    assert all(i is not None for i in walk)
+    assert torch.isfinite(g.similarity(points, torch.zeros(1, 4), torch.tensor(1.0))).all()
+
+
+def test_text_pool_reads_merus_layout_with_its_prompts(tmp_path):
+    pool = tmp_path / "pexels_text.json"
+    pool.write_text(json.dumps({"captions": ["avocado toast on a plate "], "nouns": ["cherry tomatoes"],
+                                "adjectives": ["tasty"]}))
+    texts = ["avocado toast on a plate ", "a photo of a cherry tomatoes.", "this photo is tasty."]
+    assert text_pool(pool) == texts
+    for name, lines in (("captions.txt", "avocado toast on a plate\n#sunday brunch\n"),
+                        ("nouns.txt", "cherry tomatoes\n\n"), ("adjectives.txt", "tasty\n")):
+        (tmp_path / name).write_text(lines)
+    assert text_pool(None, tmp_path / "captions.txt", tmp_path / "nouns.txt", tmp_path / "adjectives.txt") == [
+        "avocado toast on a plate", "#sunday brunch", "a photo of a cherry tomatoes.", "this photo is tasty."]
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"captions": ["a"], "tags": ["b"]}', "unknown key 'tags'"),
+    ('{"nouns": "dog"}', "'nouns' must be a list of strings"),
+    ('["a photo"]', "expected an object"),
+    ('{"nouns": [', "not valid JSON"),
+    ('{}', "needs candidate captions"),
+])
+def test_a_bad_text_pool_is_named(tmp_path, content, message):
+    pool = tmp_path / "pool.json"
+    pool.write_text(content)
+    with pytest.raises(UsageError, match=message):
+        text_pool(pool)
+    with pytest.raises(UsageError, match="no such file"):
+        text_pool(tmp_path / "missing.json")
+    with pytest.raises(UsageError, match="one or the other"):
+        text_pool(pool, nouns=pool)

@@ -38,6 +38,7 @@ class RunEmbeddings:
     image: torch.Tensor  # (N, D) retrieval images
     text: torch.Tensor  # (N, D) their first captions, row-aligned with ``image``
     classes: dict[str, "ClassTask"]  # every classification task of the world, by task key
+    scale: float  # the run's logit scale exp(t)
     vocabulary: Optional[torch.Tensor] = None  # (V, D) extra captions, when asked for
 
 
@@ -73,46 +74,73 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     curv = model.curvature()
     extra = embed_texts(model, tokenizer, vocabulary, device).cpu() if vocabulary else None
     return RunEmbeddings(model.geometry, None if curv is None else curv.detach().cpu(), image.cpu(), text.cpu(),
-                         classes, extra)
+                         classes, model.logit_scale().item(), extra)
 
 
 @torch.no_grad()
 def training_pairs(run_dir: Path, device: torch.device, samples: int,
                    batch_size: int = 64) -> tuple[Geometry, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
     """``(geometry, curv, image (N, D), text (N, D))`` for the first ``samples`` pairs of the run's
-    training shards, in shard order, through the evaluation transform (no augmentation)."""
+    training shards, in shard order, through the evaluation transform (no augmentation).
+
+    Cached with the checkpoint's other features: distances and traversals share one pass.
+    """
     import webdataset as wds
 
     from euclip_cli.data.loader import list_shards
 
-    model, cfg, _, _ = load_model(RunDir(run_dir), device)
+    run = RunDir(run_dir)
+    model, cfg, ckpt, _ = load_model(run, device)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
-    pipeline = (wds.WebDataset(list_shards(C.train_dir(cfg), hint), shardshuffle=False, handler=wds.ignore_and_continue)
-                .decode("pilrgb", handler=wds.ignore_and_continue)
-                .to_tuple("jpg;png;webp;jpeg", "txt", handler=wds.ignore_and_continue))
-    images, texts, image_emb, text_emb = [], [], [], []
 
-    def flush() -> None:
-        if images:
-            image_emb.append(model.encode_image(torch.stack(images).to(device)).cpu())
-            text_emb.append(embed_texts(model, tokenizer, texts, device).cpu())
-            images.clear()
-            texts.clear()
+    def compute() -> tuple[torch.Tensor, list]:
+        pipeline = (wds.WebDataset(list_shards(C.train_dir(cfg), hint), shardshuffle=False,
+                                   handler=wds.ignore_and_continue)
+                    .decode("pilrgb", handler=wds.ignore_and_continue)
+                    .to_tuple("jpg;png;webp;jpeg", "txt", handler=wds.ignore_and_continue))
+        images, texts, image_emb, text_emb, captions = [], [], [], [], []
 
-    taken = 0
-    for image, caption in pipeline:
-        if taken == samples:
-            break
-        images.append(transform(image))
-        texts.append(caption)
-        taken += 1
-        if len(images) == batch_size:
-            flush()
-    flush()
+        def flush() -> None:
+            if images:
+                image_emb.append(model.encode_image(torch.stack(images).to(device)).cpu())
+                text_emb.append(embed_texts(model, tokenizer, texts, device).cpu())
+                images.clear()
+                texts.clear()
+
+        for image, caption in pipeline:
+            if len(captions) == samples:
+                break
+            images.append(transform(image))
+            texts.append(caption)
+            captions.append(caption)
+            if len(images) == batch_size:
+                flush()
+        flush()
+        # One tensor (2, N, D): the cache stores an embedding tensor and a list per name.
+        return torch.stack([torch.cat(image_emb), torch.cat(text_emb)]), captions
+
+    both, _ = feature_cache(run, ckpt).get(f"train-pairs-{samples}", compute)
     curv = model.curvature()
-    return model.geometry, None if curv is None else curv.detach().cpu(), torch.cat(image_emb), torch.cat(text_emb)
+    return model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1]
+
+
+def paper_root(run_dir: Path, device: torch.device, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([ROOT] (D,), training embeddings (2N, D))`` as the papers define them.
+
+    The origin for origin-rooted geometries; for mean-rooted ones the L2-normalised (projected)
+    mean of the images and captions of the first ``samples`` training pairs (EuCLIP appendix B:
+    "the embedding average of all the training text and images after L2 normalization"; the
+    world's pairs are drawn independently, so a prefix is a random sample of them).
+    """
+    try:
+        g, _, image, text = training_pairs(run_dir, device, samples)
+    except UsageError as e:
+        raise UsageError(f"{e} (the paper protocol takes [ROOT] from training pairs; --protocol euclip takes it "
+                         f"from the analysed pairs instead)") from None
+    both = torch.cat([image, text])
+    return g.project(g.root(both)), both
 
 
 @torch.no_grad()

@@ -33,11 +33,25 @@ def _write(run_dir: Path, name: str, result: dict) -> Path:
     return out
 
 
+PROTOCOL_HELP = ("paper: the published procedures ([ROOT] from training pairs and in the traversal pool, the "
+                 "papers' distance axes and I1/I2 convention, per-modality whitening); euclip: euclip's "
+                 "alternatives (docs/analyses.md tabulates both).")
+
+
+def _protocol(name: str):
+    from euclip_cli.analysis.protocol import protocol
+
+    return protocol(name)
+
+
 @app.command()
 def distances(run: str = typer.Argument(..., help="Run directory or name."),
               split: str = typer.Option("eval", help="eval: the world's retrieval pairs; train: the first "
                                                      "--samples pairs of the run's training shards."),
               samples: int = typer.Option(2000, min=2, help="Training pairs read with --split train."),
+              protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
+              root_samples: int = typer.Option(5000, min=2, help="Training pairs averaged for [ROOT] and the "
+                                                                 "embedding average (paper protocol)."),
               world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
@@ -45,30 +59,45 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
 
     Examples:
       euclip analyze distances tiny-meru
-      euclip analyze distances tiny-meru --split train --samples 5000
+      euclip analyze distances tiny-clip --split train --samples 5000
+      euclip analyze distances tiny-clip --protocol euclip
     """
+    import torch
+
+    from euclip_cli.analysis.embeddings import paper_root, training_pairs
     from euclip_cli.analysis.studies import distance_study
+    from euclip_cli.device import resolve_device
     from euclip_cli.report.figures import distance_histogram
 
     if split not in ("eval", "train"):
         fail(f"--split '{split}' is not one of eval, train")
     with errors():
+        chosen = _protocol(protocol)
         if split == "eval":
             run_dir, emb = _collect(run, runs_dir, world, device)
-            result = distance_study(emb.geometry, emb.image, emb.text, emb.curv)
+            geometry, curv, image, text = emb.geometry, emb.curv, emb.image, emb.text
         else:
-            from euclip_cli.analysis.embeddings import training_pairs
-            from euclip_cli.device import resolve_device
-
             run_dir = resolve(run, runs_dir).path
             with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
                 geometry, curv, image, text = training_pairs(run_dir, resolve_device(device), samples)
-            result = distance_study(geometry, image, text, curv)
+        if chosen.root_from_training:
+            with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
+                root, reference = paper_root(run_dir, resolve_device(device), root_samples)
+        else:
+            reference = torch.cat([image, text])
+            root = geometry.root(reference)
+        result = distance_study(geometry, image, text, curv, chosen, root, reference)
         result["split"] = split
+        if chosen.root_from_training:
+            result["root_pairs"] = len(reference) // 2  # fewer than asked when the shards hold fewer
     name = "distances" if split == "eval" else "distances_train"
-    figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}), {split} pairs",
-                                 RunDir(run_dir).analysis_dir / name)
+    figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}), {split} pairs, "
+                                         f"{protocol} protocol", RunDir(run_dir).analysis_dir / name)
     out = _write(run_dir, name, result)
+    console.print(f"protocol {protocol}: distances from [ROOT] are {result['scale']}", highlight=False)
+    if "average_norm" in result:
+        console.print(f"[ROOT] is the embedding average, norm {result['average_norm']:.4f} before "
+                      f"{'normalising' if chosen.root_from_training else 'projecting'}", highlight=False)
     for ref, d in result["references"].items():
         name = "[ROOT]" if ref == "root" else "the embedding average"
         console.print(f"||{name}|| = {d['norm']:.4f}; mean distance from it: image {d['image']['mean']:.4f}, "
@@ -80,10 +109,14 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
 @app.command()
 def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
              k: int = typer.Option(0, help="Dimensions kept by whitening-k and PCA-k (0: half the embedding size)."),
+             protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
+             loss_batch: int = typer.Option(0, min=0, help="Pairs per batch of the CLIP-loss rows (0: 100, or "
+                                                           "half the pairs when fewer)."),
              world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
              device: str = typer.Option("auto", help="cpu, cuda or auto."),
              runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
-    """I1/I2, singular spectra, whitening/PCA/Procrustes/least squares, separability, zero-shot after each.
+    """I1/I2, singular spectra, centering/whitening/PCA/Procrustes/least squares, separability
+    (logistic regression and linear SVC), CLIP loss and zero-shot after each transform.
 
     Example: euclip analyze isotropy tiny-clip --k 32
     """
@@ -93,17 +126,24 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     from euclip_cli.report.figures import spectra_plot
 
     with errors():
+        chosen = _protocol(protocol)
         run_dir, emb = _collect(run, runs_dir, world, device)
         dim = emb.image.shape[1]
         if not 0 <= k <= dim:
             raise UsageError(f"--k {k}: must lie in [1, {dim}] (the embedding size), or 0 for {dim // 2}")
-        result = isotropy_study(emb, k or dim // 2)
+        half = len(emb.image) // 2
+        if loss_batch == 1 or loss_batch > half:
+            raise UsageError(f"--loss-batch {loss_batch}: must lie in [2, {half}] so that each half of the "
+                             f"{len(emb.image)} pairs fills a batch")
+        loss_batch = loss_batch or min(100, half)
+        result = isotropy_study(emb, k or dim // 2, chosen, loss_batch)
     figures = spectra_plot(result, f"{run_dir.name}: singular values", RunDir(run_dir).analysis_dir / "isotropy_spectra")
     out = _write(run_dir, "isotropy", result)
     table = Table(title=f"{run_dir.name}: isotropy on {result['pairs'] - result['fit_pairs']} held-out pairs "
-                        f"(fitted on {result['fit_pairs']})")
+                        f"(fitted on {result['fit_pairs']}; {protocol} protocol)")
     columns = {"I1_image": "I1 img", "I2_image": "I2 img", "I1_text": "I1 txt", "I2_text": "I2 txt",
-               "pair_cosine": "pair cos", "separability": "separable"}
+               "pair_cosine": "pair cos", "separability": "sep. logistic", "separability_svc": "sep. SVC",
+               "clip_loss_fit": "loss fit", "clip_loss_test": "loss test"}
     table.add_column("transform")
     for label in [*columns.values(), "shapes", "tasks mean"]:
         table.add_column(label, justify="right")
@@ -113,7 +153,8 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(table)
     own = result["zero_shot_own_geometry"]
     console.print(f"zero-shot in the run's own geometry: shapes {own['world/shapes']:.3f}, "
-                  f"mean over {len(own)} tasks {sum(own.values()) / len(own):.3f}")
+                  f"mean over {len(own)} tasks {sum(own.values()) / len(own):.3f}; CLIP loss at the run's scale "
+                  f"{result['loss_scale']:.1f}, batches of {loss_batch}")
     console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
 
@@ -123,19 +164,25 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
              steps: int = typer.Option(50, min=2, help="Points from the image to [ROOT]."),
              entail: Optional[str] = typer.Option(None, help="Comma-separated entailment radii K; each adds a "
                                                              "filtered traversal (Euclidean and hyperbolic runs)."),
+             protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
+             root_samples: int = typer.Option(5000, min=2, help="Training pairs averaged for CLIP's [ROOT] "
+                                                                "(paper protocol, mean-rooted geometries)."),
              image_dir: Optional[Path] = typer.Option(None, help="Traverse these images instead of the world's "
-                                                                  "(with --nouns and/or --adjectives)."),
+                                                                  "(with --text-pool or --captions/--nouns/--adjectives)."),
+             text_pool: Optional[Path] = typer.Option(None, help="MERU's text pool: one JSON file with 'captions' "
+                                                                  "(verbatim), 'nouns' and 'adjectives'."),
+             captions: Optional[Path] = typer.Option(None, help="Raw captions, one per line, used verbatim."),
              nouns: Optional[Path] = typer.Option(None, help="One noun per line, captioned 'a photo of a {}.' (MERU)."),
              adjectives: Optional[Path] = typer.Option(None, help="One adjective per line, 'this photo is {}.'"),
              world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
              device: str = typer.Option("auto", help="cpu, cuda or auto."),
              runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
     """Image traversals to [ROOT]: over the embedded world's captions, scored against its hierarchy,
-    or over your own images and MERU-style vocabulary.
+    or over your own images and MERU's text pool (the papers' Tables 6 and 7).
 
     Examples:
       euclip analyze traverse tiny-meru --entail 0.1,0.3
-      euclip analyze traverse tiny-meru --image-dir photos/ --nouns nouns.txt --adjectives adjectives.txt
+      euclip analyze traverse tiny-meru --image-dir pexels/ --text-pool pexels_text.json --entail 0.1
     """
     from rich.table import Table
 
@@ -144,6 +191,7 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     from euclip_cli.device import resolve_device
 
     with errors():
+        chosen = _protocol(protocol)
         ks: list[Optional[float]] = [None]
         for item in (entail or "").split(","):
             if item.strip():
@@ -156,25 +204,42 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
 
         run_dir = resolve(run, runs_dir).path
         cfg = C.from_dict(RunDir(run_dir).config())
-        if len(ks) > 1 and not describe(cfg.geometry.name).has_entailment:
+        facts = describe(cfg.geometry.name)
+        if len(ks) > 1 and not facts.has_entailment:
             raise UsageError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
                              f"entailment cones")
+        if image_dir is None and any(p is not None for p in (text_pool, captions, nouns, adjectives)):
+            raise UsageError("--text-pool, --captions, --nouns and --adjectives go with --image-dir")
+        root, root_pairs = None, None
+        if chosen.root_from_training and facts.root == "mean":
+            from euclip_cli.analysis.embeddings import paper_root
+
+            with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
+                root, reference = paper_root(run_dir, resolve_device(device), root_samples)
+            root_pairs = len(reference) // 2
         if image_dir is not None:
-            _custom_traversal(run_dir, image_dir, nouns, adjectives, steps, ks, device)
+            _folder_traversal(run_dir, image_dir, (text_pool, captions, nouns, adjectives), steps, ks, chosen, root,
+                              root_pairs, device)
             return
         world = world or C.world_dir(cfg)
         specs = W.traversal_vocabulary()
         with console.status(f"embedding images, captions and {len(specs)} vocabulary captions"):
             emb = collect(run_dir, resolve_device(device), world, vocabulary=[W.caption_text(s) for s in specs])
+        if root is None:
+            import torch
+
+            root = emb.geometry.root(torch.cat([emb.image, emb.text]))
         scenes = [W.scene_from_json(s) for s in json.loads((world / "eval" / "retrieval" / "scenes.json").read_text())]
-        result = traversal_study(emb, specs, scenes, images, steps, ks)
+        result = traversal_study(emb, specs, scenes, images, steps, ks, chosen, root)
+        result["root_pairs"] = root_pairs
     out = _write(run_dir, "traverse", result)
     table = Table(title=f"{run_dir.name}: traversals of {result['images']} images, {steps} steps, "
-                        f"{result['vocabulary']} captions")
-    for column in ("filter", "captions/image", "true of the image", "generic order", "ends generic"):
+                        f"{result['vocabulary']} captions ({protocol} protocol)")
+    for column in ("filter", "captions/image", "none but [ROOT]", "true of the image", "generic order",
+                   "ends generic"):
         table.add_column(column, justify="left" if column == "filter" else "right")
     for name, row in result["filters"].items():
-        table.add_row(name, f"{row['captions_per_image']:.2f}", f"{row['precision']:.3f}",
+        table.add_row(name, f"{row['captions_per_image']:.2f}", f"{row['no_caption']:.3f}", f"{row['precision']:.3f}",
                       f"{row['generic_order']:.3f}", f"{row['ends_generic']:.3f}")
     console.print(table)
     for name, row in result["filters"].items():
@@ -187,39 +252,29 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}")
 
 
-def _words(path: Optional[Path]) -> list[str]:
-    if path is None:
-        return []
-    return [w.strip() for w in path.read_text().splitlines() if w.strip() and not w.startswith("#")]
-
-
-def _custom_traversal(run_dir: Path, image_dir: Path, nouns: Optional[Path], adjectives: Optional[Path], steps: int,
-                      ks: list, device: str) -> None:
-    """Traversals of a folder of images over a noun/adjective vocabulary (no ground truth to score)."""
+def _folder_traversal(run_dir: Path, image_dir: Path, pool_files: tuple, steps: int, ks: list, chosen, root,
+                      root_pairs, device: str) -> None:
+    """Traversals of a folder of images over MERU's text pool (no ground truth to score)."""
     import torch
 
     from euclip_cli.analysis.embeddings import folder_embeddings
-    from euclip_cli.analysis.traverse import traverse as walk
+    from euclip_cli.analysis.studies import folder_traversal_study
+    from euclip_cli.analysis.traverse import text_pool
     from euclip_cli.device import resolve_device
 
     if not image_dir.is_dir():
         raise UsageError(f"--image-dir {image_dir} is not a folder")
-    captions = [f"a photo of a {w}." for w in _words(nouns)] + [f"this photo is {w}." for w in _words(adjectives)]
-    if not captions:
-        raise UsageError("--image-dir needs a vocabulary: --nouns FILE and/or --adjectives FILE, one word per line")
+    captions = text_pool(*pool_files)
     with console.status(f"embedding the images in {image_dir} and {len(captions)} captions"):
         g, curv, names, images, texts = folder_embeddings(run_dir, resolve_device(device), image_dir, captions)
-    root = g.root(torch.cat([images, texts]))
-    result = {"geometry": g.name, "logit": g.logit, "images": len(names), "steps": steps, "vocabulary": len(captions),
-              "filters": {}}
-    for k in ks:
-        sequences = [walk(g, z, root, texts, curv, steps, k) for z in images]
-        name = "none" if k is None else f"K={k:g}"
-        result["filters"][name] = {
-            "captions_per_image": sum(map(len, sequences)) / len(sequences),
-            "traversals": {n: [captions[c] for c in seq] for n, seq in zip(names, sequences)}}
-        console.print(f"[bold]{name}[/]: {result['filters'][name]['captions_per_image']:.2f} captions per image")
-        for n, seq in result["filters"][name]["traversals"].items():
+    if root is None:
+        root = g.root(torch.cat([images, texts]))
+    result = folder_traversal_study(g, curv, names, images, captions, texts, root, steps, ks, chosen)
+    result.update(image_dir=str(image_dir), root_pairs=root_pairs)
+    for name, row in result["filters"].items():
+        console.print(f"[bold]{name}[/]: {row['captions_per_image']:.2f} captions per image, [ROOT] excluded "
+                      f"({chosen.name} protocol)")
+        for n, seq in row["traversals"].items():
             console.print(f"  {n}: " + " → ".join(seq), highlight=False)
     out = _write(run_dir, "traverse_custom", result)
     console.print(f"written: {out}")

@@ -9,10 +9,11 @@ import typer
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.rundir import RUNS_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "all")
 
 
-def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables) or all."),
+def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables), traversal "
+                                                          "(Tables 6 and 7) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
@@ -30,11 +31,12 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if fmt not in ("md", "csv", "tex", "html"):
         fail(f"--format {fmt!r} is not one of md, csv, tex, html", 2)
     with errors():
-        from euclip_cli.report.tables import load_runs, paper_table, render, study_tables, suite_table
+        from euclip_cli.report.tables import (load_runs, paper_table, render, study_tables, suite_table,
+                                              traversal_table)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
-        wanted = ["embedded", "1", "4", "5", "8"] if table == "all" else [table]
+        wanted = ["embedded", "1", "4", "5", "8", "traversal"] if table == "all" else [table]
         sections, study_figures = [], []
         # Studies first: seeds and intervals are what a comparison stands on.
         for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
@@ -51,13 +53,16 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         for name in wanted:
             if name == "embedded":
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
+            elif name == "traversal":
+                df, title = (traversal_table(runs_dir), "Paper Tables 6 and 7: captions per image along image "
+                                                         "traversals, [ROOT] excluded (euclip analyze traverse)")
             else:
                 df, title = paper_table(runs, int(name)), f"Paper Table {name}: published vs ours (%)"
             text = render(df, fmt)
             sections.append((title, text))
             if fmt == "html":
                 continue
-            path = out / f"{'embedded' if name == 'embedded' else 'table' + name}.{fmt}"
+            path = out / f"{name if name in ('embedded', 'traversal') else 'table' + name}.{fmt}"
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
             console.print(f"[bold]{title}[/]  ({path})")
             console.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -108,6 +108,17 @@ class Geometry:
         """Geodesic distance of each embedding from [ROOT]. ``(N, D), (D,) -> (N,)``."""
         raise NotImplementedError
 
+    plotted_axis = "geodesic distance from [ROOT]"  # the axis label of plotted_distance_to_root
+
+    def plotted_distance_to_root(self, z: torch.Tensor, root: torch.Tensor,
+                                 curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The distance from [ROOT] on the papers' axes (EuCLIP Figure 2, MERU Figure 4). ``(N, D), (D,) -> (N,)``.
+
+        The geodesic where the papers plot it (Euclidean); geometries whose papers use another
+        scale override this.
+        """
+        return self.distance_to_root(z, root, curv)
+
     def entailment(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
                    curv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Entailment loss of y (specific, image) against the cone at x (generic, text). ``(..., D) -> (...)``."""
@@ -136,6 +147,12 @@ class Clip(Geometry):
 
     def similarity(self, x, y, curv=None):
         return sphere.cosine(x, y)
+
+    plotted_axis = "0.5 (1 - cos(z, [ROOT]))"
+
+    def plotted_distance_to_root(self, z, root, curv=None):
+        # The papers' scaled cosine distance 0.5 (1 - <z, [ROOT]>), in [0, 1] for unit vectors.
+        return 0.5 * (1 - sphere.cosine(z, sphere.normalize(root)[None]).squeeze(-1))
 
     def distance_to_root(self, z, root, curv=None):
         return sphere.arc_distance(z, sphere.normalize(root)[None]).squeeze(-1)
@@ -170,6 +187,14 @@ class ProductSphere(Geometry):
 
     def distance_to_root(self, z, root, curv=None):
         return sphere.product_geodesic(z, self.project(root)[None], self.blocks).squeeze(-1)
+
+    plotted_axis = "0.5 (1 - mean block cos(z, [ROOT]))"
+
+    def plotted_distance_to_root(self, z, root, curv=None):
+        # No paper plots this geometry: CLIP's scaled cosine distance with the mean block cosine,
+        # so that it lies in [0, 1] like CLIP's.
+        inner = sphere.product_inner(z, self.project(root)[None]).squeeze(-1)
+        return 0.5 * (1 - inner / self.blocks)
 
 
 @register
@@ -214,6 +239,13 @@ class Hyperbolic(Geometry):
             # d_L(O, exp0(v)) = ||v|| exactly: no acosh, and no NaN at the origin itself.
             return z.norm(dim=-1)
         return lorentz.pairwise_dist(lorentz.exp_map0(z, curv), lorentz.exp_map0(root[None], curv), curv).squeeze(-1)
+
+    plotted_axis = "||x_space|| (space components of the lifted point)"
+
+    def plotted_distance_to_root(self, z, root, curv=None):
+        # MERU's Figure 4 plots ||x_space|| of the lifted point, sinh(sqrt(c)||v||)/sqrt(c), not the
+        # geodesic ||v||; [ROOT] is the hyperboloid's vertex, whose space components are 0.
+        return (lorentz.exp_map0(z, curv) - lorentz.exp_map0(root[None], curv)).norm(dim=-1)
 
     def entailment(self, x, y, min_radius, curv=None):
         return lorentz.entailment(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv, min_radius)

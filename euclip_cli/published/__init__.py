@@ -2,7 +2,8 @@
 
 ``euclip-tables.csv``: the EuCLIP paper's zero-shot results (Tables 1, 4, 5 and 8), one row per
 (table, model, label). Reports put our runs beside these rows; study claims take the paper's
-effects from them. pandas is imported only when a table is read.
+effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
+along image traversals, one row per (table, model, filter). pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
+EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
 
 
 def euclip_tables():
@@ -26,3 +28,13 @@ def euclip_imagenet(table: int, model: str, label: str) -> float:
     if len(match) != 1:
         raise KeyError(f"no single published row for table {table}, {model}, {label!r}")
     return float(match["imagenet"].iloc[0])
+
+
+def euclip_traversal():
+    """The EuCLIP paper's Tables 6 and 7 as a DataFrame, with ``filter`` named as euclip names it
+    ("none", or "K=0.8" for the entailment filter of radius 0.8)."""
+    import pandas as pd
+
+    rows = pd.read_csv(EUCLIP_TRAVERSAL, comment="#")
+    rows["filter"] = [f if f == "none" else f"K={k:g}" for f, k in zip(rows["filter"], rows["filter_K"])]
+    return rows.drop(columns="filter_K")

@@ -29,7 +29,7 @@ def distance_histogram(study: dict, title: str, stem: Path) -> list[Path]:
             ax.hist(study["arrays"][ref][modality], bins=40, alpha=0.6, color=colour, label=modality, density=True)
         info = study["references"][ref]
         name = "[ROOT]" if ref == "root" else "the embedding average"
-        ax.set_xlabel(f"distance from {name}")
+        ax.set_xlabel(study.get("scale", "distance from [ROOT]") if ref == "root" else f"geodesic distance from {name}")
         ax.set_ylabel("density")
         ax.set_title(f"||{name}|| = {info['norm']:.3f}, P(text closer) = {info['auc_text_closer']:.2f}", fontsize=9)
         ax.legend()

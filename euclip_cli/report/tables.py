@@ -16,7 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from euclip_cli.geometry.facts import describe
-from euclip_cli.published import euclip_tables
+from euclip_cli.published import euclip_tables, euclip_traversal
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS
 from euclip_cli.rundir import RunDir, all_runs
@@ -100,6 +100,45 @@ def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
             row[f"{title} (ours)"] = _cell(values, digits=2)
             row[f"{title} Δ"] = f"{100 * statistics.mean(values) - published:+.2f}" if values else MISSING
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def traversal_table(runs_dir: Path) -> pd.DataFrame:
+    """Captions per image of every run's traversals beside the paper's Tables 6 and 7.
+
+    A run sits beside the published rows of its geometry and filter (Table 7's only beside a run
+    imported from MERU's release, ``meta.json`` ``imported.format == "meru"``); its images and caption pool
+    (MERU's pexels set through ``--image-dir``, or the embedded world) and its protocol are named,
+    since only the paper protocol on the paper's images is the published measurement.
+    """
+    published = euclip_traversal()
+    ours = []
+    for run in all_runs(runs_dir):
+        origin = "meru-release" if run.meta().get("imported", {}).get("format") == "meru" else "trained"
+        for stem in ("traverse_custom", "traverse"):
+            path = run.analysis_dir / f"{stem}.json"
+            if not path.exists():
+                continue
+            result = json.loads(path.read_text())
+            images = (f"{Path(result['image_dir']).name} ({result['images']})" if stem == "traverse_custom"
+                      else f"embedded world ({result['images']})")
+            for name, row in result["filters"].items():
+                ours.append({"geometry": result["geometry"], "filter": name, "origin": origin, "run": run.name,
+                             "images": images,
+                             "protocol": result.get("protocol", "euclip"),
+                             "ours": round(row["captions_per_image"], 3)})
+    rows = []
+    for _, ref in published.iterrows():
+        mine = [o for o in ours
+                if (o["geometry"], o["filter"], o["origin"]) == (ref["geometry"], ref["filter"], ref["runs"])]
+        base = {"paper": f"Table {ref['table']}: {ref['model']}", "filter": ref["filter"],
+                "published": ref["avg_captions_retrieved"]}
+        rows += [dict(base, **{k: o[k] for k in ("run", "images", "protocol", "ours")}) for o in mine] or \
+            [dict(base, run=MISSING, images="", protocol="", ours="")]
+    matched = {(r["geometry"], r["filter"], r["runs"]) for _, r in published.iterrows()}
+    rows += [{"paper": "", "filter": o["filter"], "published": "", **{k: o[k] for k in ("run", "images", "protocol",
+                                                                                       "ours")}}
+             for o in ours if (o["geometry"], o["filter"], o["origin"]) not in matched]
     return pd.DataFrame(rows)
 
 

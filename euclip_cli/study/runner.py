@@ -70,7 +70,10 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
                          *study.overrides(name, seed)),
                         (*euclip, "eval", str(run_dir), "--tasks", study.tasks, *where)]
             if name in distances:
-                commands.append((*euclip, "analyze", "distances", str(run_dir), *where))
+                # The claims read P(caption nearer [ROOT]) of origin-rooted models: the same under
+                # either protocol; 1,000 training pairs suffice for the paper protocol's average.
+                commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
+                                 "--root-samples", "1000", *where))
             plans.append(RunPlan(name, seed, run_dir, tuple(commands)))
     return plans
 
