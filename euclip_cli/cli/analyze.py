@@ -210,6 +210,12 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
                              f"entailment cones")
         if image_dir is None and any(p is not None for p in (text_pool, captions, nouns, adjectives)):
             raise UsageError("--text-pool, --captions, --nouns and --adjectives go with --image-dir")
+        if image_dir is not None:
+            from euclip_cli.analysis.traverse import text_pool as read_pool
+
+            if not image_dir.is_dir():
+                raise UsageError(f"--image-dir {image_dir} is not a folder")
+            pool = read_pool(text_pool, captions, nouns, adjectives)  # checked before any embedding is computed
         root, root_pairs = None, None
         if chosen.root_from_training and facts.root == "mean":
             from euclip_cli.analysis.embeddings import paper_root
@@ -218,8 +224,7 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
                 root, reference = paper_root(run_dir, resolve_device(device), root_samples)
             root_pairs = len(reference) // 2
         if image_dir is not None:
-            _folder_traversal(run_dir, image_dir, (text_pool, captions, nouns, adjectives), steps, ks, chosen, root,
-                              root_pairs, device)
+            _folder_traversal(run_dir, image_dir, pool, steps, ks, chosen, root, root_pairs, device)
             return
         world = world or C.world_dir(cfg)
         specs = W.traversal_vocabulary()
@@ -252,19 +257,15 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}")
 
 
-def _folder_traversal(run_dir: Path, image_dir: Path, pool_files: tuple, steps: int, ks: list, chosen, root,
+def _folder_traversal(run_dir: Path, image_dir: Path, captions: list[str], steps: int, ks: list, chosen, root,
                       root_pairs, device: str) -> None:
     """Traversals of a folder of images over MERU's text pool (no ground truth to score)."""
     import torch
 
     from euclip_cli.analysis.embeddings import folder_embeddings
     from euclip_cli.analysis.studies import folder_traversal_study
-    from euclip_cli.analysis.traverse import text_pool
     from euclip_cli.device import resolve_device
 
-    if not image_dir.is_dir():
-        raise UsageError(f"--image-dir {image_dir} is not a folder")
-    captions = text_pool(*pool_files)
     with console.status(f"embedding the images in {image_dir} and {len(captions)} captions"):
         g, curv, names, images, texts = folder_embeddings(run_dir, resolve_device(device), image_dir, captions)
     if root is None:
