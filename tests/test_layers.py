@@ -10,7 +10,7 @@ PACKAGE = Path(euclip_cli.__file__).parent
 
 # The task registry and its aggregation are the evaluation protocol, torch-free, read by every runner.
 REGISTRIES = ("evaluate.tasks", "evaluate.aggregate")
-RUNNERS = ("train", "evaluate", "analysis", "report", "bench", "study")
+RUNNERS = ("train", "evaluate", "analysis", "report", "bench", "study", "released")
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The ``euclip`` command line: ``download | train | eval | study | report | analyze | recipes | bench``.
+"""The ``euclip`` command line: ``download | train | eval | import | study | report | analyze | recipes | bench``.
 
 Each command lives in its own module and imports torch, open_clip and friends inside
 the command body, so ``euclip --help`` answers at once.
@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli import analyze, bench, download, evaluate, recipes, report, study, train
+from euclip_cli.cli import analyze, bench, download, evaluate, importing, recipes, report, study, train
 
 app = typer.Typer(
     name="euclip",
@@ -40,6 +40,7 @@ app.add_typer(recipes.app, name="recipes")
 app.add_typer(download.app, name="download")
 app.command(name="train")(train.train)
 app.command(name="eval")(evaluate.eval_command)
+app.command(name="import")(importing.import_command)
 app.command(name="report")(report.report)
 app.command(name="study")(study.study)
 app.add_typer(analyze.app, name="analyze")

@@ -49,9 +49,9 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                 raise UsageError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
             targets += [run.path for run in found]
         if openclip:
-            from euclip_cli.evaluate.runner import import_openclip
+            from euclip_cli.released import import_run, openclip_run_name
 
-            targets += [import_openclip(spec, runs_dir) for spec in openclip]
+            targets += [import_run("openclip", spec, openclip_run_name(spec), runs_dir).path for spec in openclip]
         if not targets:
             fail("name runs to evaluate, --recipe NAME or --openclip ARCH:TAG (euclip eval --help)", 2)
         from euclip_cli.evaluate.tasks import select

@@ -171,36 +171,6 @@ def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: 
     return winogavil_metrics(model.geometry, cue_emb, candidates, truth, model.curvature())
 
 
-def import_openclip(spec: str, runs_dir: Path) -> Path:
-    """An open_clip pretrained model (``ARCH:TAG``, TAG a pretrained name or a checkpoint file) as a run.
-
-    The weights are written as a step-0 checkpoint of a clip-geometry run under ``runs_dir``, so
-    evaluation, its resumable results and the reports treat it like a trained run.
-    """
-    import open_clip
-
-    arch, _, tag = spec.partition(":")
-    if not arch or not tag:
-        raise EvalError(f"--openclip '{spec}': expected ARCH:TAG, e.g. ViT-B-32:datacomp_m_s128m_b4k")
-    run = RunDir(runs_dir / ("openclip-" + "-".join(filter(None, [arch, Path(tag).stem if "/" in tag else tag]))))
-    if run.latest_checkpoint() is not None:
-        return run.path
-    cfg = C.load_config(None, [f"model.arch={arch}", "geometry.name=clip", "eval.tasks=datacomp"])
-    try:
-        clip = open_clip.create_model(arch, pretrained=tag)
-    except RuntimeError as err:  # open_clip's message for an unknown model or tag
-        raise EvalError(f"--openclip '{spec}': {str(err).splitlines()[0]}") from None
-    except OSError as err:  # the Hugging Face hub unreachable, or the file missing
-        raise FetchError(f"--openclip '{spec}': could not load the weights ({str(err).splitlines()[0]}); "
-                         f"check the network connection or the path") from None
-    model = EuclipModel(cfg, clip=clip)
-    config = C.to_dict(cfg)
-    run.claim(config, {"source": "open_clip pretrained", "arch": arch, "pretrained": tag})
-    run.save_checkpoint({"model": model.state_dict(), "step": 0, "config": config,
-                         "meta": checkpoint_meta(config, model.geometry.logit, model.embed_dim)}, 0, keep=1)
-    return run.path
-
-
 @dataclass
 class EvalOutcome:
     """What ``evaluate_run`` did: the run's newest line per task, and the tasks that failed with why."""

@@ -33,6 +33,7 @@ class Run:
     recipe: str
     config: dict
     scores: dict[str, dict]  # suite -> aggregate
+    imported: Optional[str] = None  # the format of a released checkpoint brought in by ``euclip import``
 
 
 def load_runs(runs_dir: Path) -> list[Run]:
@@ -41,7 +42,8 @@ def load_runs(runs_dir: Path) -> list[Run]:
         config = run.config()
         results = run.latest_results()
         scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
-        runs.append(Run(run.name, config.get("recipe", ""), config, scores))
+        runs.append(Run(run.name, config.get("recipe", ""), config, scores,
+                        run.meta().get("imported", {}).get("format")))
     return runs
 
 
@@ -70,7 +72,8 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
     for members in groups.values():
         # Seeds of one recipe are named by the recipe; anything else by its run names.
         same_recipe = len(members) > 1 and len({m.recipe for m in members}) == 1 and members[0].recipe
-        label = members[0].recipe if same_recipe else ", ".join(m.name for m in members)
+        label = members[0].recipe if same_recipe else ", ".join(
+            m.name + (f" (imported: {m.imported})" if m.imported else "") for m in members)
         g = members[0].config["geometry"]
         logit = describe(g["name"]).logit(g["logit"])
         row = {"run": label, "geometry": g["name"], "logit": logit,

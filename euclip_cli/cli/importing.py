@@ -1,0 +1,40 @@
+"""``euclip import FORMAT SOURCE --name RUN``: a released checkpoint as an ordinary run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from euclip_cli.cli.common import console, errors
+from euclip_cli.rundir import RUNS_DIR
+
+
+def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip or euclip-authors."),
+                   source: str = typer.Argument(..., help="openclip: ARCH:TAG; euclip-authors: a checkpoint file "
+                                                          "or hf://OWNER/REPO/PATH."),
+                   name: str = typer.Option(..., help="The run directory to create under --runs-dir."),
+                   geometry: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the "
+                                                                     "geometry (clip, elliptic, euclidean, hyperbolic)."),
+                   logit: Optional[str] = typer.Option(None, help="With --geometry: its logit (e.g. d or d2)."),
+                   arch: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the model, "
+                                                                 "e.g. ViT-B-16 or ViT-B-16-no-final-ln."),
+                   runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+    """Turn a released checkpoint into a run that eval, analyze and report take unchanged.
+
+    Examples:
+      euclip import euclip-authors logs/euclip/checkpoints/epoch_32.pt --name authors-euclip
+      euclip import euclip-authors hf://OWNER/REPO/epoch_32.pt --name authors-meru --geometry hyperbolic --logit d --arch ViT-B-16
+      euclip import openclip ViT-B-32:datacomp_m_s128m_b4k --name datacomp-m-clip
+    """
+    with errors():
+        from euclip_cli.released import import_run
+
+        with console.status(f"importing {source} ({fmt})"):
+            run = import_run(fmt, source, name, runs_dir, geometry, logit, arch)
+        config = run.config()
+    g = config["geometry"]
+    console.print(f"imported {source} as {run.path}: {config['model']['arch']}"
+                  f"{'' if config['model']['final_ln'] else ' without final LN'}, {g['name']} ({g['logit']}); "
+                  f"next: euclip eval {run.path}", highlight=False)

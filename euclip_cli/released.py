@@ -1,0 +1,267 @@
+"""Released checkpoints as euclip runs (``euclip import FORMAT SOURCE --name RUN``).
+
+A format turns a released checkpoint into the state of an ``EuclipModel`` plus the config that
+rebuilds it; ``import_run`` writes both as the step-0 checkpoint of an ordinary run directory
+(``meta.json`` names the format, the source and its sha256), so evaluation, the analyses and
+the reports treat it like a trained run.
+
+Formats (``FORMATS``):
+- ``openclip``: an open_clip pretrained model, ``ARCH:TAG`` (TAG a pretrained name or a file);
+  the clip geometry.
+- ``euclip-authors``: a checkpoint of the EuCLIP authors' open_clip fork (EIFY/open_clip, branch
+  ``euclip``): open_clip's CLIP keys plus, for hyperbolic models, ``alpha_img``, ``alpha_txt``
+  and ``curvature``, all log-space. Geometry, logit and model come from the run's ``params.txt``
+  (beside the checkpoint or one folder up, as OpenCLIP writes it) or from the command line.
+
+MERU's own checkpoints (a timm image tower and its own text transformer) are not yet a format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from euclip_cli import config as C
+from euclip_cli.errors import Failure, UsageError
+from euclip_cli.rundir import RunDir, checkpoint_meta, write_text_atomic
+
+HUB_PREFIX = "hf://"
+# The fork's ``--geometry`` values: euclip's (geometry, logit).
+AUTHORS_GEOMETRIES = {
+    "clip": ("clip", "cos"),
+    "elliptic": ("elliptic", "arccos"),
+    "euclidean": ("euclidean", "d"),
+    "euclidean-squared": ("euclidean", "d2"),
+    "hyperbolic": ("hyperbolic", "d"),
+    "hyperbolic-squared": ("hyperbolic", "d2"),
+}
+# The fork's model configs without both final LayerNorms.
+NO_FINAL_LN = "-no-final-ln"
+# The fork's hyperbolic scalars (log-space) and the EuclipModel parameters that hold them.
+AUTHORS_SCALARS = {"alpha_img": "log_alpha_img", "alpha_txt": "log_alpha_txt", "curvature": "log_curv"}
+# The fork clamps c = exp(curvature) to [0.1, 10] inside its forward (model.py L311-340).
+AUTHORS_CURVATURE_RANGE = (0.1, 10.0)
+
+
+class CheckpointError(UsageError):
+    """The checkpoint does not fit the model it claims to be (keys, shapes, geometry)."""
+
+
+class UnreadableCheckpoint(Failure):
+    """The file cannot be read as a checkpoint (truncated, not a torch file)."""
+
+
+@dataclass
+class Converted:
+    overrides: list[str]  # config keys that rebuild the model (arch, final_ln, geometry, logit)
+    state: Optional[dict]  # the EuclipModel state dict; None when ``clip`` carries the weights
+    meta: dict  # provenance for meta.json
+    clip: object = None  # already-built open_clip towers (the openclip format)
+
+
+def sha256_file(path: Path) -> str:
+    from euclip_cli.data.fetch import sha256_of
+
+    return sha256_of(path)
+
+
+def fetch_source(source: str, sibling: Optional[str] = None) -> Optional[Path]:
+    """A local file, or ``hf://OWNER/REPO/PATH`` fetched through huggingface_hub (its cache and its
+    offline mode apply). With ``sibling``, the file of that name in the source's folder, or None."""
+    if not source.startswith(HUB_PREFIX):
+        path = Path(source)
+        if sibling is not None:
+            return path.parent / sibling
+        if not path.is_file():
+            raise UsageError(f"{source}: no such file (give a checkpoint file, or {HUB_PREFIX}OWNER/REPO/PATH)")
+        return path
+    parts = source[len(HUB_PREFIX):].split("/")
+    if len(parts) < 3 or not all(parts):
+        raise UsageError(f"{source}: expected {HUB_PREFIX}OWNER/REPO/PATH/TO/FILE")
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
+    if sibling is not None:
+        # The Hub takes no ".." in a file name: resolve it here; above the repository's root is nothing.
+        filename = posixpath.normpath("/".join([*parts[2:-1], sibling]))
+        if filename.startswith(".."):
+            return None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    from huggingface_hub import constants
+
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except (EntryNotFoundError, LocalEntryNotFoundError) as err:
+        if sibling is not None:
+            return None
+        # Offline, a file missing from the cache may still be on the Hub: say which of the two is known.
+        if isinstance(err, EntryNotFoundError) and not constants.HF_HUB_OFFLINE:
+            raise UsageError(f"{source}: the repository {repo} has no file {filename}") from None
+        raise Failure(f"{source}: not in the local Hugging Face cache and the Hub cannot be reached "
+                      f"{'(HF_HUB_OFFLINE is set)' if constants.HF_HUB_OFFLINE else ''}; check the network, or "
+                      f"download the file and give its path") from None
+    except HfHubHTTPError as err:
+        raise Failure(f"{source}: the Hub refused it ({str(err).splitlines()[0]})") from None
+
+
+def read_params(path: Optional[Path]) -> dict[str, str]:
+    """OpenCLIP's ``params.txt`` (``key: value`` per line) as a dict; {} when there is none."""
+    if path is None or not path.is_file():
+        return {}
+    params = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            params[key.strip()] = value.strip()
+    return params
+
+
+def _load(path: Path) -> dict:
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        raise UnreadableCheckpoint(f"{path}: not a readable torch checkpoint ({str(err).splitlines()[0][:160]})"
+                                   ) from None
+
+
+def convert_openclip(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    import open_clip
+
+    if geometry not in (None, "clip") or logit not in (None, "cos", "default") or arch is not None:
+        raise UsageError("the openclip format is open_clip's own CLIP (clip geometry, cosine logit) and names "
+                         "its model in SOURCE (ARCH:TAG): --geometry, --logit and --arch do not apply")
+    model_arch, _, tag = source.partition(":")
+    if not model_arch or not tag:
+        raise UsageError(f"'{source}': expected ARCH:TAG, e.g. ViT-B-32:datacomp_m_s128m_b4k")
+    try:
+        clip = open_clip.create_model(model_arch, pretrained=tag)
+    except RuntimeError as err:  # open_clip's message for an unknown model or tag
+        raise UsageError(f"'{source}': {str(err).splitlines()[0]}") from None
+    except OSError as err:  # the Hugging Face hub unreachable, or the file missing
+        raise Failure(f"'{source}': could not load the weights ({str(err).splitlines()[0]}); check the "
+                      f"network connection or the path") from None
+    meta = {"source": "open_clip pretrained", "arch": model_arch, "pretrained": tag}
+    if Path(tag).is_file():
+        meta["sha256"] = sha256_file(Path(tag))
+    return Converted([f"model.arch={model_arch}", "geometry.name=clip"], None, meta, clip)
+
+
+def convert_authors(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    """The EuCLIP authors' fork: same CLIP keys as open_clip, log-space hyperbolic scalars."""
+    import torch
+
+    path = fetch_source(source)
+    params = {}
+    for name in ("params.txt", "../params.txt"):
+        found = fetch_source(source, name)
+        params = read_params(found)
+        if params:
+            break
+    fork_geometry = params.get("geometry")
+    if geometry is None:
+        if fork_geometry is None:
+            raise UsageError(f"{source}: no params.txt beside it or one folder up names its geometry: give "
+                             f"--geometry and --logit (the fork's --geometry values: {', '.join(AUTHORS_GEOMETRIES)})")
+        if fork_geometry not in AUTHORS_GEOMETRIES:
+            raise CheckpointError(f"{source}: params.txt names the geometry '{fork_geometry}', which is not one of "
+                                  f"{', '.join(AUTHORS_GEOMETRIES)}")
+        geometry, logit = AUTHORS_GEOMETRIES[fork_geometry]
+    elif logit is None:
+        raise UsageError("--geometry needs --logit too (e.g. --geometry euclidean --logit d2)")
+    model_name = arch or params.get("model")
+    if model_name is None:
+        raise UsageError(f"{source}: no params.txt names its model: give --arch (e.g. ViT-B-16 or "
+                         f"ViT-B-16-no-final-ln)")
+    final_ln = not model_name.endswith(NO_FINAL_LN)
+    base_arch = model_name[: -len(NO_FINAL_LN)] if not final_ln else model_name
+
+    checkpoint = _load(path)
+    weights = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{source}: holds no state dict of tensors (expected OpenCLIP's "
+                              f"{{'state_dict': ...}} or a bare state dict)")
+    # DistributedDataParallel saves its wrapped module's keys with a "module." prefix.
+    weights = {re.sub(r"^module\.", "", k): v for k, v in weights.items()}
+    state = {}
+    for key, value in weights.items():
+        if key in AUTHORS_SCALARS:
+            if key == "curvature":
+                # Their forward clamps exp(curvature); euclip clamps the parameter, so the clamp is applied here.
+                low, high = AUTHORS_CURVATURE_RANGE
+                value = value.clamp(math.log(low), math.log(high))
+            state[AUTHORS_SCALARS[key]] = value
+        else:
+            state["clip." + key] = value
+    overrides = [f"model.arch={base_arch}", f"model.final_ln={str(final_ln).lower()}", f"geometry.name={geometry}",
+                 f"geometry.logit={logit}"]
+    meta = {"source": source, "sha256": sha256_file(path), "fork_geometry": fork_geometry,
+            "fork_model": model_name, "params_txt": bool(params)}
+    return Converted(overrides, state, meta)
+
+
+FORMATS: dict[str, Callable[[str, Optional[str], Optional[str], Optional[str]], Converted]] = {
+    "openclip": convert_openclip,
+    "euclip-authors": convert_authors,
+}
+
+
+def openclip_run_name(spec: str) -> str:
+    """``euclip eval --openclip ARCH:TAG``'s run name: ``openclip-ARCH-TAG`` (a file's stem for a path)."""
+    arch, _, tag = spec.partition(":")
+    return "openclip-" + "-".join(filter(None, [arch, Path(tag).stem if "/" in tag else tag]))
+
+
+def _fit(model, state: dict, source: str) -> None:
+    """Load ``state`` into ``model`` or name the first problem: missing, unexpected or misshapen keys."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        what = []
+        if missing:
+            what.append(f"{len(missing)} key(s) the model needs are missing (first: {missing[0]})")
+        if unexpected:
+            what.append(f"{len(unexpected)} key(s) are not in the model (first: {unexpected[0]})")
+        raise CheckpointError(f"{source}: {'; '.join(what)}; check --geometry and --arch against the checkpoint")
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise CheckpointError(f"{source}: '{key}' has shape {tuple(value.shape)} where the model has "
+                                  f"{tuple(expected[key].shape)}; check --arch against the checkpoint")
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+def import_run(fmt: str, source: str, name: str, runs_dir: Path, geometry: Optional[str] = None,
+               logit: Optional[str] = None, arch: Optional[str] = None) -> RunDir:
+    """Convert ``source`` with format ``fmt`` and write it as run ``name``; an existing run of that
+    name is kept when it holds the same import, refused otherwise."""
+    from euclip_cli.model import EuclipModel
+
+    if fmt not in FORMATS:
+        raise UsageError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
+    run = RunDir(runs_dir / name)
+    converted = FORMATS[fmt](source, geometry, logit, arch)
+    cfg = C.load_config(None, [*converted.overrides, "eval.tasks=datacomp"])
+    model = EuclipModel(cfg, clip=converted.clip)
+    if converted.state is not None:
+        _fit(model, converted.state, source)
+    config = C.to_dict(cfg)
+    meta = {"imported": {"format": fmt, **converted.meta}}
+    if run.latest_checkpoint() is not None and run.meta().get("imported") == meta["imported"]:
+        return run  # the same import again: nothing to do
+    if not run.claim(config, meta):
+        if run.latest_checkpoint() is not None:
+            raise UsageError(f"run {run.path} already holds a checkpoint; import into a new --name")
+        write_text_atomic(run.meta_file, json.dumps(meta, indent=2))  # an import cut short before its checkpoint
+    run.save_checkpoint({"model": model.state_dict(), "step": 0, "config": config,
+                         "meta": checkpoint_meta(config, model.geometry.logit, model.embed_dim)}, 0, keep=1)
+    return run

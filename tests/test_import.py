@@ -1,0 +1,207 @@
+"""``euclip import``: released checkpoints become runs whose embeddings and logits are the releases' own.
+
+Test checkpoints carry the EuCLIP authors' fork's layout (OpenCLIP's ``{"state_dict": ...}`` with
+DistributedDataParallel's ``module.`` prefix, open_clip's CLIP key names, log-space ``alpha_img``,
+``alpha_txt`` and ``curvature`` for hyperbolic models, ``params.txt`` one folder up) on a small
+ViT, with random weights. The reference forward is written from the fork's formulas (its
+``CLIP.forward`` and ``METRICS``) in fp64, on open_clip's own towers loaded with the same weights.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+from euclip_cli.encode import load_model
+from euclip_cli.model import build_clip, remove_final_layernorm, tokenizer_for
+from euclip_cli.rundir import RunDir
+
+runner = CliRunner()
+ARCH = "tiny-vit"
+SCALARS = {"alpha_img": -2.1, "alpha_txt": -2.4, "curvature": 3.0}  # exp(3) = 20: above the fork's clamp at 10
+
+
+def fork_checkpoint(folder, geometry, final_ln=True, params=True, seed=0, extra=None, drop=None):
+    """A checkpoint as the fork's training writes it: logs/NAME/{params.txt, checkpoints/epoch_3.pt}."""
+    torch.manual_seed(seed)
+    clip = build_clip(ARCH)
+    if not final_ln:
+        remove_final_layernorm(clip)
+    with torch.no_grad():
+        clip.logit_scale.fill_(math.log(30.0))
+        for p in clip.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # off the initialisation, so nothing matches by accident
+    state = {f"module.{k}": v for k, v in clip.state_dict().items()}
+    if geometry.startswith("hyperbolic"):
+        state.update({f"module.{k}": torch.tensor(v) for k, v in SCALARS.items()})
+    state.update(extra or {})
+    for key in drop or []:
+        del state[key]
+    (folder / "checkpoints").mkdir(parents=True)
+    path = folder / "checkpoints" / "epoch_3.pt"
+    torch.save({"epoch": 3, "name": folder.name, "state_dict": state}, path)
+    if params:
+        model = ARCH + ("" if final_ln else "-no-final-ln")
+        (folder / "params.txt").write_text(f"accum_freq: 1\ngeometry: {geometry}\nlr: 0.0005\nmodel: {model}\n")
+    return path
+
+
+def reference(path, geometry, final_ln, images, tokens):
+    """The fork's forward in fp64: image and text embeddings (tangent vectors for hyperbolic) and logits."""
+    state = torch.load(path, weights_only=True)["state_dict"]
+    state = {k.removeprefix("module."): v.double() for k, v in state.items()}
+    clip = build_clip(ARCH).double()
+    if not final_ln:
+        remove_final_layernorm(clip)
+    clip.load_state_dict({k: v for k, v in state.items() if k not in SCALARS})
+    with torch.no_grad():
+        f_img, f_txt = clip.encode_image(images), clip.encode_text(tokens)  # open_clip's padded text forward
+    scale = state["logit_scale"].exp()
+    dim = f_img.shape[1]
+    if geometry == "clip":
+        x, y = f_img / f_img.norm(dim=1, keepdim=True), f_txt / f_txt.norm(dim=1, keepdim=True)
+        return x, y, scale * x @ y.T
+    if geometry.startswith("euclidean"):
+        x, y = f_img / math.sqrt(dim), f_txt / math.sqrt(dim)
+        sq = (x * x).sum(1)[:, None] - 2 * x @ y.T + (y * y).sum(1)[None]  # the fork's law-of-cosines form
+        return x, y, scale * (-sq if geometry == "euclidean-squared" else -sq.sqrt())
+    x, y = state["alpha_img"].exp() * f_img, state["alpha_txt"].exp() * f_txt
+    c = state["curvature"].exp().clamp(0.1, 10.0)  # clamped in the fork's forward
+
+    def lift(v):
+        r = c.sqrt() * v.norm(dim=1, keepdim=True)
+        space = torch.sinh(r) / r * v
+        return space, (1 / c + (space * space).sum(1)).sqrt()
+
+    (xs, xt), (ys, yt) = lift(x), lift(y)
+    dist = torch.acosh(-c * (xs @ ys.T - xt[:, None] * yt[None])) / c.sqrt()
+    return x, y, scale * (-dist.square() if geometry == "hyperbolic-squared" else -dist)
+
+
+def imported(runs, name):
+    model, cfg, _, _ = load_model(RunDir(runs / name), torch.device("cpu"))
+    return model.double(), cfg
+
+
+@pytest.mark.parametrize("geometry,final_ln", [("clip", True), ("euclidean-squared", False),
+                                               ("hyperbolic", True), ("hyperbolic-squared", False)])
+def test_an_authors_checkpoint_gives_the_forks_embeddings_and_logits(tmp_path, geometry, final_ln):
+    path = fork_checkpoint(tmp_path / "logs" / "run", geometry, final_ln)
+    runs = tmp_path / "runs"
+    result = runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "authors", "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    model, cfg = imported(runs, "authors")
+    assert cfg.model.final_ln == final_ln and cfg.model.arch == ARCH
+    gen = torch.Generator().manual_seed(1)
+    images = torch.randn(3, 3, 64, 64, generator=gen, dtype=torch.float64)
+    tokens = tokenizer_for(ARCH)(["a red star", "two small blue circles on the left", "a shape"])
+    want_x, want_y, want_logits = reference(path, geometry, final_ln, images, tokens)
+    with torch.no_grad():
+        x, y = model.encode_image(images), model.encode_text(tokens)
+        logits = model.logit_scale() * model.geometry.similarity(x, y, model.curvature())
+    torch.testing.assert_close(x, want_x, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(y, want_y, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits, want_logits, atol=1e-6, rtol=1e-6)
+    meta = json.loads((runs / "authors" / "meta.json").read_text())["imported"]
+    assert meta["format"] == "euclip-authors" and meta["fork_geometry"] == geometry and len(meta["sha256"]) == 64
+    if geometry.startswith("hyperbolic"):
+        assert model.curvature().item() == pytest.approx(10.0)  # the fork's clamp, applied at import
+
+    again = runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "authors", "--runs-dir", str(runs)])
+    assert again.exit_code == 0, again.output  # the same import twice is a no-op
+
+
+def test_without_params_txt_the_geometry_comes_from_the_command_line(tmp_path):
+    path = fork_checkpoint(tmp_path / "logs" / "run", "euclidean-squared", params=False)
+    runs = tmp_path / "runs"
+    refused = runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "a", "--runs-dir", str(runs)])
+    assert refused.exit_code == 2 and "give --geometry and --logit" in refused.output
+    assert not (runs / "a").exists()
+    result = runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "a", "--runs-dir", str(runs),
+                                 "--geometry", "euclidean", "--logit", "d2", "--arch", ARCH])
+    assert result.exit_code == 0, result.output
+    assert json.loads((runs / "a" / "config.json").read_text())["geometry"]["logit"] == "d2"
+
+
+@pytest.mark.parametrize("case,code,message", [
+    ("missing key", 2, "key(s) the model needs are missing (first: clip.text_projection)"),
+    ("unexpected key", 2, "key(s) are not in the model (first: clip.poincare_ball)"),
+    ("wrong geometry", 2, "key(s) are not in the model (first: log_alpha_img)"),
+    ("unknown geometry", 2, "names the geometry 'poincare'"),
+    ("wrong arch", 2, "has shape"),
+    ("corrupt file", 1, "not a readable torch checkpoint"),
+    ("no file", 2, "no such file"),
+])
+def test_a_bad_checkpoint_is_named_in_one_line_and_nothing_is_written(tmp_path, case, code, message):
+    folder = tmp_path / "logs" / "run"
+    extra = {"module.poincare_ball": torch.zeros(2)} if case == "unexpected key" else None
+    drop = ["module.text_projection"] if case == "missing key" else None
+    geometry = "hyperbolic" if case == "wrong geometry" else "clip"
+    path = fork_checkpoint(folder, geometry, extra=extra, drop=drop)
+    args = []
+    if case == "wrong geometry":  # hyperbolic weights read as a Euclidean model: its scalars have no home
+        args = ["--geometry", "euclidean", "--logit", "d2"]
+    if case == "unknown geometry":
+        (folder / "params.txt").write_text(f"geometry: poincare\nmodel: {ARCH}\n")
+    if case == "wrong arch":
+        args = ["--arch", "tiny-vit-32"]  # the same ViT layout, patch 4 instead of 8
+    if case == "corrupt file":
+        path.write_bytes(path.read_bytes()[:5000])
+    if case == "no file":
+        path = folder / "epoch_99.pt"
+    runs = tmp_path / "runs"
+    result = runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "bad", "--runs-dir", str(runs),
+                                 *args])
+    assert result.exit_code == code, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 or "error:" in result.output.splitlines()[0]
+    assert not (runs / "bad").exists()
+
+
+def test_a_hub_id_is_read_through_huggingface_hubs_cache(tmp_path):
+    """hf://OWNER/REPO/PATH in offline mode, from a cache laid out as huggingface_hub writes it."""
+    source = tmp_path / "logs" / "run"
+    path = fork_checkpoint(source, "hyperbolic")
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--nahidalam--geometries"
+    snapshot = repo / "snapshots" / revision / "meru-b16"
+    (snapshot / "checkpoints").mkdir(parents=True)
+    (snapshot / "checkpoints" / "epoch_3.pt").write_bytes(path.read_bytes())
+    (snapshot / "params.txt").write_text((source / "params.txt").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    command = [sys.executable, "-m", "euclip_cli", "import", "euclip-authors",
+               "hf://nahidalam/geometries/meru-b16/checkpoints/epoch_3.pt", "--name", "hub", "--runs-dir",
+               str(tmp_path / "runs")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = json.loads((tmp_path / "runs" / "hub" / "config.json").read_text())
+    assert config["geometry"]["name"] == "hyperbolic"  # from the params.txt one folder up, in the cache
+    missing = subprocess.run([*command[:5], "hf://nahidalam/geometries/nothing.pt", *command[6:-1],
+                              str(tmp_path / "runs2")], env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "not in the local Hugging Face cache" in missing.stderr + missing.stdout
+
+
+@pytest.mark.slow
+def test_an_imported_run_evaluates_analyses_and_reports_like_a_trained_one(tmp_path, world):
+    path = fork_checkpoint(tmp_path / "logs" / "run", "hyperbolic")
+    runs = tmp_path / "runs"
+    assert runner.invoke(app, ["import", "euclip-authors", str(path), "--name", "authors-meru",
+                               "--runs-dir", str(runs)]).exit_code == 0
+    result = runner.invoke(app, ["eval", str(runs / "authors-meru"), "--tasks", "world:main", "--world", str(world)])
+    assert result.exit_code == 0, result.output
+    for analysis in (["distances", "--protocol", "euclip"], ["isotropy", "--k", "8"], ["traverse", "--images", "5"]):
+        result = runner.invoke(app, ["analyze", analysis[0], "authors-meru", *analysis[1:], "--world", str(world),
+                                     "--runs-dir", str(runs)])
+        assert result.exit_code == 0, result.output
+    report = runner.invoke(app, ["report", "--table", "embedded", "--runs-dir", str(runs), "--out",
+                                 str(tmp_path / "tables")])
+    assert report.exit_code == 0, report.output
+    assert "authors-meru (imported: euclip-authors)" in (tmp_path / "tables" / "embedded.md").read_text()
