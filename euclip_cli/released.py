@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from euclip_cli import config as C
+from euclip_cli.data.fetch import sha256_of
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir, checkpoint_meta, write_text_atomic
 
@@ -62,12 +63,6 @@ class Converted:
     state: Optional[dict]  # the EuclipModel state dict; None when ``clip`` carries the weights
     meta: dict  # provenance for meta.json
     clip: object = None  # already-built open_clip towers (the openclip format)
-
-
-def sha256_file(path: Path) -> str:
-    from euclip_cli.data.fetch import sha256_of
-
-    return sha256_of(path)
 
 
 def fetch_source(source: str, sibling: Optional[str] = None) -> Optional[Path]:
@@ -152,7 +147,7 @@ def convert_openclip(source: str, geometry: Optional[str], logit: Optional[str],
                       f"network connection or the path") from None
     meta = {"source": "open_clip pretrained", "arch": model_arch, "pretrained": tag}
     if Path(tag).is_file():
-        meta["sha256"] = sha256_file(Path(tag))
+        meta["sha256"] = sha256_of(Path(tag))
     return Converted([f"model.arch={model_arch}", "geometry.name=clip"], None, meta, clip)
 
 
@@ -204,7 +199,7 @@ def convert_authors(source: str, geometry: Optional[str], logit: Optional[str], 
             state["clip." + key] = value
     overrides = [f"model.arch={base_arch}", f"model.final_ln={str(final_ln).lower()}", f"geometry.name={geometry}",
                  f"geometry.logit={logit}"]
-    meta = {"source": source, "sha256": sha256_file(path), "fork_geometry": fork_geometry,
+    meta = {"source": source, "sha256": sha256_of(path), "fork_geometry": fork_geometry,
             "fork_model": model_name, "params_txt": bool(params)}
     return Converted(overrides, state, meta)
 
