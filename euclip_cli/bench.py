@@ -188,3 +188,63 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool,
                                            measurements["euclip_accum2"].samples_per_s)
     result["euclip_tflops"] = flops * measurements["euclip"].samples_per_s / 1e12
     return result
+
+
+def world_captions(world_train: Path, count: int) -> list[str]:
+    """The first ``count`` captions of the world's training shards, in shard order."""
+    import tarfile
+
+    captions: list[str] = []
+    for shard in sorted(world_train.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".txt"):
+                    captions.append(tar.extractfile(member).read().decode("utf-8"))
+                    if len(captions) == count:
+                        return captions
+    return captions
+
+
+def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, precision: str) -> dict:
+    """The text tower's forward and backward, open_clip's full context against euclip's exact trimming.
+
+    Interleaved in one process: each round times every batch once with the full context, then once
+    trimmed, so drift of the machine hits both alike; the ratio is taken per round.
+    """
+    import time
+
+    import torch
+
+    from euclip_cli.model import build_clip, context_groups, text_features, tokenizer_for
+
+    torch.manual_seed(0)
+    clip = build_clip(arch)
+    tokenize = tokenizer_for(arch)
+    batches = [tokenize(captions[i:i + batch_size]) for i in range(0, len(captions) - batch_size + 1, batch_size)]
+    if not batches:
+        raise BenchError(f"{len(captions)} captions make no batch of {batch_size}")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def run(encode) -> float:
+        start = time.perf_counter()
+        for tokens in batches:
+            clip.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                features = encode(tokens)
+            features.float().square().sum().backward()
+        return (time.perf_counter() - start) / len(batches)
+
+    full, trimmed = (lambda t: clip.encode_text(t)), (lambda t: text_features(clip, t))
+    run(full), run(trimmed)  # warm-up: allocator and kernel choices
+    times = {"full": [], "trimmed": []}
+    for _ in range(rounds):
+        times["full"].append(run(full))
+        times["trimmed"].append(run(trimmed))
+    ratios = [f / t for f, t in zip(times["full"], times["trimmed"])]
+    lengths = [length for tokens in batches for rows, length in (context_groups(clip, tokens) or [])
+               for _ in range(len(rows))]
+    return {"arch": arch, "batch_size": batch_size, "batches": len(batches), "rounds": rounds,
+            "precision": precision, "context": batches[0].shape[1],
+            "mean_trimmed_context": sum(lengths) / len(lengths) if lengths else None,
+            "seconds_per_batch": {k: statistics.median(v) for k, v in times.items()},
+            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}

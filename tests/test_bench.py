@@ -42,3 +42,15 @@ def test_a_second_bench_in_the_same_folder_is_refused(tmp_path):
     assert result.exit_code == 1
     assert "another euclip bench is running in" in " ".join(result.output.split())
     assert sorted(p.name for p in work.iterdir()) == [".lock"]  # nothing of the running bench touched
+
+
+def test_bench_text_times_full_and_trimmed_contexts_on_the_worlds_captions(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "text", "--batch-size", "16", "--batches", "2", "--rounds", "2",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = json.loads(next(tmp_path.glob("text-*.json")).read_text())
+    assert written["batches"] == 2 and written["rounds"] == 2 and written["context"] == 32
+    # The world's captions mostly end well before the 32-token context: trimming shortens them.
+    assert 8 <= written["mean_trimmed_context"] < written["context"]
+    assert written["ratio_min"] <= written["ratio_median"] <= written["ratio_max"]
+    assert "median ratio" in result.output

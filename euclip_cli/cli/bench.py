@@ -94,3 +94,44 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
     path = out / f"train-{stamp}.json"
     path.write_text(json.dumps(result, indent=2))
     common.console.print(f"written: {path}")
+
+
+@app.command("text")
+def text_bench(arch: str = typer.Option("tiny", help="Model (euclip_cli.model.LOCAL_ARCHS); tiny is the "
+                                                      "embedded study's."),
+               batch_size: int = typer.Option(128, min=2, help="Captions per batch."),
+               batches: int = typer.Option(8, min=1, help="Batches of the world's captions timed per round."),
+               rounds: int = typer.Option(5, min=1, help="Interleaved rounds (full context, then trimmed)."),
+               precision: str = typer.Option("bf16", help="fp32, bf16 or fp16 (autocast)."),
+               out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
+               ) -> None:
+    """The text tower with open_clip's full context against euclip's exact trimming, on the world's captions.
+
+    Example: euclip bench text --rounds 5
+    """
+    from euclip_cli.bench import BenchError, bench_text, ensure_world, world_captions
+
+    if precision not in ("fp32", "bf16", "fp16"):
+        common.fail(f"--precision: '{precision}' is not one of fp32, bf16, fp16")
+    from euclip_cli.model import LOCAL_ARCHS
+
+    if arch not in LOCAL_ARCHS:
+        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    with common.errors():
+        try:
+            with common.console.status("timing the text tower, full context and trimmed, interleaved"):
+                captions = world_captions(ensure_world(out / "scratch"), batch_size * batches)
+                result = bench_text(captions, arch, batch_size, rounds, precision)
+        except BenchError as err:
+            common.fail(str(err), 1)
+    seconds = result["seconds_per_batch"]
+    common.console.print(
+        f"text tower forward+backward, {arch}, batch {batch_size}, {precision}, {result['batches']} batches x "
+        f"{rounds} rounds: full context {result['context']} tokens {1000 * seconds['full']:.1f} ms/batch, trimmed "
+        f"(mean context {result['mean_trimmed_context']:.1f}) {1000 * seconds['trimmed']:.1f} ms/batch; "
+        f"median ratio {result['ratio_median']:.2f}x (rounds {result['ratio_min']:.2f}-{result['ratio_max']:.2f}x)",
+        highlight=False)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"text-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    common.console.print(f"written: {path}")
