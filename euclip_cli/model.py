@@ -48,6 +48,43 @@ LOCAL_ARCHS: dict[str, dict] = {
                       text_cfg=dict(context_length=32, vocab_size=49408, width=256, heads=4, layers=6)),
 }
 
+# MERU's released towers (facebookresearch/meru): a timm ViT-S/B/L/16 at 224 px (class-token
+# pooling, a bias-free linear projection) and a 12-layer, width-512 causal text transformer; MERU
+# builds its ViT with torch's LayerNorm (eps 1e-5, not timm's 1e-6) and normalises images with
+# ImageNet's mean and std. ``euclip import meru`` loads their checkpoints into these.
+_MERU_TEXT = dict(context_length=77, vocab_size=49408, width=512, heads=8, layers=12)
+MERU_TIMM = {"meru-vit-s": "vit_small_mocov3_patch16_224", "meru-vit-b": "vit_base_patch16_224",
+             "meru-vit-l": "vit_large_patch16_224"}
+for _arch, _timm in MERU_TIMM.items():
+    LOCAL_ARCHS[_arch] = dict(embed_dim=512, text_cfg=_MERU_TEXT,
+                              vision_cfg=dict(timm_model_name=_timm, timm_model_pretrained=False, timm_pool="token",
+                                              timm_proj="linear", image_size=224))
+MERU_LAYERNORM_EPS = 1e-5
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _register_mocov3_small() -> None:
+    """MERU's ViT-S: ViT-S/16 with 12 attention heads instead of timm's 6 (MoCo v3's choice)."""
+    import timm
+    from timm.models import vision_transformer as vit
+
+    if "vit_small_mocov3_patch16_224" in timm.list_models():
+        return
+
+    @timm.models.register_model
+    def vit_small_mocov3_patch16_224(pretrained=False, **kwargs):
+        return vit._create_vision_transformer("vit_small_patch16_224", pretrained=pretrained,
+                                              **dict(dict(patch_size=16, embed_dim=384, depth=12, num_heads=12),
+                                                     **kwargs))
+
+
+def meru_towers(clip: open_clip.CLIP) -> None:
+    """Make a timm image tower MERU's: torch's LayerNorm epsilon, ImageNet's mean and std."""
+    for module in clip.visual.trunk.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.eps = MERU_LAYERNORM_EPS
+    clip.visual.image_mean, clip.visual.image_std = IMAGENET_MEAN, IMAGENET_STD
+
 
 # Archs whose ViT patchifies with a stack of stride-2 3x3 convolutions (Xiao et al. 2021, "Early
 # convolutions help transformers see better") instead of one patch-sized convolution: the channels
@@ -77,7 +114,11 @@ def build_clip(arch: str) -> open_clip.CLIP:
             raise UsageError(f"model.arch '{arch}' is neither one of euclip's CPU archs ({', '.join(LOCAL_ARCHS)}) "
                              f"nor an open_clip model (open_clip.list_models(), e.g. ViT-B-32)")
         return open_clip.create_model(arch, pretrained=None)
+    if arch in MERU_TIMM:
+        _register_mocov3_small()
     clip = open_clip.CLIP(**LOCAL_ARCHS[arch])
+    if arch in MERU_TIMM:
+        meru_towers(clip)
     if arch in CONV_STEMS:
         vision = LOCAL_ARCHS[arch]["vision_cfg"]
         if 2 ** len(CONV_STEMS[arch]) != vision["patch_size"]:
@@ -109,9 +150,12 @@ def tokenizer_for(arch: str):
 
 
 def transforms_for(clip: open_clip.CLIP):
-    """open_clip's (train, eval) image transforms at the model's resolution, OpenAI mean/std."""
+    """open_clip's (train, eval) image transforms at the model's resolution, with the tower's mean
+    and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's."""
     size = image_size(clip)
-    return open_clip.image_transform(size, is_train=True), open_clip.image_transform(size, is_train=False)
+    stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
+    return (open_clip.image_transform(size, is_train=True, **stats),
+            open_clip.image_transform(size, is_train=False, **stats))
 
 
 # Trimmed contexts are rounded up to a multiple of this: few distinct shapes for torch.compile to

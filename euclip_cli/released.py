@@ -13,7 +13,10 @@ Formats (``FORMATS``):
   and ``curvature``, all log-space. Geometry, logit and model come from the run's ``params.txt``
   (beside the checkpoint or one folder up, as OpenCLIP writes it) or from the command line.
 
-MERU's own checkpoints (a timm image tower and its own text transformer) are not yet a format.
+- ``meru``: MERU's released checkpoints (facebookresearch/meru, ``{"model": state_dict}``), MERU
+  or its CLIP baseline, into euclip's MERU towers (``model.MERU_TIMM``: timm's ViT as MERU builds
+  it, open_clip's text transformer under MERU's weights); MERU's clamps (logit scale, alphas,
+  curvature) applied at import as its forward applies them.
 """
 
 from __future__ import annotations
@@ -204,9 +207,76 @@ def convert_authors(source: str, geometry: Optional[str], logit: Optional[str], 
     return Converted(overrides, state, meta)
 
 
+# MERU's ViT widths: euclip's MERU archs (``model.MERU_TIMM``).
+MERU_WIDTHS = {384: "meru-vit-s", 768: "meru-vit-b", 1024: "meru-vit-l"}
+# MERU's pixel normalisation, a buffer in its checkpoints; euclip's MERU towers apply the same in
+# their transform, so a checkpoint with other values cannot be imported as they are.
+MERU_PIXEL = {"pixel_mean": (0.485, 0.456, 0.406), "pixel_std": (0.229, 0.224, 0.225)}
+
+
+def _meru_key(key: str, value):
+    """One MERU state-dict entry as ``(euclip key, tensor)``, or None for what euclip rebuilds itself."""
+    import torch
+
+    if key.startswith("visual."):
+        return "clip.visual.trunk." + key[len("visual."):], value
+    if key == "visual_proj.weight":
+        return "clip.visual.head.proj.weight", value
+    if key == "textual_proj.weight":
+        return "clip.text_projection", value.T.contiguous()  # nn.Linear's (out, in) as open_clip's x @ P
+    if key == "textual.attn_mask":
+        return None  # the causal mask, a buffer open_clip builds itself
+    if key.startswith("textual."):
+        rest = key[len("textual."):]
+        rest = {"token_embed.weight": "token_embedding.weight", "posit_embed": "positional_embedding"}.get(rest, rest)
+        return "clip." + ("transformer." + rest if rest.startswith("resblocks.") else rest), value
+    if key == "logit_scale":
+        # MERU clamps the parameter at ln 100 before each forward; applied here as it would be.
+        return "clip.logit_scale", value.clamp(max=math.log(100))
+    if key in ("visual_alpha", "textual_alpha"):
+        # MERU clamps alpha <= 1 (log alpha <= 0) before each forward.
+        return ("log_alpha_img" if key == "visual_alpha" else "log_alpha_txt"), value.clamp(max=0.0)
+    if key == "curv":
+        # MERU clamps log c to [ln(c0/10), ln(10 c0)] with its released c0 = 1.
+        return "log_curv", value.clamp(math.log(0.1), math.log(10.0))
+    if key in MERU_PIXEL:
+        if not torch.allclose(value.flatten().double(), torch.tensor(MERU_PIXEL[key], dtype=torch.float64)):
+            raise CheckpointError(f"'{key}' is {value.flatten().tolist()}, not ImageNet's {list(MERU_PIXEL[key])}: "
+                                  f"euclip's MERU towers normalise with ImageNet's statistics only")
+        return None
+    return "clip." + key, value  # unknown: reported as unexpected by the key check
+
+
+def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    """MERU's released checkpoints (``{"model": state_dict, ...}``): MERU (hyperbolic) or its CLIP baseline."""
+    import torch
+
+    path = fetch_source(source)
+    checkpoint = _load(path)
+    weights = checkpoint.get("model", checkpoint) if isinstance(checkpoint, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{source}: holds no state dict of tensors (expected MERU's {{'model': ...}})")
+    hyperbolic = "curv" in weights
+    found = ("hyperbolic", "d") if hyperbolic else ("clip", "cos")
+    if geometry is not None and (geometry, logit) != found:
+        raise UsageError(f"{source}: a {'MERU' if hyperbolic else 'CLIP baseline'} checkpoint is {found[0]} "
+                         f"({found[1]}); --geometry {geometry} --logit {logit} does not apply")
+    if arch is None:
+        width = weights["visual.cls_token"].shape[-1] if "visual.cls_token" in weights else None
+        if width not in MERU_WIDTHS:
+            raise CheckpointError(f"{source}: no MERU ViT of width {width} (known: "
+                                  f"{', '.join(f'{w} ({a})' for w, a in MERU_WIDTHS.items())}); give --arch")
+        arch = MERU_WIDTHS[width]
+    state = dict(filter(None, (_meru_key(k, v) for k, v in weights.items())))
+    overrides = [f"model.arch={arch}", f"geometry.name={found[0]}", f"geometry.logit={found[1]}"]
+    meta = {"source": source, "sha256": sha256_of(path), "model": "MERU" if hyperbolic else "CLIP baseline"}
+    return Converted(overrides, state, meta)
+
+
 FORMATS: dict[str, Callable[[str, Optional[str], Optional[str], Optional[str]], Converted]] = {
     "openclip": convert_openclip,
     "euclip-authors": convert_authors,
+    "meru": convert_meru,
 }
 
 

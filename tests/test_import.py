@@ -205,3 +205,185 @@ def test_an_imported_run_evaluates_analyses_and_reports_like_a_trained_one(tmp_p
                                  str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output
     assert "authors-meru (imported: euclip-authors)" in (tmp_path / "tables" / "embedded.md").read_text()
+
+
+# ---- MERU's checkpoints (facebookresearch/meru): its key names, written out; small towers for speed.
+MERU_TEST = dict(embed_dim=32, text_cfg=dict(context_length=77, vocab_size=49408, width=64, heads=2, layers=2),
+                 vision_cfg=dict(timm_model_name="vit_tiny_patch16_224", timm_model_pretrained=False,
+                                 timm_pool="token", timm_proj="linear", image_size=224))
+MERU_SCALARS = {"visual_alpha": 0.3, "textual_alpha": -2.5, "curv": 3.0}  # alpha > 0 and c = 20: both clamped
+
+
+@pytest.fixture
+def meru_test_arch(monkeypatch):
+    from euclip_cli import model as M
+
+    monkeypatch.setitem(M.LOCAL_ARCHS, "meru-test", MERU_TEST)
+    monkeypatch.setitem(M.MERU_TIMM, "meru-test", "vit_tiny_patch16_224")
+    return "meru-test"
+
+
+def meru_checkpoint(path, hyperbolic=True, seed=0):
+    """MERU's layout: timm's ViT under visual.*, its text encoder under textual.*, bias-free projections."""
+    import timm
+
+    torch.manual_seed(seed)
+    trunk = timm.create_model("vit_tiny_patch16_224", num_classes=0, global_pool="token",
+                              norm_layer=torch.nn.LayerNorm)
+    state = {f"visual.{k}": v + 0.02 * torch.randn_like(v) for k, v in trunk.state_dict().items()}
+    w, layers, embed = 64, 2, 32
+    state.update({"textual.token_embed.weight": 0.02 * torch.randn(49408, w),
+                  "textual.posit_embed": 0.01 * torch.randn(77, w),
+                  "textual.ln_final.weight": 1 + 0.1 * torch.randn(w), "textual.ln_final.bias": 0.1 * torch.randn(w),
+                  "textual.attn_mask": torch.triu(torch.ones(77, 77, dtype=torch.bool), diagonal=1),
+                  "visual_proj.weight": torch.randn(embed, 192) / 192 ** 0.5,
+                  "textual_proj.weight": torch.randn(embed, w) / w ** 0.5,
+                  "logit_scale": torch.tensor(math.log(30.0)),
+                  "pixel_mean": torch.tensor([0.485, 0.456, 0.406]).view(-1, 1, 1),
+                  "pixel_std": torch.tensor([0.229, 0.224, 0.225]).view(-1, 1, 1)})
+    for i in range(layers):
+        block = f"textual.resblocks.{i}."
+        state.update({block + "attn.in_proj_weight": torch.randn(3 * w, w) / w ** 0.5,
+                      block + "attn.in_proj_bias": 0.1 * torch.randn(3 * w),
+                      block + "attn.out_proj.weight": torch.randn(w, w) / w ** 0.5,
+                      block + "attn.out_proj.bias": 0.1 * torch.randn(w),
+                      block + "ln_1.weight": 1 + 0.1 * torch.randn(w), block + "ln_1.bias": 0.1 * torch.randn(w),
+                      block + "mlp.c_fc.weight": torch.randn(4 * w, w) / w ** 0.5,
+                      block + "mlp.c_fc.bias": 0.1 * torch.randn(4 * w),
+                      block + "mlp.c_proj.weight": torch.randn(w, 4 * w) / (4 * w) ** 0.5,
+                      block + "mlp.c_proj.bias": 0.1 * torch.randn(w),
+                      block + "ln_2.weight": 1 + 0.1 * torch.randn(w), block + "ln_2.bias": 0.1 * torch.randn(w)})
+    if hyperbolic:
+        state.update({k: torch.tensor(v) for k, v in MERU_SCALARS.items()})
+    torch.save({"model": state, "iteration": 120000}, path)
+    return state
+
+
+def meru_reference(state, images01, tokens, hyperbolic):
+    """MERU's forward written out in fp64: its image normalisation, timm ViT, its text blocks, its scalars."""
+    import timm
+
+    f = torch.nn.functional
+    s = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+    trunk = timm.create_model("vit_tiny_patch16_224", num_classes=0, global_pool="token",
+                              norm_layer=torch.nn.LayerNorm).double()
+    trunk.load_state_dict({k[len("visual."):]: v for k, v in s.items() if k.startswith("visual.")})
+    with torch.no_grad():
+        image = trunk((images01 - s["pixel_mean"]) / s["pixel_std"]) @ s["visual_proj.weight"].T
+    n = tokens.shape[1]
+    x = s["textual.token_embed.weight"][tokens] + s["textual.posit_embed"][:n]
+    mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
+    heads, w = 2, x.shape[-1]
+    for i in range(2):
+        b = {k.split(f"resblocks.{i}.")[1]: v for k, v in s.items() if f"resblocks.{i}." in k}
+        h = f.layer_norm(x, (w,), b["ln_1.weight"], b["ln_1.bias"])
+        q, k, v = (h @ b["attn.in_proj_weight"].T + b["attn.in_proj_bias"]).split(w, dim=-1)
+        split = lambda t: t.reshape(*t.shape[:2], heads, w // heads).transpose(1, 2)  # noqa: E731
+        att = torch.softmax(split(q) @ split(k).transpose(-1, -2) / math.sqrt(w // heads) + mask, dim=-1)
+        out = (att @ split(v)).transpose(1, 2).reshape(x.shape)
+        x = x + out @ b["attn.out_proj.weight"].T + b["attn.out_proj.bias"]
+        h = f.layer_norm(x, (w,), b["ln_2.weight"], b["ln_2.bias"])
+        x = x + f.gelu(h @ b["mlp.c_fc.weight"].T + b["mlp.c_fc.bias"]) @ b["mlp.c_proj.weight"].T + b["mlp.c_proj.bias"]
+    x = f.layer_norm(x, (w,), s["textual.ln_final.weight"], s["textual.ln_final.bias"])
+    text = x[torch.arange(len(tokens)), tokens.argmax(dim=-1)] @ s["textual_proj.weight"].T
+    scale = s["logit_scale"].exp()
+    if not hyperbolic:
+        image, text = f.normalize(image, dim=-1), f.normalize(text, dim=-1)
+        return image, text, scale * image @ text.T
+    image = image * s["visual_alpha"].clamp(max=0).exp()
+    text = text * s["textual_alpha"].clamp(max=0).exp()
+    c = s["curv"].clamp(math.log(0.1), math.log(10)).exp()
+
+    def lift(v):
+        # MERU's exp_map0 caps the sinh argument at asinh(2^15) (meru/lorentz.py); these features reach it.
+        r = c.sqrt() * v.norm(dim=1, keepdim=True)
+        space = torch.sinh(r.clamp(1e-8, math.asinh(2 ** 15))) / r * v
+        return space, (1 / c + (space * space).sum(1)).sqrt()
+
+    (xs, xt), (ys, yt) = lift(image), lift(text)
+    return image, text, -scale * torch.acosh(-c * (xs @ ys.T - xt[:, None] * yt[None])) / c.sqrt()
+
+
+@pytest.mark.parametrize("hyperbolic", [True, False])
+def test_a_meru_checkpoint_gives_merus_embeddings_and_logits(tmp_path, meru_test_arch, hyperbolic):
+    from euclip_cli.model import transforms_for
+
+    path = tmp_path / ("meru_vit_test.pth" if hyperbolic else "clip_vit_test.pth")
+    state = meru_checkpoint(path, hyperbolic)
+    runs = tmp_path / "runs"
+    result = runner.invoke(app, ["import", "meru", str(path), "--name", "meru", "--runs-dir", str(runs),
+                                 "--arch", meru_test_arch])
+    assert result.exit_code == 0, result.output
+    model, cfg = imported(runs, "meru")
+    assert cfg.geometry.name == ("hyperbolic" if hyperbolic else "clip")
+    gen = torch.Generator().manual_seed(2)
+    images01 = torch.rand(2, 3, 224, 224, generator=gen, dtype=torch.float64)
+    tokens = tokenizer_for(meru_test_arch)(["a red star", "two small blue circles on the left", "a shape"])
+    want_x, want_y, want_logits = meru_reference(state, images01, tokens, hyperbolic)
+    normalize = transforms_for(model.clip)[1].transforms[-1]  # the run's own eval normalisation: ImageNet's
+    with torch.no_grad():
+        x, y = model.encode_image(normalize(images01)), model.encode_text(tokens)
+        logits = model.logit_scale() * model.geometry.similarity(x, y, model.curvature())
+    torch.testing.assert_close(x, want_x, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(y, want_y, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits, want_logits, atol=1e-6, rtol=1e-6)
+    assert json.loads((runs / "meru" / "meta.json").read_text())["imported"]["format"] == "meru"
+
+
+def test_a_meru_checkpoint_with_a_wrong_geometry_or_unknown_width_is_named(tmp_path, meru_test_arch):
+    path = tmp_path / "meru.pth"
+    meru_checkpoint(path)
+    runs = tmp_path / "runs"
+    wrong = runner.invoke(app, ["import", "meru", str(path), "--name", "m", "--runs-dir", str(runs),
+                                "--geometry", "euclidean", "--logit", "d2"])
+    assert wrong.exit_code == 2 and "is hyperbolic (d)" in wrong.output
+    width = runner.invoke(app, ["import", "meru", str(path), "--name", "m", "--runs-dir", str(runs)])
+    assert width.exit_code == 2 and "no MERU ViT of width 192" in width.output
+    assert not (runs / "m").exists()
+
+
+def test_merus_released_towers_hold_merus_key_layout():
+    """euclip's meru-vit-s|b|l take MERU's checkpoint keys one to one (shapes from MERU's configs)."""
+    from euclip_cli.model import build_clip
+    from euclip_cli.released import _meru_key
+
+    for arch, width, depth in (("meru-vit-s", 384, 12), ("meru-vit-b", 768, 12)):
+        with torch.device("meta"):
+            clip = build_clip(arch)
+        expected = {"clip." + k: v.shape for k, v in clip.state_dict().items()}
+        # MERU's text keys for L12_W512 and its projections, from its text_encoders.py and models.py.
+        meru = {"visual_proj.weight": (512, width), "textual_proj.weight": (512, 512),
+                "textual.token_embed.weight": (49408, 512), "textual.posit_embed": (77, 512),
+                "textual.ln_final.weight": (512,), "textual.ln_final.bias": (512,), "logit_scale": ()}
+        for i in range(12):
+            meru.update({f"textual.resblocks.{i}.attn.in_proj_weight": (1536, 512),
+                         f"textual.resblocks.{i}.mlp.c_fc.weight": (2048, 512)})
+        meru.update({"visual." + k[len("clip.visual.trunk."):]: v for k, v in expected.items()
+                     if k.startswith("clip.visual.trunk.")})
+        for key, shape in meru.items():
+            name, value = _meru_key(key, torch.empty(shape, device="meta"))
+            assert name in expected and tuple(value.shape) == tuple(expected[name]), key
+        assert clip.visual.trunk.blocks[0].attn.num_heads == (12 if arch == "meru-vit-s" else 12)
+        assert len(clip.visual.trunk.blocks) == depth
+
+
+def test_the_released_table_puts_each_import_beside_its_published_row():
+    from euclip_cli.report.tables import Run, released_table
+
+    def run(name, fmt, arch, final_ln, geometry, logit, imagenet, meta=None):
+        config = {"model": {"arch": arch, "final_ln": final_ln}, "geometry": {"name": geometry, "logit": logit}}
+        return Run(name, "", config, {"datacomp": {"main": imagenet}}, fmt, meta or {"format": fmt})
+
+    table = released_table([
+        run("authors-euclip", "euclip-authors", "ViT-B-16", False, "euclidean", "d2", 0.3600),
+        run("authors-meru", "euclip-authors", "ViT-B-16", True, "hyperbolic", "d", None),
+        run("meru-b", "meru", "meru-vit-b", True, "hyperbolic", "d", 0.3700, {"format": "meru", "model": "MERU"}),
+        run("clip-s", "meru", "meru-vit-s", True, "clip", "cos", 0.3430, {"format": "meru", "model": "CLIP baseline"}),
+        run("odd", "euclip-authors", "ViT-B-32", True, "elliptic", "arccos", 0.2),
+    ]).set_index("run")
+    assert table.loc["authors-euclip", "published row"] == "EuCLIP Table 1: EuCLIP"
+    assert table.loc["authors-euclip", "ImageNet (published)"] == 35.17 and table.loc["authors-euclip", "Δ"] == "+0.83"
+    assert table.loc["authors-meru", "ImageNet (published)"] == 33.84 and table.loc["authors-meru", "Δ"] == "missing"
+    assert table.loc["meru-b", "ImageNet (published)"] == 37.5 and table.loc["meru-b", "Δ"] == "-0.50"
+    assert table.loc["clip-s", "ImageNet (published)"] == 34.3 and table.loc["clip-s", "Δ"] == "+0.00"
+    assert table.loc["odd", "published row"] == "missing"  # no published model of that kind

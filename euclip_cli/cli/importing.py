@@ -11,21 +11,23 @@ from euclip_cli.cli.common import console, errors
 from euclip_cli.rundir import RUNS_DIR
 
 
-def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip or euclip-authors."),
-                   source: str = typer.Argument(..., help="openclip: ARCH:TAG; euclip-authors: a checkpoint file "
-                                                          "or hf://OWNER/REPO/PATH."),
+def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip, euclip-authors or meru."),
+                   source: str = typer.Argument(..., help="openclip: ARCH:TAG; euclip-authors, meru: a checkpoint "
+                                                          "file or hf://OWNER/REPO/PATH."),
                    name: str = typer.Option(..., help="The run directory to create under --runs-dir."),
                    geometry: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the "
                                                                      "geometry (clip, elliptic, euclidean, hyperbolic)."),
                    logit: Optional[str] = typer.Option(None, help="With --geometry: its logit (e.g. d or d2)."),
                    arch: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the model, "
-                                                                 "e.g. ViT-B-16 or ViT-B-16-no-final-ln."),
+                                                                 "e.g. ViT-B-16 or ViT-B-16-no-final-ln; meru: "
+                                                                 "meru-vit-s|b|l (default: from the ViT's width)."),
                    runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
     """Turn a released checkpoint into a run that eval, analyze and report take unchanged.
 
     Examples:
       euclip import euclip-authors logs/euclip/checkpoints/epoch_32.pt --name authors-euclip
       euclip import euclip-authors hf://OWNER/REPO/epoch_32.pt --name authors-meru --geometry hyperbolic --logit d --arch ViT-B-16
+      euclip import meru meru_vit_b.pth --name meru-vit-b
       euclip import openclip ViT-B-32:datacomp_m_s128m_b4k --name datacomp-m-clip
     """
     with errors():

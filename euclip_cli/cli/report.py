@@ -9,11 +9,12 @@ import typer
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.rundir import RUNS_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "traversal", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "all")
 
 
 def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables), traversal "
-                                                          "(Tables 6 and 7) or all."),
+                                                          "(Tables 6 and 7), released (imported runs beside "
+                                                          "their published rows) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
@@ -31,12 +32,12 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if fmt not in ("md", "csv", "tex", "html"):
         fail(f"--format {fmt!r} is not one of md, csv, tex, html", 2)
     with errors():
-        from euclip_cli.report.tables import (load_runs, paper_table, render, study_tables, suite_table,
-                                              traversal_table)
+        from euclip_cli.report.tables import (load_runs, paper_table, released_table, render, study_tables,
+                                              suite_table, traversal_table)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
-        wanted = ["embedded", "1", "4", "5", "8", "traversal"] if table == "all" else [table]
+        wanted = ["embedded", "1", "4", "5", "8", "traversal", "released"] if table == "all" else [table]
         sections, study_figures = [], []
         # Studies first: seeds and intervals are what a comparison stands on.
         for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
@@ -53,6 +54,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         for name in wanted:
             if name == "embedded":
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
+            elif name == "released":
+                df, title = released_table(runs), "Released models imported: published ImageNet zero-shot vs ours (%)"
             elif name == "traversal":
                 df, title = (traversal_table(runs_dir), "Paper Tables 6 and 7: captions per image along image "
                                                          "traversals, [ROOT] excluded (euclip analyze traverse)")
@@ -62,7 +65,7 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             sections.append((title, text))
             if fmt == "html":
                 continue
-            path = out / f"{name if name in ('embedded', 'traversal') else 'table' + name}.{fmt}"
+            path = out / f"{name if not name.isdigit() else 'table' + name}.{fmt}"
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
             console.print(f"[bold]{title}[/]  ({path})")
             console.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -3,7 +3,8 @@
 ``euclip-tables.csv``: the EuCLIP paper's zero-shot results (Tables 1, 4, 5 and 8), one row per
 (table, model, label). Reports put our runs beside these rows; study claims take the paper's
 effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
-along image traversals, one row per (table, model, filter). pandas is imported only when a table is read.
+along image traversals, one row per (table, model, filter). ``meru-imagenet.csv``: MERU's
+zero-shot ImageNet accuracy of its released models (its Table 2). pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
 EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
+MERU_IMAGENET = Path(__file__).with_name("meru-imagenet.csv")
 
 
 def euclip_tables():
@@ -38,3 +40,10 @@ def euclip_traversal():
     rows = pd.read_csv(EUCLIP_TRAVERSAL, comment="#")
     rows["filter"] = [f if f == "none" else f"K={k:g}" for f, k in zip(rows["filter"], rows["filter_K"])]
     return rows.drop(columns="filter_K")
+
+
+def meru_imagenet():
+    """MERU's released models' zero-shot ImageNet accuracy (percent), by euclip arch and model."""
+    import pandas as pd
+
+    return pd.read_csv(MERU_IMAGENET, comment="#")
