@@ -208,8 +208,8 @@ def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     ``(B, L) -> (B, D)``, rows in the input's order.
     """
     groups = context_groups(clip, tokens)
-    if groups is None or groups == [(groups[0][0], tokens.shape[1])]:
-        return clip.encode_text(tokens)
+    if groups is None or (len(groups) == 1 and groups[0][1] == tokens.shape[1]):
+        return clip.encode_text(tokens)  # nothing to trim
     features = torch.cat([_prefix_features(clip, tokens[rows], length) for rows, length in groups])
     order = torch.cat([rows for rows, _ in groups])
     return features[order.argsort()]

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from euclip_cli.analysis.protocol import protocol as pick_protocol
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry.facts import describe
@@ -38,12 +39,6 @@ PROTOCOL_HELP = ("paper: the published procedures ([ROOT] from training pairs an
                  "alternatives (docs/analyses.md tabulates both).")
 
 
-def _protocol(name: str):
-    from euclip_cli.analysis.protocol import protocol
-
-    return protocol(name)
-
-
 @app.command()
 def distances(run: str = typer.Argument(..., help="Run directory or name."),
               split: str = typer.Option("eval", help="eval: the world's retrieval pairs; train: the first "
@@ -72,7 +67,7 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
     if split not in ("eval", "train"):
         fail(f"--split '{split}' is not one of eval, train")
     with errors():
-        chosen = _protocol(protocol)
+        chosen = pick_protocol(protocol)
         if split == "eval":
             run_dir, emb = _collect(run, runs_dir, world, device)
             geometry, curv, image, text = emb.geometry, emb.curv, emb.image, emb.text
@@ -126,7 +121,7 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     from euclip_cli.report.figures import spectra_plot
 
     with errors():
-        chosen = _protocol(protocol)
+        chosen = pick_protocol(protocol)
         run_dir, emb = _collect(run, runs_dir, world, device)
         dim = emb.image.shape[1]
         if not 0 <= k <= dim:
@@ -191,7 +186,7 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     from euclip_cli.device import resolve_device
 
     with errors():
-        chosen = _protocol(protocol)
+        chosen = pick_protocol(protocol)
         ks: list[Optional[float]] = [None]
         for item in (entail or "").split(","):
             if item.strip():
