@@ -35,6 +35,10 @@ class ModelConfig:
     arch: str = "ViT-B-32"
     # False removes the vision tower's ``ln_post`` and the text tower's ``ln_final``.
     final_ln: bool = True
+    # m class tokens per tower, Multi(D/m, m) (Sun and Li, section 3; ``euclip_cli.multitoken``): each
+    # token's state projected to D/m and the m projections a point of the product sphere PS(D/m, m).
+    # Needs geometry.name = "product-sphere" with geometry.blocks = m. 1 = open_clip's towers.
+    class_tokens: int = 1
 
 
 @dataclass
@@ -363,6 +367,12 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"geometry.logit: '{g.logit}' is not a logit of geometry '{g.name}' (allowed: default, {', '.join(facts.logits)})")
     if facts and facts.uses_blocks and g.blocks < 1:
         problems.append("geometry.blocks: must be at least 1")
+    if cfg.model.class_tokens < 1:
+        problems.append("model.class_tokens: must be at least 1")
+    elif cfg.model.class_tokens > 1 and (g.name != "product-sphere" or g.blocks != cfg.model.class_tokens):
+        problems.append(f"model.class_tokens: {cfg.model.class_tokens} class tokens make a point of PS(n, "
+                        f"{cfg.model.class_tokens}); set geometry.name=\"product-sphere\" and "
+                        f"geometry.blocks={cfg.model.class_tokens}")
     if not 0 < g.curvature_min <= g.curvature_init <= g.curvature_max:
         problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
     if g.logit_scale_max <= 0:

@@ -17,6 +17,7 @@ import open_clip
 import torch
 from torch import nn
 
+from euclip_cli import multitoken
 from euclip_cli.config import Config, initial_logit_scale, resolved_logit
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import get_geometry
@@ -108,22 +109,38 @@ class ConvStem(nn.Sequential):
         super().__init__(*layers)
 
 
-def build_clip(arch: str) -> open_clip.CLIP:
+def arch_embed_dim(arch: str) -> int:
+    """The embedding dimension an arch projects to (open_clip's ``embed_dim``)."""
+    if arch in LOCAL_ARCHS:
+        return LOCAL_ARCHS[arch]["embed_dim"]
+    cfg = open_clip.get_model_config(arch)
+    if cfg is None:
+        raise UsageError(f"model.arch '{arch}' is neither one of euclip's CPU archs ({', '.join(LOCAL_ARCHS)}) "
+                         f"nor an open_clip model (open_clip.list_models(), e.g. ViT-B-32)")
+    return cfg["embed_dim"]
+
+
+def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
+    """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m) (``euclip_cli.multitoken``):
+    each class token projected to D/m, so the concatenated feature keeps the arch's dimension D."""
+    embed_dim = arch_embed_dim(arch)
+    if embed_dim % class_tokens:
+        raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension {embed_dim}")
+    resize = {"embed_dim": embed_dim // class_tokens} if class_tokens > 1 else {}
     if arch not in LOCAL_ARCHS:
-        if arch not in open_clip.list_models():
-            raise UsageError(f"model.arch '{arch}' is neither one of euclip's CPU archs ({', '.join(LOCAL_ARCHS)}) "
-                             f"nor an open_clip model (open_clip.list_models(), e.g. ViT-B-32)")
-        return open_clip.create_model(arch, pretrained=None)
-    if arch in MERU_TIMM:
-        _register_mocov3_small()
-    clip = open_clip.CLIP(**LOCAL_ARCHS[arch])
-    if arch in MERU_TIMM:
-        meru_towers(clip)
-    if arch in CONV_STEMS:
-        vision = LOCAL_ARCHS[arch]["vision_cfg"]
-        if 2 ** len(CONV_STEMS[arch]) != vision["patch_size"]:
-            raise ValueError(f"{arch}: the conv stem's stride must equal the patch size")  # a bug in the table
-        clip.visual.conv1 = ConvStem(vision["width"], CONV_STEMS[arch])
+        clip = open_clip.create_model(arch, pretrained=None, **resize)
+    else:
+        if arch in MERU_TIMM:
+            _register_mocov3_small()
+        clip = open_clip.CLIP(**dict(LOCAL_ARCHS[arch], **resize))
+        if arch in MERU_TIMM:
+            meru_towers(clip)
+        if arch in CONV_STEMS:
+            vision = LOCAL_ARCHS[arch]["vision_cfg"]
+            if 2 ** len(CONV_STEMS[arch]) != vision["patch_size"]:
+                raise ValueError(f"{arch}: the conv stem's stride must equal the patch size")  # a bug in the table
+            clip.visual.conv1 = ConvStem(vision["width"], CONV_STEMS[arch])
+    multitoken.extend(clip, class_tokens)
     return clip
 
 
@@ -175,12 +192,10 @@ def context_groups(clip: nn.Module, tokens: torch.Tensor) -> Optional[list[tuple
     """
     if not isinstance(clip, open_clip.CLIP) or clip.attn_mask is None:
         return None
-    if clip.text_pool_type == "argmax":  # OpenAI's BPE: end-of-text has the largest id
-        ends = tokens.argmax(dim=-1)
-    elif clip.text_pool_type == "eos" and getattr(clip, "text_eos_id", None) is not None:
-        ends = (tokens == clip.text_eos_id).int().argmax(dim=-1)
-    else:
+    if not (clip.text_pool_type == "argmax"
+            or clip.text_pool_type == "eos" and getattr(clip, "text_eos_id", None) is not None):
         return None
+    ends = multitoken.end_positions(clip, tokens)
     lengths = ((ends + TRIM_MULTIPLE) // TRIM_MULTIPLE * TRIM_MULTIPLE).clamp_max(tokens.shape[1])
     return [((lengths == length).nonzero().squeeze(1), int(length)) for length in lengths.unique().tolist()]
 
@@ -189,8 +204,11 @@ def _prefix_features(clip: open_clip.CLIP, tokens: torch.Tensor, length: int) ->
     """open_clip's ``CLIP.encode_text`` on the first ``length`` tokens. ``(B, L) -> (B, D)``.
 
     ``CLIP.encode_text`` adds the full positional table and causal mask, so a shorter context
-    cannot be passed to it; this is its computation with both sliced.
+    cannot be passed to it; this is its computation with both sliced. Towers with several class
+    tokens take theirs (``multitoken.multi_text_features``).
     """
+    if multitoken.text_class_tokens(clip) > 1:
+        return multitoken.multi_text_features(clip, tokens, length)
     tokens = tokens[:, :length]
     cast = clip.transformer.get_cast_dtype()
     x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding[:length].to(cast)
@@ -208,8 +226,10 @@ def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     ``(B, L) -> (B, D)``, rows in the input's order.
     """
     groups = context_groups(clip, tokens)
-    if groups is None or (len(groups) == 1 and groups[0][1] == tokens.shape[1]):
-        return clip.encode_text(tokens)  # nothing to trim
+    if groups is None or (len(groups) == 1 and groups[0][1] == tokens.shape[1]):  # nothing to trim
+        if multitoken.text_class_tokens(clip) > 1:
+            return multitoken.multi_text_features(clip, tokens, tokens.shape[1])
+        return clip.encode_text(tokens)
     features = torch.cat([_prefix_features(clip, tokens[rows], length) for rows, length in groups])
     order = torch.cat([rows for rows, _ in groups])
     return features[order.argsort()]
@@ -219,12 +239,13 @@ class EuclipModel(nn.Module):
     def __init__(self, cfg: Config, clip: Optional[open_clip.CLIP] = None):
         """``clip``: already-built towers (e.g. an open_clip pretrained model) instead of fresh ones."""
         super().__init__()
-        self.clip = clip if clip is not None else build_clip(cfg.model.arch)
+        self.clip = clip if clip is not None else build_clip(cfg.model.arch, cfg.model.class_tokens)
         if not cfg.model.final_ln:
             remove_final_layernorm(self.clip)
         g = cfg.geometry
         self.geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
-        self.embed_dim = self.clip.text_projection.shape[-1]
+        # Multi(n, m) towers project each of their m class tokens to n = text_projection's width.
+        self.embed_dim = self.clip.text_projection.shape[-1] * multitoken.text_class_tokens(self.clip)
         if self.geometry.facts.uses_blocks and self.embed_dim % g.blocks:
             raise UsageError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
         if clip is None:

@@ -265,3 +265,29 @@ def test_the_analyses_numbers_match_the_stored_expected_file(runs, world):
             # Traversal counts move in steps of 1/20 when one near-tied step flips.
             tolerance = {"abs": 0.1} if "traverse" in group else {"rel": 1e-2, "abs": 1e-4}
             assert numbers[group][key] == pytest.approx(value, **tolerance), f"{group}: {key}"
+
+
+def test_equilibrium_writes_curves_per_shuffle_and_batch_size_and_a_figure(runs):
+    result = runner.invoke(app, ["analyze", "equilibrium", "tiny-clip", "--batch-sizes", "16,32", "--samples", "64",
+                                 "--batches", "2", "--temperatures", "1,100,5", "--shuffle", "0,50",
+                                 "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    folder = runs / "tiny-clip" / "analysis"
+    study = json.loads((folder / "equilibrium.json").read_text())
+    assert [(c["shuffle_percent"], c["batch_size"]) for c in study["curves"]] == [(0, 16), (50, 16), (0, 32), (50, 32)]
+    assert all(len(c["points"]) == 5 for c in study["curves"]) and study["pairs"] == 64
+    for curve in study["curves"]:
+        for p in curve["points"]:
+            assert p["align"] + p["uniform"] == pytest.approx(p["loss"], rel=1e-9, abs=1e-9)
+    beta = json.loads((runs / "tiny-clip" / "metrics.jsonl").read_text().splitlines()[-1])["logit_scale"]
+    assert study["learned_temperature"] == pytest.approx(beta, rel=1e-5)
+    assert (folder / "equilibrium.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args,needle", [(["--shuffle", "0,150"], "--shuffle"), (["--batch-sizes", "1"], "--batch-sizes"),
+                                         (["--temperatures", "100,1,5"], "--temperatures"),
+                                         (["--batch-sizes", "128", "--samples", "64"], "--samples 64"),
+                                         (["--batch-sizes", "a,b"], "--batch-sizes")])
+def test_equilibrium_refuses_bad_options_in_one_line(runs, args, needle):
+    result = runner.invoke(app, ["analyze", "equilibrium", "tiny-clip", *args, "--runs-dir", str(runs)])
+    assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output

@@ -156,3 +156,49 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert page.exit_code == 0, page.output
     html = (tmp_path / "tables" / "report.html").read_text()
     assert html.index("Study out") < html.index("Paper Table 1") and "means and paired differences" in html
+
+
+def test_the_temperature_converges_where_it_stays_within_two_percent_of_its_final_value():
+    steps = [8, 16, 24, 32, 40, 48]
+    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.9, 4.05, 4.0]) == 40  # 3.9 is 2.5% off
+    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.95, 4.05, 4.0]) == 32
+    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.9, 4.05, 4.0], within=0.01) == 48  # 4.05 is 1.25% off
+    assert R.converged_step(steps, [4.0] * 6) == 8  # never moved (a frozen temperature)
+    assert R.converged_step(steps, [4.0, 4.0, 1.0, 4.0, 4.0, 4.0]) == 32  # a later excursion counts
+
+
+def test_a_configuration_naming_an_unknown_published_row_is_refused(tmp_path):
+    path = tmp_path / "study-bad.toml"
+    path.write_text('[configs.a]\nrecipe = "tiny-clip"\npaper = "sphere-init3"\n[configs.b]\nrecipe = "tiny-clip"\n')
+    with pytest.raises(Exception, match="sphere-init3"):
+        load_study(str(path))
+
+
+@pytest.mark.slow
+def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside_its_runs(tmp_path, world):
+    noisy = tmp_path / "world-mismatch-40"
+    overrides = ["data.batch_size=32", "optim.samples=64", "optim.warmup_steps=1", "train.precision=fp32",
+                 "train.tensorboard=false", "data.shuffle_buffer=100", "train.log_every=1",
+                 "geometry.logit_scale_max=100"]
+    path = tmp_path / "study-temp.toml"
+    path.write_text(f'[study]\nseeds = 1\ntasks = "world/shapes"\nbaseline = "sphere"\n'
+                    f'overrides = {json.dumps(overrides)}\n'
+                    f'[configs.sphere]\nrecipe = "tiny-clip"\npaper = "sphere-init1"\n'
+                    f'overrides = ["data.train_dir={world / "train"}", "geometry.logit_scale_init=0"]\n'
+                    f'[configs.frozen-noisy]\nrecipe = "tiny-product-sphere"\npaper = "ps-inner-frozen1"\n'
+                    f'overrides = ["data.train_dir={noisy / "train"}", "data.world_mismatch=0.4", '
+                    f'"data.world_samples=300", "geometry.logit_scale_init=0", "geometry.learn_logit_scale=false"]\n')
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world)])
+    assert result.exit_code == 0, result.output
+    assert "generating the embedded world of frozen-noisy" in result.output and "world-mismatch-40" in result.output
+    manifest = json.loads((noisy / "manifest.json").read_text())
+    assert manifest["mismatch"] == 0.4 and manifest["samples"] == 300
+    rows = {(r["config"], r["metric"]): r for r in csv.DictReader((out / "study.csv").open())}
+    assert float(rows[("frozen-noisy", "temperature_final")]["mean"]) == 1.0  # frozen at beta = 1
+    assert float(rows[("frozen-noisy", "temperature_converged_step")]["mean"]) == 1.0  # never moved
+    records = [json.loads(l) for l in (out / "runs" / "sphere-seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert float(rows[("sphere", "temperature_final")]["mean"]) == pytest.approx(records[-1]["logit_scale"])
+    text = (out / "study.md").read_text()
+    assert "## Temperature" in text and "Table 7 sphere-init1" in text and "Table 7 ps-inner-frozen1" in text
+    assert "| 1.000 → 1.000 | detach | 21.20 | 30.3 / 18.48 |" in text  # the published frozen PS row

@@ -153,6 +153,81 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
 
+def _numbers(option: str, text: str, kind=float) -> list:
+    try:
+        values = [kind(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise UsageError(f"{option}: '{text}' is not a comma-separated list of numbers") from None
+    if not values:
+        raise UsageError(f"{option}: give at least one value")
+    return values
+
+
+@app.command()
+def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
+                shuffle: str = typer.Option("0,5,10,20", help="Percentages of each batch's captions shuffled."),
+                batch_sizes: str = typer.Option("128,512", help="Batch sizes (the paper compares several)."),
+                temperatures: str = typer.Option("1,100,25", help="LOW,HIGH,POINTS: the log-spaced temperature grid."),
+                batches: int = typer.Option(8, min=1, help="Random batches averaged per point."),
+                samples: int = typer.Option(2048, min=2, help="Training pairs the batches are drawn from."),
+                seed: int = typer.Option(0, help="Seed of the batches and the shuffles."),
+                device: str = typer.Option("auto", help="cpu, cuda or auto."),
+                runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+    """The ratio of the alignment to the uniformity part of the contrastive loss against temperature,
+    for training batches with P% of captions shuffled (Sun and Li, Figure 1); 1 is the equilibrium.
+
+    Examples:
+      euclip analyze equilibrium tiny-clip
+      euclip analyze equilibrium tiny-multi --shuffle 0,10,40 --batch-sizes 64,128,256
+    """
+    from rich.table import Table
+
+    from euclip_cli.analysis.embeddings import training_pairs
+    from euclip_cli.analysis.equilibrium import equilibrium_study, temperature_grid
+    from euclip_cli.device import resolve_device
+    from euclip_cli.encode import load_model
+    from euclip_cli.report.figures import equilibrium_plot
+
+    with errors():
+        percents = _numbers("--shuffle", shuffle)
+        sizes = _numbers("--batch-sizes", batch_sizes, int)
+        grid = _numbers("--temperatures", temperatures)
+        if any(not 0 <= p <= 100 for p in percents):
+            raise UsageError(f"--shuffle {shuffle}: percentages lie in [0, 100]")
+        if any(b < 2 for b in sizes):
+            raise UsageError(f"--batch-sizes {batch_sizes}: a contrastive batch needs at least 2 pairs")
+        if len(grid) != 3 or not 0 < grid[0] < grid[1] or grid[2] < 2 or grid[2] != int(grid[2]):
+            raise UsageError(f"--temperatures {temperatures}: expected LOW,HIGH,POINTS with 0 < LOW < HIGH "
+                             f"and at least 2 points, e.g. 1,100,25")
+        if max(sizes) > samples:
+            raise UsageError(f"--batch-sizes {batch_sizes}: the largest batch exceeds --samples {samples}")
+        run_dir = resolve(run, runs_dir).path
+        dev = resolve_device(device)
+        learned = load_model(RunDir(run_dir), dev)[0].logit_scale().item()
+        with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
+            geometry, curv, image, text = training_pairs(run_dir, dev, samples)
+        if len(image) < max(sizes):
+            raise UsageError(f"{run_dir.name}'s training shards hold {len(image)} pairs, fewer than the largest "
+                             f"batch {max(sizes)}: lower --batch-sizes")
+        result = equilibrium_study(geometry, image, text, curv, percents, sizes,
+                                   temperature_grid(grid[0], grid[1], int(grid[2])), batches, seed)
+    result["learned_temperature"] = learned
+    figures = equilibrium_plot(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}): "
+                                       f"equilibrium of the contrastive loss", RunDir(run_dir).analysis_dir / "equilibrium")
+    out = _write(run_dir, "equilibrium", result)
+    table = Table(title=f"{run_dir.name}: equilibrium over {batches} batches of its training pairs "
+                        f"(learned temperature {learned:.2f})")
+    for label in ("shuffled %", "batch", "equilibrium temperature", "ratio at learned temperature"):
+        table.add_column(label, justify="right")
+    for curve in result["curves"]:
+        at = min(curve["points"], key=lambda p: abs(p["temperature"] - learned))
+        eq = curve["equilibrium_temperature"]
+        table.add_row(f"{curve['shuffle_percent']:g}", str(curve["batch_size"]),
+                      "above the grid" if eq is None else f"{eq:.2f}", f"{at['ratio']:.3f} (at {at['temperature']:.1f})")
+    console.print(table)
+    console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
+
+
 @app.command()
 def traverse(run: str = typer.Argument(..., help="Run directory or name."),
              images: int = typer.Option(100, min=1, help="Retrieval images of the embedded world to traverse."),

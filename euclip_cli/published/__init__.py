@@ -4,7 +4,9 @@
 (table, model, label). Reports put our runs beside these rows; study claims take the paper's
 effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
 along image traversals, one row per (table, model, filter). ``meru-imagenet.csv``: MERU's
-zero-shot ImageNet accuracy of its released models (its Table 2). pandas is imported only when a table is read.
+zero-shot ImageNet accuracy of its released models (its Table 2). ``sun-li-temperature.csv``: Sun
+and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
+study configuration's ``paper`` key names. pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
 EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
 MERU_IMAGENET = Path(__file__).with_name("meru-imagenet.csv")
+SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
 
 
 def euclip_tables():
@@ -47,3 +50,10 @@ def meru_imagenet():
     import pandas as pd
 
     return pd.read_csv(MERU_IMAGENET, comment="#")
+
+
+def sun_li_temperature():
+    """Sun and Li's Tables 6 and 7 as a DataFrame (metrics in percent), indexed by ``label``."""
+    import pandas as pd
+
+    return pd.read_csv(SUN_LI_TEMPERATURE, comment="#", dtype={"converge_step": str}).set_index("label")

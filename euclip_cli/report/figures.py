@@ -105,3 +105,26 @@ def study_figure(rows: list[dict], configs: list[str], baseline: str, columns: d
     axes[0].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return _save(fig, stem)
+
+
+def equilibrium_plot(study: dict, title: str, stem: Path) -> list[Path]:
+    """Sun and Li's Figure 1: the mean alignment/uniformity ratio against temperature, one line per
+    shuffle percentage (colour) and batch size (line style); 1 is the equilibrium."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    percents = sorted({c["shuffle_percent"] for c in study["curves"]})
+    sizes = sorted({c["batch_size"] for c in study["curves"]})
+    styles = ["-", "--", ":", "-."]
+    for curve in study["curves"]:
+        ax.loglog([p["temperature"] for p in curve["points"]], [p["ratio"] for p in curve["points"]],
+                  color=f"C{percents.index(curve['shuffle_percent']) % 10}",
+                  linestyle=styles[sizes.index(curve["batch_size"]) % len(styles)],
+                  label=f"shuffle {curve['shuffle_percent']:g}%, batch {curve['batch_size']}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    if study.get("learned_temperature"):
+        ax.axvline(study["learned_temperature"], color="black", linewidth=0.8, linestyle=":",
+                   label=f"the run's temperature {study['learned_temperature']:.1f}")
+    ax.set_xlabel("temperature (logit scale beta)")
+    ax.set_ylabel("alignment / uniformity ratio")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, stem)

@@ -100,12 +100,32 @@ def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
     return None
 
 
+def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Path]:
+    """Generate the embedded worlds the configurations train on and that do not exist yet (e.g. one
+    per caption-noise level), one after the other, before any run starts; returns those written."""
+    from euclip_cli.data.world_files import WorldSettings, generate
+
+    written = []
+    for name, spec in study.configs.items():
+        cfg = C.load_config(spec.recipe, study.overrides(name, 0))
+        folder = C.train_dir(cfg).parent
+        if cfg.data.dataset != "world" or C.train_dir(cfg).exists() or folder in written:
+            continue
+        say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")
+        generate(folder, WorldSettings(seed=cfg.data.world_seed, samples=cfg.data.world_samples,
+                                       mismatch=cfg.data.world_mismatch), workers=os.cpu_count() or 1)
+        written.append(folder)
+    return written
+
+
 def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
               say: Callable[[str], None] = print) -> dict:
     """Train and evaluate every unfinished run, ``jobs`` at a time; returns the tables' rows."""
     claims = load_claims()
     plans = plan(study, out, claims, world)
     todo = [p for p in plans if not is_done(p)]
+    if todo:
+        prepare_worlds(study, say)
     say(f"study {study.name}: {len(study.configs)} configurations x {len(study.seeds)} seeds = {len(plans)} runs; "
         f"{len(plans) - len(todo)} already finished")
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -162,11 +182,37 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     if distances.exists():
         values["text_nearer_root"] = read_json(distances)["auc_text_closer"]
     records = run.training_records()
+    if records and "logit_scale" in records[-1]:
+        values["temperature_final"] = records[-1]["logit_scale"]
+        values["temperature_converged_step"] = converged_step([r["step"] for r in records],
+                                                              [r["logit_scale"] for r in records])
     if records and "curvature" in records[-1]:
         cfg = C.from_dict(run.config())
         values["curvature_fall"] = cfg.geometry.curvature_init - records[-1]["curvature"]
         values["curvature_final"] = records[-1]["curvature"]
     return values
+
+
+CONVERGED_WITHIN = 0.02
+
+
+def converged_step(steps: list[int], values: list[float], within: float = CONVERGED_WITHIN) -> int:
+    """The first logged step from which ``values`` stay within ``within`` (relative) of their final value.
+
+    Sun and Li's Table 7 counts the step from which the temperature "changes less than 2% for an
+    epoch"; the world's runs draw samples with replacement and have no epochs, so this asks that it
+    stay within 2% of where it ends.
+    """
+    final = values[-1]
+    step = steps[-1]
+    for s, v in zip(reversed(steps), reversed(values)):
+        if abs(v - final) > within * abs(final):
+            break
+        step = s
+    return step
+
+
+RUN_MEASURES = ("text_nearer_root", "curvature_final", "temperature_final", "temperature_converged_step")
 
 
 def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
@@ -180,7 +226,7 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
     rows = []
     for config in study.configs:
         seeds = by_config.get(config, {})
-        for metric in metrics + ["text_nearer_root", "curvature_final"]:
+        for metric in metrics + list(RUN_MEASURES):
             values = {s: v[metric] for s, v in seeds.items() if metric in v}
             if not values:
                 continue
@@ -277,6 +323,7 @@ def to_markdown(study: Study, summary: dict) -> str:
                                                         f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
         paper = "" if c["paper_effect"] is None else f"{c['paper_effect']:+.2f} ({c['paper_source']})"
         lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
+    lines += temperature_section(study, rows)
     noise = [r for r in summary["rows"] if r["metric"] in GROUP_METRICS and r["sd"] is not None]
     if noise:
         lines += ["", "## Noise floor", "", "Seed standard deviation (points), median over configurations:", ""]
@@ -285,6 +332,51 @@ def to_markdown(study: Study, summary: dict) -> str:
             if sds:
                 lines.append(f"- {names[metric]}: {statistics.median(sds):.2f} (range {sds[0]:.2f}–{sds[-1]:.2f})")
     return "\n".join(lines) + "\n"
+
+
+def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
+    if row is None:
+        return "–"
+    return f"{row['mean']:.{digits}f}" + (f" ± {row['sd']:.{digits}f}" if row["sd"] is not None else "")
+
+
+def temperature_section(study: Study, rows: dict) -> list[str]:
+    """The learned temperature of each configuration, and (where configurations name one) the
+    published row of Sun and Li beside ours."""
+    lines = ["", "## Temperature", "",
+             f"β = exp(t) at the end of training, and the first logged step from which it stays within "
+             f"{CONVERGED_WITHIN:.0%} of that value (mean over seeds).", ""]
+    papered = {name: c.paper for name, c in study.configs.items() if c.paper}
+    published = None
+    if papered:
+        from euclip_cli.published import sun_li_temperature
+
+        published = sun_li_temperature()
+    header = ["config", "β final", "converged at step", "main", "retrieval"]
+    if published is not None:
+        header += ["Sun and Li row", "β init → final", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for config in study.configs:
+        step = rows.get((config, "temperature_converged_step"))
+        cells = [config, _mean_sd(rows.get((config, "temperature_final")), 2),
+                 "–" if step is None else f"{step['mean']:.0f}",
+                 _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
+        if published is not None:
+            label = papered.get(config)
+            if label is None:
+                cells += [""] * 5
+            else:
+                row = published.loc[label]
+                final = "" if row["temp_final"] != row["temp_final"] else f" → {row['temp_final']:.3f}"  # NaN: Table 6
+                cells += [f"Table {row['table']} {label}", f"{row['temp_init']:.3f}{final}",
+                          row["converge_step"] if isinstance(row["converge_step"], str) else "",
+                          f"{row['zero_shot']:.2f}", f"{row['i2t_r1']:.1f} / {row['t2i_r1']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if published is not None:
+        lines += ["", "The published rows are ViT-S/16 trained on YFCC-15M (batch 2,048, 108k steps); the world's "
+                  "runs are tiny towers trained for minutes. Compare directions and orderings, not values; "
+                  "the paper's temperatures are printed as it prints them (see the CSV's source line)."]
+    return lines
 
 
 def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:

@@ -39,6 +39,8 @@ class StudyConfig:
     name: str
     recipe: str
     overrides: tuple[str, ...]
+    # A published row this configuration reproduces: a label of euclip_cli/published/sun-li-temperature.csv.
+    paper: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,16 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def published_labels() -> set[str]:
+    """The labels of the published rows a configuration may name (standard library: csv)."""
+    import csv
+
+    from euclip_cli.published import SUN_LI_TEMPERATURE
+
+    with SUN_LI_TEMPERATURE.open() as f:
+        return {row["label"] for row in csv.DictReader(line for line in f if not line.startswith("#"))}
+
+
 def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
     (a count) replaces the recipe's. Raises UsageError listing every problem."""
@@ -110,11 +122,15 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
         if not isinstance(spec, dict) or not isinstance(spec.get("recipe"), str):
             problems.append(f"{path.name}: configs.{name} needs recipe = \"NAME\"")
             continue
-        extra = set(spec) - {"recipe", "overrides"}
+        extra = set(spec) - {"recipe", "overrides", "paper"}
         if extra:
             problems.append(f"{path.name}: configs.{name} has unknown key(s) {', '.join(sorted(extra))}")
         own = _strings(spec.get("overrides", []), f"{path.name}: configs.{name}.overrides", problems)
-        configs[name] = StudyConfig(name, spec["recipe"], common + own)
+        paper = spec.get("paper")
+        if paper is not None and paper not in published_labels():
+            problems.append(f"{path.name}: configs.{name}.paper: '{paper}' is not a label of "
+                            f"euclip_cli/published/sun-li-temperature.csv")
+        configs[name] = StudyConfig(name, spec["recipe"], common + own, paper)
     if len(configs) < 2:
         problems.append(f"{path.name}: a study compares at least two [configs.NAME]")
     baseline = study.get("baseline", next(iter(configs), ""))

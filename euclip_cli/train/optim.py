@@ -14,13 +14,16 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices only: no decay on gains, biases and 0-dim learnable scalars.
 
     That is OpenCLIP's rule (ndim < 2, or a name with bn/ln/bias/logit_scale), which covers
-    the logit scale, curvature and embedding scales, all 0-dim.
+    the logit scale, curvature and embedding scales, all 0-dim. A Multi(n, m) tower's extra class
+    tokens (``extra_class_embedding``, one matrix) are exempt like open_clip's single class token,
+    a vector.
     """
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         exempt = p.ndim < 2 or "bias" in name or "ln" in name or "bn" in name or "logit_scale" in name
+        exempt = exempt or "class_embedding" in name
         (no_decay if exempt else decay).append(p)
     return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
 
