@@ -275,7 +275,8 @@ def test_equilibrium_writes_curves_per_shuffle_and_batch_size_and_a_figure(runs)
     folder = runs / "tiny-clip" / "analysis"
     study = json.loads((folder / "equilibrium.json").read_text())
     assert [(c["shuffle_percent"], c["batch_size"]) for c in study["curves"]] == [(0, 16), (50, 16), (0, 32), (50, 32)]
-    assert all(len(c["points"]) == 5 for c in study["curves"]) and study["pairs"] == 64
+    # The grid's 5 points and the run's own temperature.
+    assert all(len(c["points"]) == 6 for c in study["curves"]) and study["pairs"] == 64
     for curve in study["curves"]:
         for p in curve["points"]:
             assert p["align"] + p["uniform"] == pytest.approx(p["loss"], rel=1e-9, abs=1e-9)

@@ -209,21 +209,22 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
         if len(image) < max(sizes):
             raise UsageError(f"{run_dir.name}'s training shards hold {len(image)} pairs, fewer than the largest "
                              f"batch {max(sizes)}: lower --batch-sizes")
-        result = equilibrium_study(geometry, image, text, curv, percents, sizes,
-                                   temperature_grid(grid[0], grid[1], int(grid[2])), batches, seed)
+        # The run's own temperature joins the grid, so the table reads the ratio exactly there.
+        points = sorted({*temperature_grid(grid[0], grid[1], int(grid[2])), learned})
+        result = equilibrium_study(geometry, image, text, curv, percents, sizes, points, batches, seed)
     result["learned_temperature"] = learned
     figures = equilibrium_plot(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}): "
                                        f"equilibrium of the contrastive loss", RunDir(run_dir).analysis_dir / "equilibrium")
     out = _write(run_dir, "equilibrium", result)
     table = Table(title=f"{run_dir.name}: equilibrium over {batches} batches of its training pairs "
                         f"(learned temperature {learned:.2f})")
-    for label in ("shuffled %", "batch", "equilibrium temperature", "ratio at learned temperature"):
+    for label in ("shuffled %", "batch", "equilibrium temperature", "ratio at the run's temperature"):
         table.add_column(label, justify="right")
     for curve in result["curves"]:
-        at = min(curve["points"], key=lambda p: abs(p["temperature"] - learned))
+        at = next(p for p in curve["points"] if p["temperature"] == learned)
         eq = curve["equilibrium_temperature"]
         table.add_row(f"{curve['shuffle_percent']:g}", str(curve["batch_size"]),
-                      "above the grid" if eq is None else f"{eq:.2f}", f"{at['ratio']:.3f} (at {at['temperature']:.1f})")
+                      "above the grid" if eq is None else f"{eq:.2f}", f"{at['ratio']:.3f}")
     console.print(table)
     console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
