@@ -228,6 +228,16 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             r = by.loc["main"]
             row[f"Δ {names['main']} vs baseline"] = ("baseline" if pd.isna(r["diff_mean"])
                                                      else _interval(r["diff_mean"], r["diff_low"], r["diff_high"]))
+        if "temperature_final" in by.index:
+            r = by.loc["temperature_final"]
+            row["β final"] = f"{r['mean']:.2f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.2f}")
+        label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
+        if label:
+            from euclip_cli.published import sun_li_temperature
+
+            published = sun_li_temperature().loc[label]
+            final = "" if pd.isna(published["temp_final"]) else f", β final {published['temp_final']:.3f}"
+            row["Sun and Li (ImageNet zero-shot)"] = f"Table {published['table']} {label}: {published['zero_shot']:.2f}{final}"
         table.append(row)
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
     shown = []

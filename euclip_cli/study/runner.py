@@ -232,7 +232,8 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
                 continue
             est = stats.estimate(list(values.values()), study.interval)
             row = {"config": config, "metric": metric, "n_seeds": est.n, "mean": est.mean, "sd": est.sd,
-                   "ci_low": est.low, "ci_high": est.high, "interval": study.interval}
+                   "ci_low": est.low, "ci_high": est.high, "interval": study.interval,
+                   "paper": study.configs[config].paper or ""}
             if config != study.baseline and metric in metrics:
                 base = {s: v[metric] for s, v in by_config.get(study.baseline, {}).items() if metric in v}
                 diff = stats.paired_difference(values, base, study.interval)
