@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
@@ -77,10 +77,17 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
                          classes, model.logit_scale().item(), extra)
 
 
+class TrainingPairs(NamedTuple):
+    geometry: Geometry
+    curv: Optional[torch.Tensor]
+    image: torch.Tensor  # (N, D)
+    text: torch.Tensor  # (N, D)
+    scale: float  # the run's logit scale exp(t)
+
+
 @torch.no_grad()
-def training_pairs(run_dir: Path, device: torch.device, samples: int,
-                   batch_size: int = 64) -> tuple[Geometry, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """``(geometry, curv, image (N, D), text (N, D))`` for the first ``samples`` pairs of the run's
+def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size: int = 64) -> TrainingPairs:
+    """The run's geometry and scalars with the embeddings of the first ``samples`` pairs of its
     training shards, in shard order, through the evaluation transform (no augmentation).
 
     Cached with the checkpoint's other features: distances and traversals share one pass.
@@ -123,7 +130,8 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int,
 
     both, _ = feature_cache(run, ckpt).get(f"train-pairs-{samples}", compute)
     curv = model.curvature()
-    return model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1]
+    return TrainingPairs(model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1],
+                         model.logit_scale().item())
 
 
 def paper_root(run_dir: Path, device: torch.device, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,12 +143,12 @@ def paper_root(run_dir: Path, device: torch.device, samples: int) -> tuple[torch
     world's pairs are drawn independently, so a prefix is a random sample of them).
     """
     try:
-        g, _, image, text = training_pairs(run_dir, device, samples)
+        pairs = training_pairs(run_dir, device, samples)
     except UsageError as e:
         raise UsageError(f"{e} (the paper protocol takes [ROOT] from training pairs; --protocol euclip takes it "
                          f"from the analysed pairs instead)") from None
-    both = torch.cat([image, text])
-    return g.project(g.root(both)), both
+    both = torch.cat([pairs.image, pairs.text])
+    return pairs.geometry.project(pairs.geometry.root(both)), both
 
 
 @torch.no_grad()

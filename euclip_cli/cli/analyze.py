@@ -74,7 +74,7 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
         else:
             run_dir = resolve(run, runs_dir).path
             with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
-                geometry, curv, image, text = training_pairs(run_dir, resolve_device(device), samples)
+                geometry, curv, image, text, _ = training_pairs(run_dir, resolve_device(device), samples)
         if chosen.root_from_training:
             with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
                 root, reference = paper_root(run_dir, resolve_device(device), root_samples)
@@ -185,7 +185,6 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
     from euclip_cli.analysis.embeddings import training_pairs
     from euclip_cli.analysis.equilibrium import equilibrium_study, temperature_grid
     from euclip_cli.device import resolve_device
-    from euclip_cli.encode import load_model
     from euclip_cli.report.figures import equilibrium_plot
 
     with errors():
@@ -202,10 +201,8 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
         if max(sizes) > samples:
             raise UsageError(f"--batch-sizes {batch_sizes}: the largest batch exceeds --samples {samples}")
         run_dir = resolve(run, runs_dir).path
-        dev = resolve_device(device)
-        learned = load_model(RunDir(run_dir), dev)[0].logit_scale().item()
         with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
-            geometry, curv, image, text = training_pairs(run_dir, dev, samples)
+            geometry, curv, image, text, learned = training_pairs(run_dir, resolve_device(device), samples)
         if len(image) < max(sizes):
             raise UsageError(f"{run_dir.name}'s training shards hold {len(image)} pairs, fewer than the largest "
                              f"batch {max(sizes)}: lower --batch-sizes")

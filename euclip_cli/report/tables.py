@@ -16,7 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from euclip_cli.geometry.facts import describe
-from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet
+from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS
 from euclip_cli.rundir import RunDir, all_runs
@@ -214,6 +214,7 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     mean ± sd over seeds with the paired difference to the baseline, and the claims with verdicts."""
     rows = pd.read_csv(folder / "study.csv")
     names = SUITE_COLUMNS["world"]
+    sun_li = sun_li_temperature() if "paper" in rows.columns and rows["paper"].notna().any() else None
     table = []
     for config, group in rows.groupby("config", sort=False):
         by = group.set_index("metric")
@@ -233,9 +234,7 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             row["β final"] = f"{r['mean']:.2f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.2f}")
         label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
         if label:
-            from euclip_cli.published import sun_li_temperature
-
-            published = sun_li_temperature().loc[label]
+            published = sun_li.loc[label]
             final = "" if pd.isna(published["temp_final"]) else f", β final {published['temp_final']:.3f}"
             row["Sun and Li (ImageNet zero-shot)"] = f"Table {published['table']} {label}: {published['zero_shot']:.2f}{final}"
         table.append(row)

@@ -28,6 +28,7 @@ from typing import Optional
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import select
+from euclip_cli.published import sun_li_labels
 from euclip_cli.stats import INTERVALS
 
 CLAIMS_FILE = Path(__file__).with_name("claims.toml")
@@ -86,16 +87,6 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def published_labels() -> set[str]:
-    """The labels of the published rows a configuration may name (standard library: csv)."""
-    import csv
-
-    from euclip_cli.published import SUN_LI_TEMPERATURE
-
-    with SUN_LI_TEMPERATURE.open() as f:
-        return {row["label"] for row in csv.DictReader(line for line in f if not line.startswith("#"))}
-
-
 def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
     (a count) replaces the recipe's. Raises UsageError listing every problem."""
@@ -127,7 +118,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
             problems.append(f"{path.name}: configs.{name} has unknown key(s) {', '.join(sorted(extra))}")
         own = _strings(spec.get("overrides", []), f"{path.name}: configs.{name}.overrides", problems)
         paper = spec.get("paper")
-        if paper is not None and paper not in published_labels():
+        if paper is not None and paper not in sun_li_labels():
             problems.append(f"{path.name}: configs.{name}.paper: '{paper}' is not a label of "
                             f"euclip_cli/published/sun-li-temperature.csv")
         configs[name] = StudyConfig(name, spec["recipe"], common + own, paper)
