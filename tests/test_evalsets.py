@@ -187,3 +187,90 @@ def test_winogavil_is_fetched_converted_and_scored(world, tmp_path):
                             "jaccard_score_5-6", "jaccard_score_10-12"}
     assert metrics["jaccard_score_10-12"] == pytest.approx((metrics["jaccard_score_10"] + metrics["jaccard_score_12"]) / 2)
     assert all(0 <= v <= 1 for v in metrics.values() if v is not None)
+
+
+def nlphuji_repo(jpgs: list[bytes], captions: list[list[str]], folder: str) -> dict[str, bytes]:
+    """A retrieval repo as nlphuji publishes it: Karpathy's per-image rows (``raw`` a JSON list of
+    captions) in a csv, and the images in a zip under one folder (plus one the csv does not name)."""
+    import pandas as pd
+
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        for i, data in enumerate(jpgs):
+            z.writestr(f"{folder}/{1000 + i}.jpg", data)
+    names = [f"{1000 + i}.jpg" for i in range(len(captions))]
+    table = pd.DataFrame({"sentids": [json.dumps([5 * i + k for k in range(len(c))]) for i, c in enumerate(captions)],
+                          "imgid": range(len(captions)), "tokens": [json.dumps([x.split() for x in c]) for c in captions],
+                          "raw": [json.dumps(c) for c in captions], "split": "test", "filename": names})
+    return {"test.csv": table.to_csv(index=False).encode(), f"{folder}.zip": archive.getvalue()}
+
+
+def test_datacomps_retrieval_sets_are_converted_with_every_image_and_caption(world, tmp_path, monkeypatch):
+    """Flickr30k from nlphuji's repo (DataComp's source) into the wds retrieval layout the evaluator reads."""
+    import torch
+    from clip_benchmark.datasets.builder import build_dataset
+
+    from euclip_cli import config as C
+    from euclip_cli.evaluate import evalsets
+    from euclip_cli.evaluate.runner import evaluate_task
+    from euclip_cli.model import EuclipModel
+
+    with tarfile.open(world / "eval" / "shapes" / "test" / "0.tar") as tar:
+        jpgs = [tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg")][:8]
+    captions = [[f"a photo number {i} view {k}" for k in range(5)] for i in range(7)]
+    captions[2].append("a sixth caption, as some COCO images have")
+    captions[4][1] = "a caption broken\nover two lines"
+    repo = "nlphuji/flickr_1k_test_image_text_retrieval"
+    files = nlphuji_repo(jpgs, captions, "images_flickr_1k_test")
+    fake = FakeHub({f"{repo}/test_1k_flickr.csv": files["test.csv"],
+                    f"{repo}/images_flickr_1k_test.zip": files["images_flickr_1k_test.zip"]})
+    monkeypatch.setattr(evalsets, "RETRIEVAL_PER_SHARD", 3)
+    key = "retrieval/flickr_1k_test_image_text_retrieval"
+    command = ["download", "evalsets", "--tasks", key, "--root", str(tmp_path), "--base-url", fake.url]
+    try:
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, result.output
+        assert "3 shard(s), 7 images and 36 captions" in " ".join(result.output.split())
+        served = len(fake.requests)
+        again = runner.invoke(app, command)
+        assert again.exit_code == 0 and "0 fetched" in again.output and len(fake.requests) == served
+    finally:
+        fake.server.shutdown()
+    folder = TASKS[key].data_dir(tmp_path, world)
+    ds = build_dataset("wds/" + key, root=str(folder), transform=lambda image: image.size, split="test",
+                       task="zeroshot_retrieval")
+    samples = list(ds)
+    assert [texts for _, texts in samples] == [[" ".join(c.split()) for c in row] for row in captions]
+    with tarfile.open(folder / "test" / "0.tar") as tar:
+        first = [tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".jpg")]
+    assert first == jpgs[:3]  # the zip's bytes, in the csv's order
+
+    cfg = C.load_config("tiny-clip")
+    torch.manual_seed(0)
+    metrics = evaluate_task(EuclipModel(cfg).eval(), cfg, TASKS[key], folder, torch.device("cpu"), 4)
+    assert 0 <= metrics["mean_recall@1"] <= 1 and metrics["image_retrieval_recall@10"] == 1.0  # 7 images: top-10 holds all
+
+
+def test_a_retrieval_folder_from_another_source_is_named_not_mixed(tmp_path):
+    key = "retrieval/mscoco_2014_5k_test_image_text_retrieval"
+    folder = TASKS[key].data_dir(tmp_path, tmp_path)
+    (folder / "test").mkdir(parents=True)
+    (folder / "test" / "nshards.txt").write_text("1\n")  # an earlier euclip's clip-benchmark mirror
+    result = runner.invoke(app, ["download", "evalsets", "--tasks", key, "--root", str(tmp_path),
+                                 "--base-url", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "not DataComp's nlphuji/mscoco_2014_5k_test_image_text_retrieval" in " ".join(result.output.split())
+    assert sorted(p.name for p in folder.rglob("*")) == ["nshards.txt", "test"]
+
+
+def test_a_csv_naming_an_image_the_zip_lacks_is_one_line(world, tmp_path):
+    files = nlphuji_repo([b"\xff\xd8 not read"], [["one"], ["two"]], "images")
+    repo = "nlphuji/flickr_1k_test_image_text_retrieval"
+    fake = FakeHub({f"{repo}/test_1k_flickr.csv": files["test.csv"], f"{repo}/images.zip": files["images.zip"]})
+    try:
+        result = runner.invoke(app, ["download", "evalsets", "--tasks", "retrieval/flickr_1k_test_image_text_retrieval",
+                                     "--root", str(tmp_path), "--base-url", fake.url])
+    finally:
+        fake.server.shutdown()
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "names 1001.jpg, which its image zip does not hold" in " ".join(result.output.split())

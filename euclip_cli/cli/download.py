@@ -183,7 +183,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from euclip_cli.data.fetch import FetchError
-    from euclip_cli.evaluate.evalsets import download_task, download_winogavil
+    from euclip_cli.evaluate.evalsets import download
     from euclip_cli.evaluate.tasks import select
 
     with errors():
@@ -203,13 +203,15 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
         for task in chosen:
             bars.clear()
             folder = task.data_dir(root, Path("data/world"))
-            fetch = download_winogavil if task.kind == "winogavil" else lambda *a: download_task(task, *a)
-            try:
-                result = fetch(folder, base_url,
-                               lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
-            except FetchError as err:
-                fail(f"{task.key}: {err}", 1)
+            with errors():  # a folder holding another source is a usage error
+                try:
+                    result = download(task, folder, base_url,
+                                      lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
+                except FetchError as err:
+                    fail(f"{task.key}: {err}", 1)
             what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
+            if "captions" in result:
+                what += f", {result['images']:,} images and {result['captions']:,} captions"
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
 
 
