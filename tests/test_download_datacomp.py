@@ -320,6 +320,44 @@ def test_no_network_is_one_line_and_keeps_what_is_there(tmp_path, monkeypatch):
     assert json.loads((out / "manifest.json").read_text())["complete"] is False
 
 
+def test_metadata_comes_through_the_hubs_lfs_redirects_paged_tree_and_xet_headers(web, tmp_path):
+    """The real Hub's paths, not a friendly server's: the tree in pages, each large file by a 302 to
+    another host with X-Linked-Etag/-Size, a transfer cut halfway resumed with a range, and Xet
+    headers present but not followed (euclip keeps huggingface_hub on HTTP)."""
+    import huggingface_hub.constants
+
+    parquet = sorted(n for n in web.files if n.endswith(".parquet"))
+    served = web.hub.repos[REPO] = {**web.files, "README.md": b"# card", "docs/notes.txt": b"small, not LFS"}
+    web.hub.cut_next.add(f"{REPO}/{parquet[0]}")
+    dest = tmp_path / "metadata"
+    webshards.fetch_metadata(REPO, dest, ["*.parquet", "*.npz"], web.hub.url, lambda message: None)
+    for name, data in web.files.items():
+        assert (dest / name).read_bytes() == data, name
+    assert not (dest / "README.md").exists()
+    port = web.hub.server.server_port
+    trees = [r for r in web.hub.requests if "/tree/" in r[1]]
+    pages = -(-len(web.hub.tree_entries(served)) // web.hub.page_size)
+    assert pages > 2 and len(trees) == 2 * pages  # euclip's listing and huggingface_hub's: every page, none twice
+    cdn = [r for r in web.hub.requests if r[1].startswith("cdn/")]
+    assert {r[1] for r in cdn} == {f"cdn/{REPO}/{n}" for n in web.files} and all(r[2] == f"localhost:{port}" for r in cdn)
+    assert len([r for r in cdn if r[1] == f"cdn/{REPO}/{parquet[0]}" and r[0] == "GET"]) == 2  # cut, then resumed
+    assert not web.hub.xet_requests() and huggingface_hub.constants.HF_HUB_DISABLE_XET
+    # huggingface_hub's own record of each file: the LFS sha256 from X-Linked-Etag, not an ETag of the redirect or CDN
+    recorded = (dest / ".cache" / "huggingface" / "download" / f"{parquet[0]}.metadata").read_text().splitlines()
+    assert recorded[1] == hashlib.sha256(web.files[parquet[0]]).hexdigest()
+
+
+def test_a_user_who_turns_xet_back_on_gets_huggingface_hubs_xet_path(web, tmp_path, monkeypatch):
+    """HF_HUB_DISABLE_XET=0 is honoured: the client then asks for a Xet token (which the stand-in refuses)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", False)
+    with pytest.raises(webshards.FetchError):
+        webshards.fetch_metadata(REPO, tmp_path / "m", ["*.parquet"], web.hub.url, lambda message: None)
+    assert web.hub.xet_requests()
+
+
 def test_a_scale_the_hub_lacks_is_named(web, tmp_path):
     result = runner.invoke(app, ["download", "datacomp", "--scale", "medium", "--hub-url", web.hub.url,
                                  "--out", str(tmp_path / "m")])

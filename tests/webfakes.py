@@ -10,7 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,25 @@ class _Server:
 
 
 class FakeHub(_Server):
-    """What ``huggingface_hub.snapshot_download`` asks of the Hub: repo info, the file tree, resolve (with ranges)."""
+    """What huggingface_hub asks of the Hub (repo info, the file tree, resolve), answered the way
+    the real Hub answers, not more kindly:
 
-    def __init__(self, repos: dict[str, dict[str, bytes]]):
-        self.repos, self.requests = repos, []
+    - large files (``LFS_SUFFIXES``) live in LFS: ``resolve`` answers 302 to a CDN on another host
+      (``localhost`` here, the Hub being ``127.0.0.1``) with ``X-Linked-Etag`` (the sha256) and
+      ``X-Linked-Size``, while its own ``ETag`` is the pointer's git blob id; the CDN serves the
+      bytes, with ranges, under yet another ETag (``cut_next`` drops a transfer halfway);
+    - those files are Xet-backed (``xet``): the 302 also carries ``X-Xet-Hash`` and a ``xet-auth``
+      link, and the tree gives ``xetHash``; the token route the link names is recorded and refused,
+      as a stand-in cannot speak Xet's protocol;
+    - the recursive tree comes in pages of ``page_size`` entries, folders included, each page
+      naming the next in a ``Link: <...>; rel="next"`` header.
+    """
+
+    LFS_SUFFIXES = (".parquet", ".npz", ".bin", ".pt", ".safetensors")
+
+    def __init__(self, repos: dict[str, dict[str, bytes]], page_size: int = 2, xet: bool = True):
+        self.repos, self.requests, self.page_size, self.xet = repos, [], page_size, xet
+        self.cut_next: set[str] = set()  # CDN paths whose next transfer stops halfway
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,33 +71,69 @@ class FakeHub(_Server):
                     self.wfile.write(body)
 
             def serve(self, head: bool):
-                parts = urlparse(self.path).path.strip("/").split("/")
-                hub.requests.append((self.command, "/".join(parts)))
+                url = urlparse(self.path)
+                parts = url.path.strip("/").split("/")
+                hub.requests.append((self.command, "/".join(parts), self.headers.get("Host", "")))
                 if parts[:2] == ["api", "datasets"]:
-                    files = hub.repos.get("/".join(parts[2:4]))
+                    repo = "/".join(parts[2:4])
+                    files = hub.repos.get(repo)
                     if files is None:
                         return self.reply(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
                     if len(parts) == 4 or parts[4] == "revision":
-                        body = {"id": "/".join(parts[2:4]), "sha": COMMIT,
-                                "siblings": [{"rfilename": name} for name in files]}
-                    else:  # tree
-                        body = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest(),
-                                 "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
-                                         "pointerSize": 134}} for name, data in files.items()]
-                    return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+                        body = {"id": repo, "sha": COMMIT, "siblings": [{"rfilename": name} for name in files]}
+                        return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+                    if parts[4] == "tree":
+                        return self.tree(repo, files, parse_qs(url.query))
+                    return self.reply(403, b'{"error": "no Xet here"}')  # xet-read-token and anything else
                 if parts[0] == "datasets" and len(parts) > 5 and parts[3] == "resolve":
-                    data = hub.repos.get("/".join(parts[1:3]), {}).get("/".join(parts[5:]))
+                    repo, name = "/".join(parts[1:3]), "/".join(parts[5:])
+                    data = hub.repos.get(repo, {}).get(name)
                     if data is None:
                         return self.reply(404, b"", {"X-Error-Code": "EntryNotFound"})
-                    headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                               "Accept-Ranges": "bytes"}
-                    start = int(self.headers["Range"].split("=")[1].split("-")[0]) if self.headers.get("Range") else 0
-                    if start:
-                        headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-                    return self.reply(206 if start else 200, data[start:], headers, head)
+                    if not hub.is_lfs(name):
+                        return self.content(data, {"X-Repo-Commit": COMMIT, "ETag": f'"{git_blob_id(data)}"'}, head)
+                    sha = hashlib.sha256(data).hexdigest()
+                    headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{git_blob_id(lfs_pointer(data))}"',
+                               "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data)),
+                               "Location": f"http://localhost:{hub.server.server_port}/cdn/{repo}/{name}"}
+                    if hub.xet:
+                        headers["X-Xet-Hash"] = hashlib.sha256(b"xet" + data).hexdigest()
+                        headers["Link"] = (f'<{hub.url}/api/datasets/{repo}/xet-read-token/{COMMIT}>; rel="xet-auth"')
+                    return self.reply(302, b"", headers, head)
+                if parts[0] == "cdn":
+                    data = hub.repos.get("/".join(parts[1:3]), {}).get("/".join(parts[3:]))
+                    if data is None:
+                        return self.reply(404, head=head)
+                    if not head and "/".join(parts[1:]) in hub.cut_next:
+                        hub.cut_next.discard("/".join(parts[1:]))
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data[:len(data) // 2])  # then drop the connection
+                        self.close_connection = True
+                        return
+                    return self.content(data, {"ETag": f'"{hashlib.md5(data).hexdigest()}-1"'}, head)
                 if parts[0] == "assets" and "/".join(parts[1:]) in hub.repos.get("assets", {}):
                     return self.reply(200, hub.repos["assets"]["/".join(parts[1:])], head=head)
                 self.reply(404, head=head)
+
+            def content(self, data: bytes, headers: dict, head: bool):
+                headers = {**headers, "Accept-Ranges": "bytes"}
+                start = int(self.headers["Range"].split("=")[1].split("-")[0]) if self.headers.get("Range") else 0
+                if start:
+                    headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                return self.reply(206 if start else 200, data[start:], headers, head)
+
+            def tree(self, repo: str, files: dict[str, bytes], query: dict):
+                entries = hub.tree_entries(files)
+                start = int(query.get("cursor", ["0"])[0])
+                page = entries[start:start + hub.page_size]
+                headers = {"Content-Type": "application/json"}
+                if start + hub.page_size < len(entries):
+                    rest = "&".join(f"{k}={v[0]}" for k, v in query.items() if k != "cursor")
+                    headers["Link"] = (f'<{hub.url}{urlparse(self.path).path}?{rest}&cursor={start + hub.page_size}>; '
+                                       f'rel="next"')
+                return self.reply(200, json.dumps(page).encode(), headers)
 
             def do_GET(self):
                 self.serve(head=False)
@@ -91,6 +142,36 @@ class FakeHub(_Server):
                 self.serve(head=True)
 
         self.start(Handler)
+
+    def is_lfs(self, name: str) -> bool:
+        return name.endswith(self.LFS_SUFFIXES)
+
+    def tree_entries(self, files: dict[str, bytes]) -> list[dict]:
+        """The recursive listing as the Hub gives it: folders, then files, each with git and LFS ids."""
+        folders = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
+        entries = [{"type": "directory", "oid": hashlib.sha1(f.encode()).hexdigest(), "path": f} for f in folders]
+        for name, data in sorted(files.items()):
+            entry = {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
+            if self.is_lfs(name):
+                entry["oid"] = git_blob_id(lfs_pointer(data))
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                "pointerSize": len(lfs_pointer(data))}
+                if self.xet:
+                    entry["xetHash"] = hashlib.sha256(b"xet" + data).hexdigest()
+            entries.append(entry)
+        return entries
+
+    def xet_requests(self) -> list:
+        return [r for r in self.requests if "xet-read-token" in r[1]]
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
+            f"size {len(data)}\n").encode()
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 class ImageHost(_Server):

@@ -140,3 +140,18 @@ def fetch_lfs(repo: str, rel: str, dest: Path, verified_before: bool,
     on_progress(rel, 0, pointer.size if pointer else None)
     fetch_file(f"{repo}/resolve/main/{rel}", dest, pointer, lambda n: on_progress(rel, n, None))
     return True
+
+
+def hub_over_http() -> None:
+    """Make huggingface_hub fetch Xet-backed files over plain HTTP (the Hub's ``resolve`` redirect),
+    unless the user chose otherwise with ``HF_HUB_DISABLE_XET``.
+
+    The Hub stores large files in Xet; with ``hf_xet`` installed, huggingface_hub would fetch them
+    through Xet's own protocol, which no offline stand-in serves, so that path could never be
+    tested here. HTTP is the path the tests exercise (LFS redirects with ``X-Linked-Etag`` and
+    ``X-Linked-Size``, range resumes); ``HF_HUB_DISABLE_XET=0`` restores Xet, untested by euclip.
+    """
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_DISABLE_XET") is None:
+        constants.HF_HUB_DISABLE_XET = True
