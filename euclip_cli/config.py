@@ -84,6 +84,9 @@ class DataConfig:
     batch_size: int = 4096
     workers: int = 4
     shuffle_buffer: int = 2000
+    # Training stops (after a checkpoint) once more than this share of the samples read could not
+    # be decoded: a run on mostly broken shards is not the run its recipe describes. 1 = no limit.
+    max_skipped_fraction: float = 0.5
     # Embedded world only: pool size, seed and fraction of mismatched (noisy) pairs.
     world_samples: int = 100_000
     world_seed: int = 0
@@ -394,6 +397,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append("optim.accum_steps: must be >= 1")
     if cfg.optim.samples < cfg.data.batch_size:
         problems.append("optim.samples: the budget is smaller than one batch")
+    if not 0 <= cfg.data.max_skipped_fraction <= 1:
+        problems.append("data.max_skipped_fraction: must be in [0, 1] (1 turns the limit off)")
     if not 0 <= cfg.data.world_mismatch < 1:
         problems.append("data.world_mismatch: must lie in [0, 1)")
     if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:

@@ -11,6 +11,7 @@
     RUN/eval_results.jsonl   DataComp's own results file for the latest evaluated checkpoint
     RUN/features/            cached image embeddings, one folder per checkpoint
     RUN/analysis/            what ``euclip analyze`` writes (JSON, PNG, PDF)
+    RUN/.lock                held (flock) by the process training the run; names its pid
 
 Everything else asks this module where a file is and how to read it. It imports the standard
 library only; torch is imported inside the checkpoint functions, so ``euclip report`` (which
@@ -19,6 +20,7 @@ reads JSON alone) never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -33,6 +35,10 @@ CHECKPOINT_PREFIX = "step_"
 
 class RunConflict(UsageError):
     """The run directory holds a run with another configuration."""
+
+
+class RunBusy(UsageError):
+    """Another process is training into the run directory."""
 
 
 def read_json(path: Path) -> Any:
@@ -155,6 +161,31 @@ class RunDir:
         # config.json last: a directory with it is a complete run directory.
         write_text_atomic(self.config_file, json.dumps(config, indent=2, sort_keys=True))
         return True
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold the run for one training process: a second one on the same directory would interleave
+        its steps and checkpoints with the first. The lock is the kernel's (flock), so it dies with its
+        process; nothing stale is left to remove by hand."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        with (self.path / ".lock").open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise RunBusy(f"{self.path} is being trained by another process (pid {holder}): wait for it to "
+                              f"finish or stop it, or pass --name NEW for a separate run") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     # ---- checkpoints
 

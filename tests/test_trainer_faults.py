@@ -197,3 +197,90 @@ def test_a_corrupt_or_missing_latest_checkpoint_falls_back_to_the_newest_that_lo
         p.write_bytes(b"not a checkpoint")
     with pytest.raises(Failure, match="no checkpoint in .* loads"):
         loop.run(cfg, tmp_path / "run")
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def good_members(world: Path, pairs: int) -> list[tuple[str, bytes]]:
+    with tarfile.open(world / "train" / "00000.tar") as src:
+        chosen = [m for m in src.getmembers() if m.name.endswith((".jpg", ".txt"))][:2 * pairs]
+        return [(m.name, src.extractfile(m).read()) for m in chosen]
+
+
+def unusable(kind: str, folder: Path, world: Path) -> None:
+    folder.mkdir()
+    if kind == "random bytes":
+        (folder / "00000.tar").write_bytes(bytes(range(256)) * 64)
+    elif kind == "corrupt images":
+        write_tar(folder / "00000.tar", [(f"{i}.{ext}", b"not a jpeg" if ext == "jpg" else b"a caption")
+                                         for i in range(20) for ext in ("jpg", "txt")])
+    else:  # captions missing
+        write_tar(folder / "00000.tar", [(n, d) for n, d in good_members(world, 10) if n.endswith(".jpg")])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind", ["random bytes", "corrupt images", "captions missing"])
+def test_shards_from_which_nothing_decodes_stop_with_one_line_not_a_hang(kind, workers, world, tmp_path):
+    import subprocess
+
+    unusable(kind, tmp_path / "shards", world)
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path),
+               "--name", "run", f"data.train_dir={tmp_path / 'shards'}", "optim.samples=64",
+               f"data.workers={workers}", *TINY]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2 and "Traceback" not in output, output
+    assert f"the training shards in {tmp_path / 'shards'} look unusable" in output
+    assert "1000 samples or shards in a row could not be read" in output
+    assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
+
+
+def test_mostly_bad_data_stops_at_the_skip_limit_with_a_checkpoint_and_a_warning_below_it(world, tmp_path):
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli import app
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_tar(shards / "00000.tar", good_members(world, 10))
+    write_tar(shards / "00001.tar", [(f"{i}.{ext}", b"not a jpeg" if ext == "jpg" else b"a caption")
+                                     for i in range(30) for ext in ("jpg", "txt")])
+    base = ["train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path), f"data.train_dir={shards}",
+            "optim.samples=64", *TINY]
+    stopped = CliRunner().invoke(app, [*base, "--name", "strict", "data.max_skipped_fraction=0.2"])
+    text = " ".join(stopped.output.split())
+    assert stopped.exit_code == 1 and "Traceback" not in text, text
+    assert "more than data.max_skipped_fraction=0.2; stopped at step 1 with a checkpoint" in text
+    assert f"Check the shards in {shards}" in text
+    assert load_checkpoint(RunDir(tmp_path / "strict").latest_checkpoint())["step"] == 1
+    tolerated = CliRunner().invoke(app, [*base, "--name", "lenient", "data.max_skipped_fraction=1"])
+    assert tolerated.exit_code == 0, tolerated.output
+    skipped = json.loads((tmp_path / "lenient" / "metrics.jsonl").read_text().splitlines()[-1])["skipped_samples"]
+    assert skipped > 16 and f"warning: {skipped:,} samples" in " ".join(tolerated.output.split())
+
+
+def test_a_second_trainer_on_the_same_run_is_refused_while_the_first_holds_it(world, tmp_path):
+    import os
+
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli import app
+
+    command = ["train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path), "--name", "run",
+               f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY]
+    with RunDir(tmp_path / "run").lock():  # the first trainer, as far as the lock can tell
+        refused = CliRunner().invoke(app, command)
+    text = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "Traceback" not in text, text
+    assert f"is being trained by another process (pid {os.getpid()})" in text and "--name NEW" in text
+    assert not (tmp_path / "run" / "config.json").exists()  # the refused one wrote nothing
+    trained = CliRunner().invoke(app, command)  # released: the same command now runs
+    assert trained.exit_code == 0, trained.output
+    again = CliRunner().invoke(app, command)  # and a finished run's lock was released too
+    assert again.exit_code == 0 and "already complete" in again.output

@@ -2,7 +2,7 @@
 
 DataComp draws shards with replacement (``--dataset-resampled``), so the budget is counted
 in samples seen, never epochs. Undecodable samples and unreadable shards are skipped and
-counted, not fatal.
+counted, not fatal, until ``GIVE_UP_AFTER`` in a row: then the data are unusable and training stops.
 
 The stream is a pure function of (seed, rank, step), so a run killed at any step and resumed
 from its checkpoint sees the very batches an uninterrupted run sees:
@@ -71,15 +71,32 @@ class WorkerPosition:
     skipped: int = 0  # bad samples and shards since the start of the run
 
 
+# Bad samples or shards in a row after which a stream gives up: shards from which nothing decodes
+# would otherwise be resampled forever, and the run would never reach its first step.
+GIVE_UP_AFTER = 1000
+
+
+class _GiveUp(Exception):
+    """Raised through webdataset's pipeline when ``GIVE_UP_AFTER`` reads in a row have failed."""
+
+
 class _Counter:
-    """A webdataset error handler: skip the bad shard or sample and count it."""
+    """A webdataset error handler: skip the bad shard or sample and count it; give up after
+    ``GIVE_UP_AFTER`` failures with no good sample between them."""
 
     def __init__(self, start: int):
-        self.count = start
+        self.count, self.in_a_row, self.last = start, 0, ""
 
     def __call__(self, exn: Exception) -> bool:
         self.count += 1
+        self.in_a_row += 1
+        self.last = f"{type(exn).__name__}: {exn}".splitlines()[0][:200]
+        if self.in_a_row >= GIVE_UP_AFTER:
+            raise _GiveUp(f"{self.in_a_row} samples or shards in a row could not be read (the last: {self.last})")
         return True
+
+    def good(self) -> None:
+        self.in_a_row = 0
 
 
 class TrainStream(IterableDataset):
@@ -105,14 +122,19 @@ class TrainStream(IterableDataset):
         n = self.start + (logical - self.start) % self.workers
         position = self.positions.get(logical, WorkerPosition())
         skips = _Counter(position.skipped)
-        while True:
-            segment = n // self.segment_steps
-            resume_raw = position.raw if position.segment == segment else 0
-            for images, tokens, raw in self._segment(segment, logical, resume_raw, skips):
-                yield images, tokens, torch.tensor([logical, segment, raw, skips.count])
-                n += self.workers
-                if n // self.segment_steps != segment:
-                    break
+        try:
+            while True:
+                segment = n // self.segment_steps
+                resume_raw = position.raw if position.segment == segment else 0
+                for images, tokens, raw in self._segment(segment, logical, resume_raw, skips):
+                    yield images, tokens, torch.tensor([logical, segment, raw, skips.count])
+                    n += self.workers
+                    if n // self.segment_steps != segment:
+                        break
+        except _GiveUp as err:
+            # A message, not an exception: a DataLoader worker's exception reaches the trainer
+            # wrapped in a traceback; the message reaches it as it is.
+            yield str(err)
 
     def _segment(self, segment: int, logical: int, resume_raw: int, skips: _Counter):
         seed = derive_seed(self.seed, self.rank, segment, logical)
@@ -138,9 +160,10 @@ class TrainStream(IterableDataset):
                     torch.manual_seed(derive_seed(seed, batch_start))
                 pixels = self.transform(image)
                 text = self.tokenizer(caption)[0]
-            except Exception:  # any undecodable or incomplete sample is data loss, not a crash
-                skips(None)
+            except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
+                skips(err)
                 continue
+            skips.good()
             images.append(pixels)
             tokens.append(text)
             if len(images) == self.batch_size:
@@ -166,6 +189,7 @@ class TrainBatches:
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
                  start: int = 0, state: dict | None = None):
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
+        self.folder = Path(shards[0]).parent if shards else None
         # A position from another process layout describes other streams; start those afresh.
         usable = state is not None and state.get("signature") == self.signature
         self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}
@@ -182,7 +206,11 @@ class TrainBatches:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, tokens, info = next(self._iter)
+        item = next(self._iter)
+        if isinstance(item, str):
+            raise DataError(f"the training shards in {self.folder} look unusable: {item}; check them (or download "
+                            f"them again) and rerun")
+        images, tokens, info = item
         logical, segment, raw, skipped = (int(v) for v in info)
         self.positions[logical] = WorkerPosition(segment, raw, skipped)
         return images, tokens

@@ -118,9 +118,23 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # The data and the model are checked before the run directory exists: a corrected command must
     # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)
+    guard = contextlib.ExitStack()
     if ranks.main:
-        # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
-        directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv) | {"data": downloaded})
+        guard.enter_context(directory.lock())
+        try:
+            # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
+            directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv) | {"data": downloaded})
+        except BaseException:
+            guard.close()
+            raise
+    with guard:
+        return _train(cfg, model, directory, shards, ranks, device, on_step)
+
+
+def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[str], ranks, device: torch.device,
+           on_step: Optional[Callable[[int, int, dict], None]]) -> dict:
+    """The training proper, under the run's lock: resume, then the loop."""
+    run_dir = directory.path
     ranks.barrier()
     autocast = autocast_factory(cfg.train.precision, device)
     # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.
@@ -151,6 +165,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
                 "run_dir": str(run_dir), "interrupted": interrupted, "skipped_samples": skipped,
+                "skipped_fraction": skipped / max(1, skipped + step * cfg.data.batch_size),
                 "nonfinite_steps": nonfinite, "processes": ranks.world}
 
     if step >= total:
@@ -260,6 +275,13 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
                         if on_step:
                             on_step(step, total, record)
                     window_start, window_samples = time.time(), 0
+                    share = skipped / (skipped + step * cfg.data.batch_size)
+                    if share > cfg.data.max_skipped_fraction:  # every rank holds the same count
+                        save()
+                        raise RunError(f"{skipped:,} samples ({share:.0%} of those read) could not be decoded, more "
+                                       f"than data.max_skipped_fraction={cfg.data.max_skipped_fraction}; stopped at "
+                                       f"step {step} with a checkpoint. Check the shards in {Path(shards[0]).parent}, "
+                                       f"or raise the limit and rerun to continue")
                 stopping = ranks.any(stop["signal"] is not None, device)
                 if step % interval == 0 or step == total:
                     last_ckpt = save()
