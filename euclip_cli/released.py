@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from euclip_cli import config as C
-from euclip_cli.data.fetch import hub_over_http, sha256_of
+from euclip_cli.data.fetch import configure_hub_client, sha256_of
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir, checkpoint_meta, write_text_atomic
 
@@ -92,7 +92,7 @@ def fetch_source(source: str, sibling: Optional[str] = None) -> Optional[Path]:
 
     from huggingface_hub import constants
 
-    hub_over_http()
+    configure_hub_client()
     try:
         return Path(hf_hub_download(repo, filename))
     except (EntryNotFoundError, LocalEntryNotFoundError) as err:

@@ -358,6 +358,29 @@ def test_a_user_who_turns_xet_back_on_gets_huggingface_hubs_xet_path(web, tmp_pa
     assert web.hub.xet_requests()
 
 
+def test_a_hub_that_accepts_and_never_answers_times_out_naming_the_host(tmp_path, monkeypatch):
+    """huggingface_hub's API calls carry no timeout of their own; euclip bounds every request."""
+    import socket
+    import threading
+
+    from euclip_cli.data import fetch
+
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setattr(fetch, "TIMEOUT_S", 2)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    held = []
+    threading.Thread(target=lambda: [held.append(silent.accept()) for _ in range(8)], daemon=True).start()
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    started = time.time()
+    result = runner.invoke(app, ["download", "datacomp", "--scale", "small", "--hub-url", url,
+                                 "--out", str(tmp_path / "dc")])
+    one_line_error(result, 1, f"cannot reach the Hugging Face Hub at {url} (timed out)", "rerun")
+    assert time.time() - started < 60
+    silent.close()
+
+
 def test_a_scale_the_hub_lacks_is_named(web, tmp_path):
     result = runner.invoke(app, ["download", "datacomp", "--scale", "medium", "--hub-url", web.hub.url,
                                  "--out", str(tmp_path / "m")])

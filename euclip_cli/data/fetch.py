@@ -142,16 +142,31 @@ def fetch_lfs(repo: str, rel: str, dest: Path, verified_before: bool,
     return True
 
 
-def hub_over_http() -> None:
-    """Make huggingface_hub fetch Xet-backed files over plain HTTP (the Hub's ``resolve`` redirect),
-    unless the user chose otherwise with ``HF_HUB_DISABLE_XET``.
+def configure_hub_client() -> None:
+    """Settings for huggingface_hub's shared HTTP client, applied before each use of the Hub.
 
-    The Hub stores large files in Xet; with ``hf_xet`` installed, huggingface_hub would fetch them
-    through Xet's own protocol, which no offline stand-in serves, so that path could never be
-    tested here. HTTP is the path the tests exercise (LFS redirects with ``X-Linked-Etag`` and
-    ``X-Linked-Size``, range resumes); ``HF_HUB_DISABLE_XET=0`` restores Xet, untested by euclip.
+    - A read timeout of ``TIMEOUT_S`` on every call: huggingface_hub's client has none for its API
+      calls (repo info, the file tree), so a Hub that accepts the connection and never answers
+      would hold the command forever. Its downloads keep their own timeouts and retries.
+    - Plain HTTP for Xet-backed files (the Hub's ``resolve`` redirect), unless the user chose
+      otherwise with ``HF_HUB_DISABLE_XET``: with ``hf_xet`` installed, huggingface_hub would
+      use Xet's own protocol, which no offline stand-in serves, so that path could never be tested
+      here. HTTP is the path the tests exercise (LFS redirects with ``X-Linked-Etag`` and
+      ``X-Linked-Size``, range resumes); ``HF_HUB_DISABLE_XET=0`` restores Xet, untested by euclip.
     """
-    from huggingface_hub import constants
+    from huggingface_hub import constants, get_session
 
     if os.environ.get("HF_HUB_DISABLE_XET") is None:
         constants.HF_HUB_DISABLE_XET = True
+    session = get_session()
+    # huggingface_hub passes ``timeout=None`` per request, overriding any client default; a request
+    # hook (httpx's public event hooks) bounds what it left unbounded just before each request is sent.
+    if _bounded_timeouts not in session.event_hooks["request"]:
+        session.event_hooks = {**session.event_hooks, "request": [*session.event_hooks["request"], _bounded_timeouts]}
+
+
+def _bounded_timeouts(request) -> None:
+    """Give every phase of an httpx request without a timeout ``TIMEOUT_S``."""
+    timeout = request.extensions.get("timeout") or {}
+    request.extensions["timeout"] = {phase: TIMEOUT_S if timeout.get(phase) is None else timeout[phase]
+                                     for phase in ("connect", "read", "write", "pool")}

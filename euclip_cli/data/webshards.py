@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from euclip_cli.data.fetch import FetchError, fetch_file, hub_over_http, sha256_of
+from euclip_cli.data.fetch import FetchError, fetch_file, configure_hub_client, sha256_of
 from euclip_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optiona
 
         from huggingface_hub import HfApi, snapshot_download
 
-        hub_over_http()
+        configure_hub_client()
         api = HfApi(endpoint=endpoint)
         # repo_info first: it fails at once when the Hub is unreachable, where the tree listing
         # retries for half a minute; and it tells a missing or gated repository apart.
