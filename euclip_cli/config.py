@@ -289,10 +289,22 @@ def list_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
 
 
+def recipe_text(path: Path) -> str:
+    """A recipe file's text; TOML is UTF-8 by definition, and a recipe must be a file."""
+    if path.is_dir():
+        raise ConfigError([f"{path} is a folder, not a recipe file: give a .toml file or a recipe name"])
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise ConfigError([f"{path}: not UTF-8 (byte {err.object[err.start]:#04x} on line {line}); TOML files "
+                           f"must be UTF-8: re-save it as UTF-8"]) from None
+
+
 def recipe_header(name_or_path: str) -> str:
     """The leading comment block of a recipe file (purpose, command, expected result)."""
     lines = []
-    for line in recipe_path(name_or_path).read_text().splitlines():
+    for line in recipe_text(recipe_path(name_or_path)).splitlines():
         if not line.startswith("#"):
             break
         lines.append(line[1:].strip())
@@ -309,7 +321,10 @@ def _read_recipe(name_or_path: str, problems: list[str], chain: tuple[str, ...])
         problems.append(f"{path.name}: 'extends' forms a cycle")
         return []
     try:
-        table = tomllib.loads(path.read_text())
+        table = tomllib.loads(recipe_text(path))
+    except ConfigError as err:
+        problems.extend(err.problems)
+        return []
     except tomllib.TOMLDecodeError as err:
         problems.append(f"{path.name}: not valid TOML ({err}); fix the file")
         return []

@@ -128,7 +128,9 @@ def _load(path: Path) -> dict:
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+    # KeyError: arbitrary bytes read as a legacy pickle look up memo entries that do not exist.
+    except (RuntimeError, EOFError, OSError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile,
+            ValueError) as err:
         raise UnreadableCheckpoint(f"{path}: not a readable torch checkpoint ({str(err).splitlines()[0][:160]})"
                                    ) from None
 

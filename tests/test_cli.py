@@ -99,6 +99,7 @@ def test_bad_task_and_table_exit_2(tmp_path):
 
 
 def test_report_reads_results_without_importing_torch(tmp_path):
+    (tmp_path / "runs").mkdir()
     code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli import app; "
             f"r = CliRunner().invoke(app, ['report', '--runs-dir', {str(tmp_path / 'runs')!r}, '--out', "
             f"{str(tmp_path / 'tables')!r}]); print(r.exit_code, 'torch' in sys.modules)")

@@ -6,13 +6,49 @@ the command body, so ``euclip --help`` answers at once.
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
+
+# typer 0.29 (pinned) vendors click and does not re-export its exception base classes.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from euclip_cli.cli import analyze, bench, download, evaluate, importing, recipes, report, study, train
 
+
+class OneLineErrors(TyperGroup):
+    """Click's own errors (a value outside an option's range, a missing option, an unknown command)
+    in euclip's form: one ``error:`` line naming the option and where to look, with Click's exit
+    code (2 for usage), where Click would draw a box under the usage text."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        from rich.markup import escape
+
+        from euclip_cli.cli.common import err_console
+
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError as err:  # the help is already printed, as Typer does
+            sys.exit(err.exit_code)
+        except ClickException as err:
+            ctx = getattr(err, "ctx", None)
+            where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            err_console.print(f"[bold red]error:[/] {escape(' '.join(err.format_message().split()))}{where}",
+                              highlight=False, soft_wrap=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            err_console.print("[bold red]error:[/] interrupted", highlight=False)
+            sys.exit(1)
+        # A command's own return value is not an exit code; Exit(n) arrives here as the int n.
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     name="euclip",
     help="Embedding geometries of contrastive language-image pre-training: download, train, eval, report.",
     no_args_is_help=True,

@@ -33,20 +33,20 @@ def show(name: str = typer.Argument(..., help="Recipe name or path."),
 
     Example: euclip recipes show tiny-euclip --resolved
     """
-    from euclip_cli.config import dumps, is_study_recipe, load_config, recipe_path
+    from euclip_cli.config import dumps, is_study_recipe, load_config, recipe_path, recipe_text
     from euclip_cli.study.spec import load_study
 
     with errors():
         if is_study_recipe(name):
             study = load_study(name)
-            text = recipe_path(name).read_text()
+            text = recipe_text(recipe_path(name))
             if resolved:
                 text = "\n".join(f"{c}: euclip train --recipe {study.configs[c].recipe} {' '.join(study.overrides(c, 0))}"
                                  for c in study.configs)
             console.print(text, highlight=False, markup=False)
             return
         cfg = load_config(name)
-        console.print(dumps(cfg) if resolved else recipe_path(name).read_text(), highlight=False, markup=False)
+        console.print(dumps(cfg) if resolved else recipe_text(recipe_path(name)), highlight=False, markup=False)
 
 
 @app.command()

@@ -91,11 +91,11 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
     (a count) replaces the recipe's. Raises UsageError listing every problem."""
     path = C.recipe_path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"study recipe '{name_or_path}' not found (run 'euclip recipes list' to see them)")
     try:
-        table = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        table = tomllib.loads(C.recipe_text(path))
+    except tomllib.TOMLDecodeError as err:
         raise UsageError(f"{path}: not a valid TOML file ({err}); fix the file") from None
     problems: list[str] = []
     study = table.get("study", {})

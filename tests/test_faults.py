@@ -1,0 +1,225 @@
+"""The fault suite: mistakes a user makes and faults the machine causes, each through the CLI.
+
+Every case asserts the exit code (2 for usage, 1 for failures), exactly one ``error:`` line that
+names the culprit, no traceback, an answer within a time limit, and that nothing already in the
+working folder changed. Cases that train or download live beside their subject
+(test_trainer_faults.py, test_download_datacomp.py, test_evalsets.py); this table covers the
+commands' edges that need no training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+
+runner = CliRunner()
+TIME_LIMIT_S = 120
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]  # "{tmp}" and "{world}" are filled in
+    code: int
+    culprit: list[str]  # fragments the single error line must contain
+    setup: Callable[[Path, Path], None] = field(default=lambda tmp, world: None)
+
+
+def _write(rel: str, data: bytes | str) -> Callable[[Path, Path], None]:
+    def setup(tmp: Path, world: Path) -> None:
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return setup
+
+
+def _both(*setups) -> Callable[[Path, Path], None]:
+    return lambda tmp, world: [s(tmp, world) for s in setups]
+
+
+def _run_dir(rel: str, config: str | None = '{"recipe": "tiny-clip"}', checkpoint: bytes | None = None):
+    """A run directory with a given config.json text and, optionally, one checkpoint's bytes."""
+    def setup(tmp: Path, world: Path) -> None:
+        run = tmp / rel
+        (run / "checkpoints").mkdir(parents=True)
+        if config is not None:
+            (run / "config.json").write_text(config)
+        if checkpoint is not None:
+            (run / "checkpoints" / "step_4.pt").write_bytes(checkpoint)
+            (run / "checkpoints" / "latest").write_text("step_4.pt")
+    return setup
+
+
+def _trained_config(tmp: Path, world: Path) -> str:
+    from euclip_cli import config as C
+
+    return json.dumps(C.to_dict(C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}"])))
+
+
+def _real_run(rel: str, checkpoint: bytes | None):
+    def setup(tmp: Path, world: Path) -> None:
+        _run_dir(rel, _trained_config(tmp, world), checkpoint)(tmp, world)
+    return setup
+
+
+AUTHORS = ["--geometry", "euclidean", "--logit", "d2", "--arch", "ViT-B-16"]
+TRAIN = ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", "data.train_dir={world}/train"]
+
+CASES = [
+    # ---- recipes and overrides
+    Case("recipe not UTF-8", ["recipes", "validate", "{tmp}/latin1.toml"], 2, ["latin1.toml", "not UTF-8", "line 2"],
+         _write("latin1.toml", b'extends = "tiny-clip"\n# caf\xe9\n')),
+    Case("training recipe not UTF-8", ["train", "--recipe", "{tmp}/latin1.toml"], 2, ["latin1.toml", "not UTF-8"],
+         _write("latin1.toml", b'extends = "tiny-clip"\n# caf\xe9\n')),
+    Case("study recipe not UTF-8", ["study", "--recipe", "{tmp}/study-latin1.toml"], 2,
+         ["study-latin1.toml", "not UTF-8"], _write("study-latin1.toml", b"# \xff\n")),
+    Case("recipe is a folder", ["train", "--recipe", "{tmp}/folder.toml"], 2, ["folder.toml is a folder"],
+         lambda tmp, world: (tmp / "folder.toml").mkdir()),
+    Case("recipe not found", ["train", "--recipe", "no-such-recipe"], 2, ["no-such-recipe", "euclip recipes list"]),
+    Case("recipe not TOML", ["recipes", "validate", "{tmp}/broken.toml"], 2, ["broken.toml", "not valid TOML"],
+         _write("broken.toml", "extends = \n")),
+    Case("recipe extends itself", ["recipes", "validate", "{tmp}/loop.toml"], 2, ["loop.toml", "cycle"],
+         _write("loop.toml", 'extends = "{tmp}/loop.toml"\n')),
+    Case("unknown override key", [*TRAIN, "optim.lrr=0.1"], 2, ["optim.lrr"]),
+    Case("override without =", [*TRAIN, "optim.lr"], 2, ["optim.lr", "key=value"]),
+    Case("override of the wrong type", [*TRAIN, "data.batch_size=big"], 2, ["data.batch_size", "big"]),
+    Case("negative workers", [*TRAIN, "data.workers=-1"], 2, ["data.workers", "-1", ">= 0"]),
+    Case("nan learning rate", [*TRAIN, "optim.lr=nan"], 2, ["optim.lr", "nan"]),
+    Case("log every 0 steps", [*TRAIN, "train.log_every=0"], 2, ["train.log_every", ">= 1"]),
+    Case("skip limit above 1", [*TRAIN, "data.max_skipped_fraction=2"], 2, ["data.max_skipped_fraction", "[0, 1]"]),
+    Case("a device that does not exist", [*TRAIN, "train.device=tpu"], 2, ["device 'tpu'", "cpu"]),
+    Case("an unknown architecture", [*TRAIN, "model.arch=NoSuch"], 2, ["model.arch 'NoSuch'", "open_clip"]),
+    Case("class tokens without product sphere", [*TRAIN, "model.class_tokens=4"], 2, ["model.class_tokens"]),
+    # ---- training data
+    Case("training data folder missing", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
+                                          "data.train_dir={tmp}/nothere"], 2, ["{tmp}/nothere", "does not exist"]),
+    Case("training data folder empty", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
+                                        "data.train_dir={tmp}/empty"], 2, ["no training shards", "{tmp}/empty"],
+         lambda tmp, world: (tmp / "empty").mkdir()),
+    Case("a run holding another configuration", [*TRAIN, "--name", "other", "optim.lr=0.1"], 2,
+         ["holds a run with another configuration", "optim.lr", "--name NEW"], _real_run("runs/other", None)),
+    # ---- evaluation
+    Case("eval of a run that does not exist", ["eval", "{tmp}/nothere"], 2, ["no run", "{tmp}/nothere"]),
+    Case("eval of a run without a checkpoint", ["eval", "{tmp}/runs/fresh"], 2, ["fresh", "checkpoint"],
+         _real_run("runs/fresh", None)),
+    Case("eval of a truncated checkpoint", ["eval", "{tmp}/runs/cut", "--tasks", "world:main"], 1,
+         ["step_4.pt"], _real_run("runs/cut", b"PK\x03\x04 cut short")),
+    Case("eval of an unknown task", ["eval", "{tmp}/runs/fresh", "--tasks", "no_such_task"], 2, ["no_such_task"],
+         _real_run("runs/fresh", None)),
+    # ---- report
+    Case("report of a runs folder that does not exist", ["report", "--runs-dir", "{tmp}/nothere", "--out",
+                                                          "{tmp}/tables"], 2, ["{tmp}/nothere does not exist"],
+         _write("tables/embedded.md", "a filled table\n")),
+    Case("report of a file as runs folder", ["report", "--runs-dir", "{tmp}/file", "--out", "{tmp}/tables"], 2,
+         ["{tmp}/file is not a folder"], _write("file", "x")),
+    Case("report with a cut config.json", ["report", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables"], 1,
+         ["{tmp}/runs/cut/config.json", "not valid JSON"], _run_dir("runs/cut", '{"recipe"')),
+    Case("report of an unknown table", ["report", "--table", "9"], 2, ["--table '9'"]),
+    Case("report in an unknown format", ["report", "--format", "docx"], 2, ["--format 'docx'"]),
+    # ---- import
+    Case("import of a missing file", ["import", "euclip-authors", "{tmp}/none.pt", "--name", "x", "--runs-dir",
+                                      "{tmp}/runs"], 2, ["{tmp}/none.pt", "no such file"]),
+    Case("import of a file that is not a checkpoint", ["import", "euclip-authors", "{tmp}/notes.pt", "--name", "x",
+                                                       "--runs-dir", "{tmp}/runs", *AUTHORS], 1, ["notes.pt"],
+         _write("notes.pt", "just text, not a checkpoint")),
+    Case("import of a malformed Hub path", ["import", "meru", "hf://only-owner", "--name", "x", "--runs-dir",
+                                            "{tmp}/runs"], 2, ["hf://only-owner", "hf://OWNER/REPO/PATH"]),
+    Case("import of an unknown released format", ["import", "jax", "{tmp}/notes.pt", "--name", "x"], 2, ["jax"],
+         _write("notes.pt", "x")),
+    # ---- downloads (no network needed to refuse these)
+    Case("an unknown DataComp scale", ["download", "datacomp", "--scale", "xl", "--out", "{tmp}/dc"], 2, ["--scale 'xl'"]),
+    Case("an unknown filter", ["download", "datacomp", "--scale", "small", "--filter", "best", "--out", "{tmp}/dc"],
+         2, ["--filter 'best'"]),
+    Case("an unknown distributor", ["download", "datacomp", "--scale", "small", "--distributor", "dask", "--out",
+                                    "{tmp}/dc"], 2, ["--distributor 'dask'"]),
+    Case("a uid file that does not exist", ["download", "datacomp", "--scale", "small", "--uids", "{tmp}/u.npy",
+                                            "--out", "{tmp}/dc"], 2, ["u.npy does not exist"]),
+    Case("a uid file of the wrong format", ["download", "datacomp", "--scale", "small", "--uids", "{tmp}/u.npy",
+                                            "--out", "{tmp}/dc"], 2, ["u.npy"], _write("u.npy", b"not numpy")),
+    Case("a url list that does not exist", ["download", "urls", "--parquet", "{tmp}/l.parquet", "--out", "{tmp}/o"],
+         2, ["l.parquet"]),
+    Case("eval sets for an unknown task", ["download", "evalsets", "--tasks", "no_such_task", "--root", "{tmp}/ev"],
+         2, ["no_such_task"]),
+    Case("eval sets from a host that is not there", ["download", "evalsets", "--tasks", "imagenet1k", "--root",
+                                                     "{tmp}/ev", "--base-url", "http://127.0.0.1:9"], 1,
+         ["imagenet1k", "could not reach"]),
+    # ---- analyses
+    Case("analysis of a run that does not exist", ["analyze", "distances", "{tmp}/nothere"], 2, ["{tmp}/nothere"]),
+    Case("isotropy of a run without a checkpoint", ["analyze", "isotropy", "{tmp}/runs/fresh"], 2,
+         ["fresh", "checkpoint"], _real_run("runs/fresh", None)),
+    Case("equilibrium with a bad temperature grid", ["analyze", "equilibrium", "{tmp}/runs/fresh", "--temperatures",
+                                                     "1,100"], 2, ["--temperatures"], _real_run("runs/fresh", None)),
+    # ---- studies
+    Case("a study recipe that does not exist", ["study", "--recipe", "study-nothing"], 2, ["study-nothing"]),
+    Case("a study with zero seeds", ["study", "--recipe", "study-geometries", "--seeds", "0"], 2,
+         ["'--seeds'", "euclip study --help"]),
+    # ---- Click's own checks, in euclip's form
+    Case("an unknown command", ["trian"], 2, ["No such command 'trian'", "euclip --help"]),
+    Case("a missing required option", ["train"], 2, ["'--recipe'", "euclip train --help"]),
+    Case("an unknown option", ["report", "--colour"], 2, ["--colour", "euclip report --help"]),
+    Case("an option value out of range", ["download", "datacomp", "--scale", "small", "--chunk", "0"], 2,
+         ["'--chunk'", "euclip download datacomp --help"]),
+    Case("a non-number where a number goes", ["analyze", "equilibrium", "run", "--batches", "many"], 2,
+         ["'--batches'", "valid integer"]),
+]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def time_limit():
+    def expired(signum, frame):
+        raise TimeoutError(f"the command did not answer within {TIME_LIMIT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TIME_LIMIT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_fault_is_one_line_naming_its_culprit_and_changes_nothing(case, world, tmp_path, monkeypatch, time_limit):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    case.setup(tmp_path, world)
+    fill = lambda text: text.replace("{tmp}", str(tmp_path)).replace("{world}", str(world))
+    for path in (p for p in tmp_path.rglob("*.toml") if p.is_file()):
+        path.write_bytes(path.read_bytes().replace(b"{tmp}", str(tmp_path).encode()))
+    before = snapshot(tmp_path)
+    result = runner.invoke(app, [fill(a) for a in case.argv])
+    output = result.output
+    assert result.exit_code == case.code, output
+    assert "Traceback" not in output and not (result.exception and not isinstance(result.exception, SystemExit)), \
+        repr(result.exception)
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    assert len(errors) == 1, output
+    text = " ".join(" ".join(lines[errors[0]:]).split())  # Rich wraps long lines
+    for fragment in case.culprit:
+        assert " ".join(fill(fragment).split()) in text, text
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before  # nothing already there changed
+    if os.environ.get("EUCLIP_FAULTS_STRICT"):
+        assert set(after) == set(before), set(after) - set(before)
+
+
+def test_the_suite_covers_every_command():
+    from typer.main import get_command
+
+    commands = set(get_command(app).commands)
+    covered = {c.argv[0] for c in CASES}
+    assert commands - covered <= {"bench"}, commands - covered  # bench's faults: tests/test_bench.py
