@@ -118,17 +118,17 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # The data and the model are checked before the run directory exists: a corrected command must
     # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)
-    guard = contextlib.ExitStack()
-    if ranks.main:
-        guard.enter_context(directory.lock())
-        try:
+    with contextlib.ExitStack() as guard:
+        if ranks.main:
+            guard.enter_context(directory.lock())
             # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
             directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv) | {"data": downloaded})
-        except BaseException:
-            guard.close()
-            raise
-    with guard:
         return _train(cfg, model, directory, shards, ranks, device, on_step)
+
+
+def skipped_share(skipped: int, step: int, batch_size: int) -> float:
+    """The share of the samples read that could not be decoded, after ``step`` full global batches."""
+    return skipped / max(1, skipped + step * batch_size)
 
 
 def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[str], ranks, device: torch.device,
@@ -165,7 +165,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
                 "run_dir": str(run_dir), "interrupted": interrupted, "skipped_samples": skipped,
-                "skipped_fraction": skipped / max(1, skipped + step * cfg.data.batch_size),
+                "skipped_fraction": skipped_share(skipped, step, cfg.data.batch_size),
                 "nonfinite_steps": nonfinite, "processes": ranks.world}
 
     if step >= total:
@@ -275,7 +275,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                         if on_step:
                             on_step(step, total, record)
                     window_start, window_samples = time.time(), 0
-                    share = skipped / (skipped + step * cfg.data.batch_size)
+                    share = skipped_share(skipped, step, cfg.data.batch_size)
                     if share > cfg.data.max_skipped_fraction:  # every rank holds the same count
                         save()
                         raise RunError(f"{skipped:,} samples ({share:.0%} of those read) could not be decoded, more "
