@@ -106,6 +106,9 @@ CASES = [
     Case("training data folder empty", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
                                         "data.train_dir={tmp}/empty"], 2, ["no training shards", "{tmp}/empty"],
          lambda tmp, world: (tmp / "empty").mkdir()),
+    Case("a file given as the training data folder", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
+                                                      "data.train_dir={tmp}/shard.tar"], 2,
+         ["{tmp}/shard.tar is a file", "folder that holds the shards"], _write("shard.tar", b"x")),
     Case("a run holding another configuration", [*TRAIN, "--name", "other", "optim.lr=0.1"], 2,
          ["holds a run with another configuration", "optim.lr", "--name NEW"], _real_run("runs/other", None)),
     # ---- evaluation

@@ -44,6 +44,8 @@ class DataError(UsageError):
 
 
 def list_shards(folder: Path, download_hint: str) -> list[str]:
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"training data folder {folder} is a file: give the folder that holds the shards (*.tar)")
     if not folder.is_dir():
         raise DataError(f"training data folder {folder} does not exist: run '{download_hint}' first")
     shards = sorted(str(p) for p in folder.glob("*.tar"))
