@@ -173,3 +173,15 @@ def test_a_failed_first_try_does_not_block_the_corrected_command(tmp_path, world
                      "--name", "r")
     assert missing.exit_code == 2 and "does not exist" in missing.output
     assert not (runs / "r").exists()
+
+
+def test_a_report_without_runs_leaves_filled_tables_as_they_were(tmp_path):
+    """A mistyped --runs-dir (or a studies-only report) must not replace tables with empty ones."""
+    out = tmp_path / "tables"
+    out.mkdir()
+    (out / "embedded.md").write_text("a filled table\n")
+    result = invoke("report", "--runs-dir", str(tmp_path / "nothere"), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert (out / "embedded.md").read_text() == "a filled table\n"
+    assert f"no runs in {tmp_path / 'nothere'}" in " ".join(result.output.split())
+    assert (out / "table1.md").exists()  # a table that was not there is still written (published rows)

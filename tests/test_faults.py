@@ -120,9 +120,6 @@ CASES = [
     Case("eval of an unknown task", ["eval", "{tmp}/runs/fresh", "--tasks", "no_such_task"], 2, ["no_such_task"],
          _real_run("runs/fresh", None)),
     # ---- report
-    Case("report of a runs folder that does not exist", ["report", "--runs-dir", "{tmp}/nothere", "--out",
-                                                          "{tmp}/tables"], 2, ["{tmp}/nothere does not exist"],
-         _write("tables/embedded.md", "a filled table\n")),
     Case("report of a file as runs folder", ["report", "--runs-dir", "{tmp}/file", "--out", "{tmp}/tables"], 2,
          ["{tmp}/file is not a folder"], _write("file", "x")),
     Case("report with a cut config.json", ["report", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables"], 1,

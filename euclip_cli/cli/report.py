@@ -31,10 +31,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         fail(f"--table {table!r} is not one of {', '.join(TABLES)}", 2)
     if fmt not in ("md", "csv", "tex", "html"):
         fail(f"--format {fmt!r} is not one of md, csv, tex, html", 2)
-    if runs_dir != RUNS_DIR and not runs_dir.is_dir():
-        # An empty report would replace the tables and leave stale figures beside them.
-        what = "is not a folder" if runs_dir.exists() else "does not exist"
-        fail(f"--runs-dir {runs_dir} {what}: nothing was written (the tables in {out} are as they were)", 2)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        fail(f"--runs-dir {runs_dir} is not a folder: nothing was written (the tables in {out} are as they were)", 2)
     with errors():
         from euclip_cli.report.tables import (load_runs, paper_table, released_table, render, study_tables,
                                               suite_table, traversal_table)
@@ -70,6 +68,10 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             if fmt == "html":
                 continue
             path = out / f"{name if not name.isdigit() else 'table' + name}.{fmt}"
+            if not runs and path.exists():
+                # No runs (a mistyped --runs-dir, or studies only): an empty table must not replace a filled one.
+                console.print(f"no runs in {runs_dir}: {path} left as it was", highlight=False)
+                continue
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
             console.print(f"[bold]{title}[/]  ({path})")
             console.print(text, highlight=False, markup=False, soft_wrap=True)
