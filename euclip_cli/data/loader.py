@@ -191,7 +191,7 @@ class TrainBatches:
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
                  start: int = 0, state: dict | None = None):
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
-        self.folder = Path(shards[0]).parent if shards else None
+        self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
         usable = state is not None and state.get("signature") == self.signature
         self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}

@@ -140,7 +140,7 @@ def download_retrieval(task: Task, folder: Path, base_url: str = HF_DATASETS,
     import pandas as pd
     import webdataset as wds
 
-    repo_id = RETRIEVAL_REPOS[task.key]
+    repo_id = repo_for(task)
     marker, source = folder / "test" / "nshards.txt", folder / SOURCE_FILE
     if marker.exists():
         held = source.read_text().strip() if source.exists() else "another source (an earlier euclip's mirror)"

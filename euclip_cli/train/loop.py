@@ -280,7 +280,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                         save()
                         raise RunError(f"{skipped:,} samples ({share:.0%} of those read) could not be decoded, more "
                                        f"than data.max_skipped_fraction={cfg.data.max_skipped_fraction}; stopped at "
-                                       f"step {step} with a checkpoint. Check the shards in {Path(shards[0]).parent}, "
+                                       f"step {step} with a checkpoint. Check the shards in {batches.folder}, "
                                        f"or raise the limit and rerun to continue")
                 stopping = ranks.any(stop["signal"] is not None, device)
                 if step % interval == 0 or step == total:
