@@ -13,7 +13,7 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
-from euclip_cli.model import EuclipModel
+from euclip_cli.model import EuclipModel, load_run_weights
 from euclip_cli.rundir import RunDir
 
 # Bump when a change alters image embeddings (transforms, encoders): cached features are keyed by it.
@@ -31,7 +31,7 @@ def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config
         raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
     cfg = C.from_dict(state["config"])
     model = EuclipModel(cfg)
-    model.load_state_dict(state["model"])
+    load_run_weights(model, state, found)
     return model.to(device).eval(), cfg, found, state["step"]
 
 

@@ -11,6 +11,7 @@ not open_clip, decides what happens to them, in fp32 with autocast off.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Optional
 
 import open_clip
@@ -19,7 +20,7 @@ from torch import nn
 
 from euclip_cli import multitoken
 from euclip_cli.config import Config, initial_logit_scale, resolved_logit
-from euclip_cli.errors import UsageError
+from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
 
@@ -233,6 +234,41 @@ def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     features = torch.cat([_prefix_features(clip, tokens[rows], length) for rows, length in groups])
     order = torch.cat([rows for rows, _ in groups])
     return features[order.argsort()]
+
+
+def state_mismatch(model: nn.Module, state: dict) -> Optional[str]:
+    """What stops ``state`` (a state dict) from loading into ``model``, in words, or None when it fits:
+    the number and first of the missing and the unexpected keys, or the first tensor of another shape."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} key(s) the model needs are missing (first: {missing[0]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} key(s) are not in the model (first: {unexpected[0]})")
+    if problems:
+        return "; ".join(problems)
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            return f"'{key}' has shape {tuple(value.shape)} where the model has {tuple(expected[key].shape)}"
+    return None
+
+
+class CheckpointMisfit(Failure):
+    """A run's own checkpoint does not fit the model its configuration builds."""
+
+
+def load_run_weights(model: nn.Module, state: dict, source: Path) -> None:
+    """Load a run checkpoint's ``state["model"]`` into ``model``, or say which file does not fit and how.
+    A misfit means the code that builds the model changed since the checkpoint was written, or the file
+    was copied in from another run: no older checkpoint of the run would fit better, so none is tried."""
+    problem = state_mismatch(model, state["model"])
+    if problem:
+        raise CheckpointMisfit(f"{source} does not fit the model its configuration builds ({problem}): it was "
+                               f"written by another euclip version or copied from another run; use the version "
+                               f"that wrote it (meta.json names its git revision), or retrain")
+    model.load_state_dict(state["model"])
 
 
 class EuclipModel(nn.Module):

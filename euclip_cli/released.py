@@ -291,20 +291,12 @@ def openclip_run_name(spec: str) -> str:
 
 def _fit(model, state: dict, source: str) -> None:
     """Load ``state`` into ``model`` or name the first problem: missing, unexpected or misshapen keys."""
+    from euclip_cli.model import state_mismatch
+
+    problem = state_mismatch(model, state)
+    if problem:
+        raise CheckpointError(f"{source}: {problem}; check --geometry and --arch against the checkpoint")
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        what = []
-        if missing:
-            what.append(f"{len(missing)} key(s) the model needs are missing (first: {missing[0]})")
-        if unexpected:
-            what.append(f"{len(unexpected)} key(s) are not in the model (first: {unexpected[0]})")
-        raise CheckpointError(f"{source}: {'; '.join(what)}; check --geometry and --arch against the checkpoint")
-    for key, value in state.items():
-        if value.shape != expected[key].shape:
-            raise CheckpointError(f"{source}: '{key}' has shape {tuple(value.shape)} where the model has "
-                                  f"{tuple(expected[key].shape)}; check --arch against the checkpoint")
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 

@@ -21,6 +21,7 @@ reads JSON alone) never loads it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -235,9 +236,18 @@ class RunDir:
         path = self.checkpoint_file(step)
         tmp = self.checkpoints_dir / f".{path.name}.tmp"
         try:
-            torch.save(state, tmp)
-        except BaseException:
+            # Through a Python file: torch's own writer reports a full disk as a RuntimeError that
+            # names neither the file nor the cause; the file object raises the OSError itself.
+            with tmp.open("wb") as handle:
+                torch.save(state, handle)
+        except BaseException as err:
             tmp.unlink(missing_ok=True)  # a full disk must not keep a half-written file on it
+            if isinstance(err, OSError):
+                previous = self.latest_checkpoint()
+                remedy = "free space" if err.errno == errno.ENOSPC else f"make {self.checkpoints_dir} writable"
+                raise Failure(f"could not write the checkpoint {path} ({err.strerror or err}): {remedy} and rerun "
+                              f"the same command; it resumes from "
+                              f"{previous.name if previous else 'the start (no checkpoint yet)'}") from None
             raise
         os.replace(tmp, path)
         write_text_atomic(self.checkpoints_dir / "latest", path.name)

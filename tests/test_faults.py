@@ -72,6 +72,50 @@ def _real_run(rel: str, checkpoint: bytes | None):
     return setup
 
 
+def _checkpointed_run(rel: str, drop_key: bool = False):
+    """A run whose step_4.pt holds an untrained tiny-clip model, as the trainer writes it; with
+    ``drop_key``, one weight is missing, as after a code change that renamed a parameter."""
+    def setup(tmp: Path, world: Path) -> None:
+        import io
+
+        import torch
+
+        from euclip_cli import config as C
+        from euclip_cli.model import EuclipModel
+        from euclip_cli.rundir import checkpoint_meta
+
+        config = json.loads(_trained_config(tmp, world))
+        model = EuclipModel(C.from_dict(config))
+        weights = model.state_dict()
+        if drop_key:
+            weights.pop("clip.text_projection")
+        state = {"model": weights, "step": 4, "config": config,
+                 "meta": checkpoint_meta(config, model.geometry.logit, model.embed_dim)}
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        _run_dir(rel, json.dumps(config), buffer.getvalue())(tmp, world)
+    return setup
+
+
+def _pictures(tmp: Path, world: Path) -> None:
+    """A folder of one real image and one text file named as a JPEG, and a caption list."""
+    pics = tmp / "pics"
+    pics.mkdir()
+    (pics / "a.png").write_bytes(_png())
+    (pics / "notes.jpg").write_text("this is not a picture")
+    (tmp / "captions.txt").write_text("a red circle\na blue square\n")
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 AUTHORS = ["--geometry", "euclidean", "--logit", "d2", "--arch", "ViT-B-16"]
 TRAIN = ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", "data.train_dir={world}/train"]
 
@@ -98,6 +142,8 @@ CASES = [
     Case("log every 0 steps", [*TRAIN, "train.log_every=0"], 2, ["train.log_every", ">= 1"]),
     Case("skip limit above 1", [*TRAIN, "data.max_skipped_fraction=2"], 2, ["data.max_skipped_fraction", "[0, 1]"]),
     Case("a device that does not exist", [*TRAIN, "train.device=tpu"], 2, ["device 'tpu'", "cpu"]),
+    Case("training on a GPU the machine lacks", [*TRAIN, "train.device=cuda"], 2,
+         ["device 'cuda'", "no CUDA GPU", "cpu or auto"]),
     Case("an unknown architecture", [*TRAIN, "model.arch=NoSuch"], 2, ["model.arch 'NoSuch'", "open_clip"]),
     Case("class tokens without product sphere", [*TRAIN, "model.class_tokens=4"], 2, ["model.class_tokens"]),
     # ---- training data
@@ -109,6 +155,11 @@ CASES = [
     Case("a file given as the training data folder", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
                                                       "data.train_dir={tmp}/shard.tar"], 2,
          ["{tmp}/shard.tar is a file", "folder that holds the shards"], _write("shard.tar", b"x")),
+    Case("a file given as the runs folder", [*TRAIN[:3], "--runs-dir", "{tmp}/file", TRAIN[-1]], 2,
+         ["{tmp}/file is a file where a folder is needed", "give a folder path"], _write("file", "x")),
+    Case("training resumed from a checkpoint that does not fit", [*TRAIN, "--name", "misfit"], 1,
+         ["{tmp}/runs/misfit/checkpoints/step_4.pt does not fit", "clip.text_projection", "another euclip version"],
+         _checkpointed_run("runs/misfit", drop_key=True)),
     Case("a run holding another configuration", [*TRAIN, "--name", "other", "optim.lr=0.1"], 2,
          ["holds a run with another configuration", "optim.lr", "--name NEW"], _real_run("runs/other", None)),
     # ---- evaluation
@@ -117,6 +168,15 @@ CASES = [
          _real_run("runs/fresh", None)),
     Case("eval of a truncated checkpoint", ["eval", "{tmp}/runs/cut", "--tasks", "world:main"], 1,
          ["step_4.pt"], _real_run("runs/cut", b"PK\x03\x04 cut short")),
+    Case("eval of a checkpoint that does not fit", ["eval", "{tmp}/runs/misfit", "--tasks", "world:main"], 1,
+         ["step_4.pt does not fit", "1 key(s) the model needs are missing (first: clip.text_projection)"],
+         _checkpointed_run("runs/misfit", drop_key=True)),
+    Case("eval when 'latest' names a deleted checkpoint and no other exists", ["eval", "{tmp}/runs/gone"], 1,
+         ["'latest' names 'step_9.pt', which is missing", "restore one"],
+         _both(_real_run("runs/gone", None), _write("runs/gone/checkpoints/latest", "step_9.pt"))),
+    Case("eval on a GPU the machine lacks", ["eval", "{tmp}/runs/good", "--device", "cuda:1", "--tasks",
+                                             "world:main"], 2, ["device 'cuda:1'", "no CUDA GPU"],
+         _checkpointed_run("runs/good")),
     Case("eval of an unknown task", ["eval", "{tmp}/runs/fresh", "--tasks", "no_such_task"], 2, ["no_such_task"],
          _real_run("runs/fresh", None)),
     # ---- report
@@ -124,6 +184,8 @@ CASES = [
          ["{tmp}/file is not a folder"], _write("file", "x")),
     Case("report with a cut config.json", ["report", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables"], 1,
          ["{tmp}/runs/cut/config.json", "not valid JSON"], _run_dir("runs/cut", '{"recipe"')),
+    Case("report into a file", ["report", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables.md"], 2,
+         ["{tmp}/tables.md is a file where a folder is needed"], _write("tables.md", "my notes")),
     Case("report of an unknown table", ["report", "--table", "9"], 2, ["--table '9'"]),
     Case("report in an unknown format", ["report", "--format", "docx"], 2, ["--format 'docx'"]),
     # ---- import
@@ -148,6 +210,13 @@ CASES = [
                                             "--out", "{tmp}/dc"], 2, ["u.npy"], _write("u.npy", b"not numpy")),
     Case("a url list that does not exist", ["download", "urls", "--parquet", "{tmp}/l.parquet", "--out", "{tmp}/o"],
          2, ["l.parquet"]),
+    Case("DataComp shards into a file", ["download", "datacomp", "--scale", "small", "--out", "{tmp}/file"], 2,
+         ["{tmp}/file is a file where a folder is needed"], _write("file", "x")),
+    Case("the embedded world into a file", ["download", "world", "--out", "{tmp}/file"], 2,
+         ["{tmp}/file is a file where a folder is needed"], _write("file", "x")),
+    Case("eval sets into a file", ["download", "evalsets", "--tasks", "imagenet1k", "--root", "{tmp}/file",
+                                   "--base-url", "http://127.0.0.1:9"], 2,
+         ["{tmp}/file is a file where a folder is needed", "in the path {tmp}/file/"], _write("file", "x")),
     Case("eval sets for an unknown task", ["download", "evalsets", "--tasks", "no_such_task", "--root", "{tmp}/ev"],
          2, ["no_such_task"]),
     Case("eval sets from a host that is not there", ["download", "evalsets", "--tasks", "imagenet1k", "--root",
@@ -159,8 +228,17 @@ CASES = [
          ["fresh", "checkpoint"], _real_run("runs/fresh", None)),
     Case("equilibrium with a bad temperature grid", ["analyze", "equilibrium", "{tmp}/runs/fresh", "--temperatures",
                                                      "1,100"], 2, ["--temperatures"], _real_run("runs/fresh", None)),
+    Case("a traversal of a folder holding a non-image", ["analyze", "traverse", "{tmp}/runs/good", "--image-dir",
+                                                         "{tmp}/pics", "--captions", "{tmp}/captions.txt",
+                                                         "--root-samples", "2"], 2,
+         ["{tmp}/pics/notes.jpg is not an image", "remove it"], _both(_checkpointed_run("runs/good"), _pictures)),
+    Case("a traversal whose --image-dir is a file", ["analyze", "traverse", "{tmp}/runs/fresh", "--image-dir",
+                                                     "{tmp}/file", "--captions", "{tmp}/file"], 2,
+         ["--image-dir {tmp}/file is not a folder"], _both(_real_run("runs/fresh", None), _write("file", "x"))),
     # ---- studies
     Case("a study recipe that does not exist", ["study", "--recipe", "study-nothing"], 2, ["study-nothing"]),
+    Case("a study written into a file", ["study", "--recipe", "study-geometries", "--out", "{tmp}/file"], 2,
+         ["{tmp}/file is a file where a folder is needed"], _write("file", "x")),
     Case("a study with zero seeds", ["study", "--recipe", "study-geometries", "--seeds", "0"], 2,
          ["'--seeds'", "euclip study --help"]),
     # ---- Click's own checks, in euclip's form

@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -284,3 +285,54 @@ def test_a_second_trainer_on_the_same_run_is_refused_while_the_first_holds_it(wo
     assert trained.exit_code == 0, trained.output
     again = CliRunner().invoke(app, command)  # and a finished run's lock was released too
     assert again.exit_code == 0 and "already complete" in again.output
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to fill a disk without root")
+def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_same_command_resumes(world, tmp_path):
+    """The checkpoint's temporary file is a link to /dev/full, where every write fails with ENOSPC,
+    as on a full disk: no half-written file is left, 'latest' still names the last good checkpoint,
+    and once space is back the same command resumes from it and logs every step once."""
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli import app
+
+    command = ["train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path), "--name", "run",
+               f"data.train_dir={world / 'train'}", "optim.samples=64", "train.checkpoints=2", *TINY]
+    run = RunDir(tmp_path / "run")
+    run.checkpoints_dir.mkdir(parents=True)
+    full = run.checkpoints_dir / ".step_4.pt.tmp"
+    full.symlink_to("/dev/full")
+    stopped = CliRunner().invoke(app, command)
+    text = " ".join(stopped.output.split())
+    assert stopped.exit_code == 1 and "Traceback" not in text, text
+    assert sum(line.startswith("error:") for line in stopped.output.splitlines()) == 1, stopped.output
+    assert f"could not write the checkpoint {run.checkpoint_file(4)} (No space left on device)" in text
+    assert "it resumes from step_2.pt" in text
+    assert not list(run.checkpoints_dir.glob(".*.tmp")) and not full.is_symlink()
+    assert [p.name for p in run.checkpoints()] == ["step_2.pt"] and run.latest_checkpoint().name == "step_2.pt"
+    resumed = CliRunner().invoke(app, command)  # space is back
+    assert resumed.exit_code == 0 and "resumed from step_2.pt" in resumed.output, resumed.output
+    assert [r["step"] for r in run.training_records()] == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder whatever its mode; an unwritable "
+                                               "folder cannot be made without root tricks (a read-only mount)")
+@pytest.mark.parametrize("locked", ["runs", "checkpoints"])
+def test_an_unwritable_runs_or_checkpoints_folder_is_one_line_naming_it(locked, world, tmp_path):
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli import app
+
+    runs = tmp_path / "runs"
+    folder = runs if locked == "runs" else runs / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    folder.chmod(0o555)
+    try:
+        result = CliRunner().invoke(app, ["train", "--recipe", "tiny-clip", "--runs-dir", str(runs), "--name", "run",
+                                          f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY])
+    finally:
+        folder.chmod(0o755)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in text, text
+    assert sum(line.startswith("error:") for line in result.output.splitlines()) == 1, result.output
+    assert f"{folder}" in text and "permission denied" in text.lower() and "writable" in text

@@ -163,9 +163,16 @@ def folder_embeddings(run_dir: Path, device: torch.device, image_dir: Path, capt
     paths = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
     if not paths:
         raise UsageError(f"no images (.jpg, .jpeg, .png, .webp) in {image_dir}")
+    def image(path: Path):
+        try:
+            return Image.open(path).convert("RGB")
+        except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError; a cut file, too
+            raise UsageError(f"{path} is not an image PIL can read ({type(err).__name__}): remove it from "
+                             f"{image_dir} or replace it") from None
+
     embs = []
     for i in range(0, len(paths), batch_size):
-        batch = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths[i:i + batch_size]])
+        batch = torch.stack([transform(image(p)) for p in paths[i:i + batch_size]])
         embs.append(model.encode_image(batch.to(device)).cpu())
     text = embed_texts(model, tokenizer_for(cfg.model.arch), captions, device).cpu()
     curv = model.curvature()

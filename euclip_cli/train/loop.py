@@ -26,7 +26,7 @@ from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.data.webshards import training_record
 from euclip_cli.device import autocast_factory, resolve_device
 from euclip_cli.errors import Failure
-from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
+from euclip_cli.model import EuclipModel, load_run_weights, tokenizer_for, transforms_for
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
@@ -150,8 +150,12 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     # state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
     found, state, note = resume_state(directory, ranks, device)
     if found is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_run_weights(model, state, found)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as err:  # torch's words for parameter groups that do not match
+            raise RunError(f"{found}: its optimizer state does not fit this model ({err}); it was written by "
+                           f"another euclip version or copied from another run") from None
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng_torch"])
         step, branch = state["step"], f"resumed from {found.name}{note}"
