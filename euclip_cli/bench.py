@@ -3,9 +3,15 @@
 Both run as child processes on the same model (``LOCAL_ARCHS["bench-vit"]``, written out as an
 open_clip model config for OpenCLIP), the same batch size, precision, device and thread count.
 euclip's trainer reads img2dataset-format shards of the embedded world through its real loader;
-OpenCLIP's reads its ``--dataset-type synthetic`` images. Throughput is the median of the
-per-step rates each trainer logs itself, after ``warmup`` steps; peak memory is each child's
-maximum resident set (and on a GPU, euclip's peak allocated memory).
+OpenCLIP's reads its ``--dataset-type synthetic`` images. A child's throughput is the median of
+the per-step rates it logs itself, after ``warmup`` steps; peak memory is its maximum resident set
+(and on a GPU, euclip's peak allocated memory).
+
+The trainers run interleaved (A, B, C, A, B, C, ...) for several rounds, and every ratio is taken
+within a round, so a machine that drifts or is busy for a while hits both sides of a ratio alike;
+the result is the median ratio over rounds with its spread. Each round also measures the device's
+own matrix-product peak at the bench's precision, so the fraction of peak is a ratio of two
+numbers from the same run, whatever the CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ OPENCLIP_RATE = re.compile(r"([0-9.]+)/s/gpu")
 # Targets of the trainer issue, for the verdict column.
 TARGET_SPEEDUP = 2.0
 TARGET_ACCUM_OVERHEAD = 1.40
+TARGET_FRACTION_OF_PEAK = 0.60
 
 
 class BenchError(Failure):
@@ -42,10 +49,25 @@ class BenchError(Failure):
 @dataclass
 class Measurement:
     name: str
-    samples_per_s: float
+    samples_per_s: float  # the median over rounds
+    per_round: list[float]
     steps_timed: int
     peak_rss_mib: float
     peak_gpu_mib: Optional[float] = None
+
+
+def over_rounds(rounds: list[Measurement]) -> Measurement:
+    """One trainer's measurements of every round as one: median rate, every round's rate, largest memory."""
+    rates = [m.samples_per_s for m in rounds]
+    gpu = max((m.peak_gpu_mib or 0.0 for m in rounds), default=0.0) or None
+    return Measurement(rounds[0].name, statistics.median(rates), rates, sum(m.steps_timed for m in rounds),
+                       max(m.peak_rss_mib for m in rounds), gpu)
+
+
+def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
+    """``{"median", "min", "max", "per_round"}`` of the per-round ratios numerator[r] / denominator[r]."""
+    ratios = [a / b for a, b in zip(numerator, denominator)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_round": ratios}
 
 
 @dataclass
@@ -58,7 +80,8 @@ class Settings:
     precision: str = "bf16"
     device: str = "cpu"
     workers: int = 0
-    compile: bool = True  # euclip's train.compile; OpenCLIP runs as its users run it by default
+    compile: bool = False  # euclip's train.compile; OpenCLIP runs as its users run it by default
+    rounds: int = 3
 
 
 def run_child(command: list[str], env: dict, cwd: Path) -> tuple[str, float]:
@@ -97,28 +120,61 @@ def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> 
                f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2",
                f"train.compile={str(s.compile).lower()}"]
     _, rss = run_child(command, child_env(s.threads), work)
-    records = RunDir(runs / name).training_records()
-    rates = [r["samples_per_s"] for r in records if r["step"] > s.warmup]
+    return _from_records(name, runs / name, s.warmup, rss)
+
+
+def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
+    records = RunDir(run).training_records()
+    rates = [r["samples_per_s"] for r in records if r["step"] > warmup]
+    if not rates:
+        raise BenchError(f"{name}: no training records after the {warmup} warm-up steps in {run}")
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
-    return Measurement(name, statistics.median(rates), len(rates), rss, gpu)
+    return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss, gpu)
+
+
+# The study's run recipe, as the study trains it: its own model, batch and precision.
+STUDY_RECIPE = "tiny-clip"
+
+
+def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
+    """Samples/s of the embedded study's run recipe exactly as shipped (only its length and logging
+    changed): the number the study's wall time is made of."""
+    from euclip_cli import config as C
+
+    batch = C.load_config(STUDY_RECIPE).data.batch_size
+    name = f"{STUDY_RECIPE}-recipe"
+    runs = work / "runs"
+    shutil.rmtree(runs / name, ignore_errors=True)
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", STUDY_RECIPE, "--runs-dir", str(runs),
+               "--name", name, f"optim.samples={batch * (s.steps + s.warmup)}", f"data.train_dir={world_train}",
+               "train.log_every=1", "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
+               f"train.device={s.device}"]
+    _, rss = run_child(command, child_env(s.threads), work)
+    return _from_records(name, runs / name, s.warmup, rss)
 
 
 OPENCLIP_SCRIPT = """
+import contextlib
 import sys
 import open_clip
+from torch.nn.attention import SDPBackend, sdpa_kernel
 open_clip.add_model_config(sys.argv[1])
 from open_clip_train.main import main
-main(sys.argv[2:])
+with sdpa_kernel([SDPBackend.MATH]) if sys.argv[2] == "math" else contextlib.nullcontext():
+    main(sys.argv[3:])
 """
 
 
-def openclip_run(work: Path, s: Settings) -> Measurement:
+def openclip_run(work: Path, s: Settings, math_attention: bool = False) -> Measurement:
+    """OpenCLIP's trainer as its users run it, or (``math_attention``) with the attention kernel euclip
+    uses on a CPU (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains."""
     from euclip_cli.model import LOCAL_ARCHS
 
     model_name = f"euclip-{s.arch}"
     model_config = work / f"{model_name}.json"
     model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
-    command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "--model", model_name,
+    command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "math" if math_attention else "default",
+               "--model", model_name,
                "--dataset-type", "synthetic", "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
                "--batch-size", str(s.batch_size), "--epochs", "1", "--workers", str(s.workers),
                "--precision", OPENCLIP_PRECISION[s.precision], "--lr", "1e-3", "--warmup", "2", "--wd", "0.2",
@@ -131,7 +187,42 @@ def openclip_run(work: Path, s: Settings) -> Measurement:
     rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
     if not rates:
         raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
-    return Measurement("openclip", statistics.median(rates), len(rates), rss)
+    name = "openclip-math-attention" if math_attention else "openclip"
+    return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss)
+
+
+# The matrix-product peak: square products at the bench's precision, timed for at least a second
+# after warm-up (2048 on a CPU, where one bf16 product takes ~15-50 ms; 8192 on a GPU).
+PEAK_SCRIPT = """
+import sys, time, torch
+n, dtype, device = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3]
+a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+for _ in range(3):
+    a @ b
+sync()
+count, start = 0, time.perf_counter()
+while count < 5 or time.perf_counter() - start < 1.0:
+    a @ b
+    count += 1
+    if count % 5 == 0:
+        sync()
+sync()
+print(2 * n ** 3 * count / (time.perf_counter() - start) / 1e12)
+"""
+PEAK_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def matmul_peak_tflops(work: Path, s: Settings, precision: Optional[str] = None) -> float:
+    """The device's dense matrix-product TFLOP/s at ``precision`` (default: the bench's) and the bench's
+    thread count, in a child process like the trainers."""
+    size = "8192" if s.device.startswith("cuda") else "2048"
+    output, _ = run_child([sys.executable, "-c", PEAK_SCRIPT, size, PEAK_DTYPE[precision or s.precision], s.device],
+                          child_env(s.threads), work)
+    try:
+        return float(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BenchError(f"the matrix-product peak printed no number:\n{output[-3000:]}") from None
 
 
 def flops_per_sample(arch: str = BENCH_ARCH) -> float:
@@ -152,7 +243,7 @@ def flops_per_sample(arch: str = BENCH_ARCH) -> float:
     return counter.get_total_flops() / batch
 
 
-def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True,
+def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
                 on_stage: Callable[[str], None] = lambda stage: None) -> dict:
     work = work.resolve()  # the children run inside it
     work.mkdir(parents=True, exist_ok=True)
@@ -162,40 +253,78 @@ def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bo
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BenchError(f"another euclip bench is running in {work}; wait for it or pass --out DIR") from None
-        return _bench_train(work, s, openclip, accumulation, on_stage)
+        return _bench_train(work, s, openclip, accumulation, tiny, on_stage)
 
 
-def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool,
+def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, tiny: bool,
                  on_stage: Callable[[str], None]) -> dict:
     on_stage("embedded world for the loader")
     world_train = ensure_world(work)
-    measurements = {}
-    on_stage("euclip, accumulation 1")
-    measurements["euclip"] = euclip_run(work, world_train, s, 1)
-    if accumulation:
-        on_stage("euclip, accumulation 2")
-        measurements["euclip_accum2"] = euclip_run(work, world_train, s, 2)
+    stages: dict[str, Callable[[], Measurement]] = {"euclip": lambda: euclip_run(work, world_train, s, 1)}
     if openclip:
-        on_stage("OpenCLIP's trainer")
-        measurements["openclip"] = openclip_run(work, s)
+        stages["openclip"] = lambda: openclip_run(work, s)
+        if s.device == "cpu":  # on a GPU both trainers already use the same fused kernel
+            stages["openclip_math"] = lambda: openclip_run(work, s, math_attention=True)
+    if accumulation:
+        stages["euclip_accum2"] = lambda: euclip_run(work, world_train, s, 2)
+    if tiny:
+        stages["tiny_recipe"] = lambda: tiny_recipe_run(work, world_train, s)
+    rounds: dict[str, list[Measurement]] = {key: [] for key in stages}
+    peaks, fp32_peaks = [], []
+    for r in range(s.rounds):
+        for key, measure in stages.items():
+            on_stage(f"round {r + 1}/{s.rounds}: {key}")
+            rounds[key].append(measure())
+        on_stage(f"round {r + 1}/{s.rounds}: matrix-product peak")
+        peaks.append(matmul_peak_tflops(work, s))
+        # fp32 too: a CPU without bf16 units (no AMX, no AVX-512 BF16) multiplies bf16 slower than fp32.
+        fp32_peaks.append(peaks[-1] if s.precision == "fp32" else matmul_peak_tflops(work, s, "fp32"))
+    measurements = {key: over_rounds(ms) for key, ms in rounds.items()}
     flops = flops_per_sample(s.arch)
+    euclip_tflops = [flops * rate / 1e12 for rate in measurements["euclip"].per_round]
     result = {"settings": asdict(s), "flops_per_sample": flops,
-              "measurements": {k: asdict(v) for k, v in measurements.items()}}
+              "measurements": {k: asdict(v) for k, v in measurements.items()},
+              "peak_tflops": {"median": statistics.median(peaks), "per_round": peaks},
+              "fp32_peak_tflops": {"median": statistics.median(fp32_peaks), "per_round": fp32_peaks},
+              "euclip_tflops": statistics.median(euclip_tflops),
+              "fraction_of_peak": ratio_over_rounds(euclip_tflops, peaks)}
+    rates = {key: m.per_round for key, m in measurements.items()}
     if openclip:
-        result["speedup_vs_openclip"] = measurements["euclip"].samples_per_s / measurements["openclip"].samples_per_s
+        result["speedup_vs_openclip"] = ratio_over_rounds(rates["euclip"], rates["openclip"])
+        if "openclip_math" in rates:
+            result["speedup_vs_openclip_math"] = ratio_over_rounds(rates["euclip"], rates["openclip_math"])
     if accumulation:
-        result["accumulation_overhead"] = (measurements["euclip"].samples_per_s /
-                                           measurements["euclip_accum2"].samples_per_s)
-    result["euclip_tflops"] = flops * measurements["euclip"].samples_per_s / 1e12
+        result["accumulation_overhead"] = ratio_over_rounds(rates["euclip"], rates["euclip_accum2"])
+    if tiny:
+        result["study_training"] = study_training_time(measurements["tiny_recipe"].samples_per_s)
     return result
 
 
-def world_captions(world_train: Path, count: int) -> list[str]:
-    """The first ``count`` captions of the world's training shards, in shard order."""
+# The study ``make study`` runs, whose training time the tiny recipe's rate predicts.
+DEFAULT_STUDY = "study-geometries"
+
+
+def study_training_time(samples_per_s: float, study_name: str = DEFAULT_STUDY) -> dict:
+    """The default study's training time at ``samples_per_s``: every (configuration, seed) run's
+    samples over the rate. Training only; evaluation and analyses add about half a minute per run,
+    and geometries other than the recipe's run at somewhat different speeds."""
+    from euclip_cli import config as C
+    from euclip_cli.study.spec import load_study
+
+    study = load_study(study_name)
+    samples = sum(C.load_config(spec.recipe, study.overrides(name, seed)).optim.samples
+                  for name, spec in study.configs.items() for seed in study.seeds)
+    runs = len(study.configs) * len(study.seeds)
+    return {"study": study_name, "runs": runs, "samples": samples, "training_s": samples / samples_per_s}
+
+
+def shard_captions(shards: Path, count: int) -> list[str]:
+    """The first ``count`` captions of a folder of img2dataset shards (the world's, or DataComp's as
+    ``euclip download`` writes them), in shard order."""
     import tarfile
 
     captions: list[str] = []
-    for shard in sorted(world_train.glob("*.tar")):
+    for shard in sorted(shards.glob("*.tar")):
         with tarfile.open(shard) as tar:
             for member in tar:
                 if member.name.endswith(".txt"):

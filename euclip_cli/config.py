@@ -122,8 +122,10 @@ class TrainConfig:
     # CPU only: the math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
     # GPUs always use PyTorch's fused kernels (flash / memory-efficient attention).
     sdpa_math: bool = True
-    # torch.compile both encoders in place (checkpoints keep their keys). On this CPU it made the
-    # bench model's bf16 steps ~1.3x faster after ~2.5 minutes of compiling: worth it for long runs.
+    # torch.compile both encoders in place (checkpoints keep their keys). On one of the project's CPUs
+    # it made the bench model's bf16 steps ~1.3x faster after ~2.5 minutes of compiling; on another
+    # (Intel Xeon without AMX flags), torch 2.14.1's compiled bf16 backward of a 6-layer ViT gave
+    # non-finite gradients where eager mode did not, so it stays off by default.
     compile: bool = False
     tensorboard: bool = True
     # Weights & Biases logging (rank 0), when the wandb package is installed.
