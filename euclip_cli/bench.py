@@ -295,27 +295,7 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
             result["speedup_vs_openclip_math"] = ratio_over_rounds(rates["euclip"], rates["openclip_math"])
     if accumulation:
         result["accumulation_overhead"] = ratio_over_rounds(rates["euclip"], rates["euclip_accum2"])
-    if tiny:
-        result["study_training"] = study_training_time(measurements["tiny_recipe"].samples_per_s)
     return result
-
-
-# The study ``make study`` runs, whose training time the tiny recipe's rate predicts.
-DEFAULT_STUDY = "study-geometries"
-
-
-def study_training_time(samples_per_s: float, study_name: str = DEFAULT_STUDY) -> dict:
-    """The default study's training time at ``samples_per_s``: every (configuration, seed) run's
-    samples over the rate. Training only; evaluation and analyses add about half a minute per run,
-    and geometries other than the recipe's run at somewhat different speeds."""
-    from euclip_cli import config as C
-    from euclip_cli.study.spec import load_study
-
-    study = load_study(study_name)
-    samples = sum(C.load_config(spec.recipe, study.overrides(name, seed)).optim.samples
-                  for name, spec in study.configs.items() for seed in study.seeds)
-    runs = len(study.configs) * len(study.seeds)
-    return {"study": study_name, "runs": runs, "samples": samples, "training_s": samples / samples_per_s}
 
 
 def shard_captions(shards: Path, count: int) -> list[str]:

@@ -73,6 +73,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
                                      tiny=tiny, on_stage=lambda stage: status.update(f"running: {stage}"))
         except BenchError as err:
             common.fail(str(err), 1)
+    if tiny:
+        result["study_training"] = study_training_time(result["measurements"]["tiny_recipe"]["samples_per_s"])
     if device == "cuda" and peak_tflops is None:
         import torch
 
@@ -93,6 +95,24 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
     path = out / f"train-{stamp}.json"
     path.write_text(json.dumps(result, indent=2))
     common.console.print(f"written: {path}")
+
+
+# The study ``make study`` runs, whose training time the tiny recipe's rate predicts.
+DEFAULT_STUDY = "study-geometries"
+
+
+def study_training_time(samples_per_s: float, study_name: str = DEFAULT_STUDY) -> dict:
+    """The default study's training time at ``samples_per_s``: every (configuration, seed) run's
+    samples over the rate. Training only; evaluation and analyses add about half a minute per run,
+    and geometries other than the recipe's run at somewhat different speeds."""
+    from euclip_cli import config as C
+    from euclip_cli.study.spec import load_study
+
+    study = load_study(study_name)
+    samples = sum(C.load_config(spec.recipe, study.overrides(name, seed)).optim.samples
+                  for name, spec in study.configs.items() for seed in study.seeds)
+    runs = len(study.configs) * len(study.seeds)
+    return {"study": study_name, "runs": runs, "samples": samples, "training_s": samples / samples_per_s}
 
 
 def _spread(ratio: dict, unit: str = "x") -> str:
