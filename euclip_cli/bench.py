@@ -40,6 +40,8 @@ OPENCLIP_RATE = re.compile(r"([0-9.]+)/s/gpu")
 TARGET_SPEEDUP = 2.0
 TARGET_ACCUM_OVERHEAD = 1.40
 TARGET_FRACTION_OF_PEAK = 0.60
+# The embedded study's run recipe; the bench's euclip runs are it with the bench model and batch.
+STUDY_RECIPE = "tiny-clip"
 
 
 class BenchError(Failure):
@@ -109,16 +111,23 @@ def ensure_world(work: Path) -> Path:
 
 
 def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
-    name = f"euclip-accum{accum_steps}"
+    return _timed_training(work, f"euclip-accum{accum_steps}", world_train, s, s.batch_size,
+                           [f"model.arch={s.arch}", f"data.batch_size={s.batch_size}",
+                            f"optim.accum_steps={accum_steps}", f"data.workers={s.workers}",
+                            f"train.precision={s.precision}", "optim.warmup_steps=2",
+                            f"train.compile={str(s.compile).lower()}"])
+
+
+def _timed_training(work: Path, name: str, world_train: Path, s: Settings, batch: int,
+                    overrides: list[str]) -> Measurement:
+    """``euclip train`` of the study's recipe with ``overrides``, for ``warmup + steps`` steps of
+    ``batch``, as a child; its own per-step log gives the rate."""
     runs = work / "runs"
     shutil.rmtree(runs / name, ignore_errors=True)  # the bench's own scratch run: always from scratch
-    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(runs),
-               "--name", name, f"model.arch={s.arch}", f"data.batch_size={s.batch_size}",
-               f"optim.samples={s.batch_size * (s.steps + s.warmup)}", f"optim.accum_steps={accum_steps}",
-               f"data.train_dir={world_train}", f"data.workers={s.workers}", "train.log_every=1",
-               "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
-               f"train.precision={s.precision}", f"train.device={s.device}", "optim.warmup_steps=2",
-               f"train.compile={str(s.compile).lower()}"]
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", STUDY_RECIPE, "--runs-dir", str(runs),
+               "--name", name, f"optim.samples={batch * (s.steps + s.warmup)}", f"data.train_dir={world_train}",
+               "train.log_every=1", "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
+               f"train.device={s.device}", *overrides]
     _, rss = run_child(command, child_env(s.threads), work)
     return _from_records(name, runs / name, s.warmup, rss)
 
@@ -132,25 +141,13 @@ def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
     return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss, gpu)
 
 
-# The study's run recipe, as the study trains it: its own model, batch and precision.
-STUDY_RECIPE = "tiny-clip"
-
-
 def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
     """Samples/s of the embedded study's run recipe exactly as shipped (only its length and logging
     changed): the number the study's wall time is made of."""
     from euclip_cli import config as C
 
     batch = C.load_config(STUDY_RECIPE).data.batch_size
-    name = f"{STUDY_RECIPE}-recipe"
-    runs = work / "runs"
-    shutil.rmtree(runs / name, ignore_errors=True)
-    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", STUDY_RECIPE, "--runs-dir", str(runs),
-               "--name", name, f"optim.samples={batch * (s.steps + s.warmup)}", f"data.train_dir={world_train}",
-               "train.log_every=1", "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
-               f"train.device={s.device}"]
-    _, rss = run_child(command, child_env(s.threads), work)
-    return _from_records(name, runs / name, s.warmup, rss)
+    return _timed_training(work, f"{STUDY_RECIPE}-recipe", world_train, s, batch, [])
 
 
 OPENCLIP_SCRIPT = """
