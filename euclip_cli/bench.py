@@ -1,9 +1,12 @@
 """Training speed: euclip's trainer against OpenCLIP's reference trainer, measured in one invocation.
 
 Both run as child processes on the same model (``LOCAL_ARCHS["bench-vit"]``, written out as an
-open_clip model config for OpenCLIP), the same batch size, precision, device and thread count.
-euclip's trainer reads img2dataset-format shards of the embedded world through its real loader;
-OpenCLIP's reads its ``--dataset-type synthetic`` images. A child's throughput is the median of
+open_clip model config for OpenCLIP), the same batch size, precision, device, thread count and
+loader workers, and both read the same img2dataset-format shards of the embedded world (euclip
+through its loader, OpenCLIP through its webdataset pipeline): a ratio of two trainers, not of a
+trainer that decodes JPEGs against one that does not. OpenCLIP is also run on its own
+``--dataset-type synthetic`` images, shown apart as the rate its trainer reaches when data cost
+(almost) nothing. A child's throughput is the median of
 the per-step rates it logs itself, after ``warmup`` steps; peak memory is its maximum resident set
 (and on a GPU, euclip's peak allocated memory).
 
@@ -162,17 +165,23 @@ with sdpa_kernel([SDPBackend.MATH]) if sys.argv[2] == "math" else contextlib.nul
 """
 
 
-def openclip_run(work: Path, s: Settings, math_attention: bool = False) -> Measurement:
-    """OpenCLIP's trainer as its users run it, or (``math_attention``) with the attention kernel euclip
-    uses on a CPU (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains."""
+def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_attention: bool = False) -> Measurement:
+    """OpenCLIP's trainer as its users run it on ``world_train``'s shards (``None``: on its synthetic
+    images), or (``math_attention``) with the attention kernel euclip uses on a CPU
+    (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains."""
     from euclip_cli.model import LOCAL_ARCHS
 
     model_name = f"euclip-{s.arch}"
     model_config = work / f"{model_name}.json"
     model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
+    if world_train is None:
+        data = ["--dataset-type", "synthetic"]
+    else:
+        # Resampled: OpenCLIP otherwise wants a shard per worker, and the bench's world is one shard.
+        data = ["--dataset-type", "webdataset", "--dataset-resampled",
+                "--train-data", "::".join(str(p) for p in sorted(world_train.glob("*.tar")))]
     command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "math" if math_attention else "default",
-               "--model", model_name,
-               "--dataset-type", "synthetic", "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
+               "--model", model_name, *data, "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
                "--batch-size", str(s.batch_size), "--epochs", "1", "--workers", str(s.workers),
                "--precision", OPENCLIP_PRECISION[s.precision], "--lr", "1e-3", "--warmup", "2", "--wd", "0.2",
                "--logs", str(work / "openclip"), "--name", f"bench-{os.getpid()}", "--log-every-n-steps", "1",
@@ -184,7 +193,7 @@ def openclip_run(work: Path, s: Settings, math_attention: bool = False) -> Measu
     rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
     if not rates:
         raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
-    name = "openclip-math-attention" if math_attention else "openclip"
+    name = ("openclip-math-attention" if math_attention else "openclip") + ("-synthetic" if world_train is None else "")
     return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss)
 
 
@@ -259,9 +268,10 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
     world_train = ensure_world(work)
     stages: dict[str, Callable[[], Measurement]] = {"euclip": lambda: euclip_run(work, world_train, s, 1)}
     if openclip:
-        stages["openclip"] = lambda: openclip_run(work, s)
+        stages["openclip"] = lambda: openclip_run(work, s, world_train)
         if s.device == "cpu":  # on a GPU both trainers already use the same fused kernel
-            stages["openclip_math"] = lambda: openclip_run(work, s, math_attention=True)
+            stages["openclip_math"] = lambda: openclip_run(work, s, world_train, math_attention=True)
+        stages["openclip_synthetic"] = lambda: openclip_run(work, s, None)
     if accumulation:
         stages["euclip_accum2"] = lambda: euclip_run(work, world_train, s, 2)
     if tiny:

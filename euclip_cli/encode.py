@@ -24,7 +24,7 @@ def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config
     """``(model, config, checkpoint, step)`` of a run's latest checkpoint, rebuilt from the config stored in it.
 
     Only the weights reach ``device``: the checkpoint is read on the CPU, and its optimizer and RNG
-    state are never moved.
+    state are never moved. On a GPU the encoders run under the run's training precision (autocast).
     """
     found, state, _ = run.readable_checkpoint()
     if found is None:
@@ -32,6 +32,8 @@ def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config
     cfg = C.from_dict(state["config"])
     model = EuclipModel(cfg)
     load_run_weights(model, state, found)
+    if device.type == "cuda":
+        model.encoder_precision = cfg.train.precision
     return model.to(device).eval(), cfg, found, state["step"]
 
 
@@ -79,6 +81,8 @@ class FeatureCache:
         return image_emb, labels
 
 
-def feature_cache(run: RunDir, ckpt: Path) -> FeatureCache:
-    """The cache of one checkpoint, keyed by the file itself: a run trained again writes new files."""
-    return FeatureCache(run.features_dir / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}")
+def feature_cache(run: RunDir, ckpt: Path, model: EuclipModel) -> FeatureCache:
+    """The cache of one checkpoint, keyed by the file itself (a run trained again writes new files)
+    and by the encoders' precision (features from a GPU's autocast are not the CPU's fp32 ones)."""
+    precision = "" if model.encoder_precision == "fp32" else f"-{model.encoder_precision}"
+    return FeatureCache(run.features_dir / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}{precision}")

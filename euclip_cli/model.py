@@ -20,6 +20,7 @@ from torch import nn
 
 from euclip_cli import multitoken
 from euclip_cli.config import Config, initial_logit_scale, resolved_logit
+from euclip_cli.device import autocast_factory
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
@@ -288,6 +289,10 @@ class EuclipModel(nn.Module):
             with torch.no_grad():
                 self.clip.logit_scale.fill_(initial_logit_scale(cfg))
         self.clip.logit_scale.requires_grad_(g.learn_logit_scale)
+        # The encoders' own autocast, for inference: evaluation on a GPU sets the run's precision
+        # (``encode.load_model``), as DataComp evaluates under AMP. Training leaves it at fp32 and
+        # wraps the whole step in its autocast instead. The geometry stays fp32 either way.
+        self.encoder_precision = "fp32"
         self.max_log_scale = math.log(g.logit_scale_max)
         self.min_log_scale = g.logit_scale_min_log
         if self.geometry.learned_scales:
@@ -305,11 +310,15 @@ class EuclipModel(nn.Module):
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """Images to fp32 output-space embeddings. ``(B, 3, H, W) -> (B, D)``."""
-        return self._embed(self.clip.encode_image(images), getattr(self, "log_alpha_img", None))
+        with autocast_factory(self.encoder_precision, images.device)():
+            features = self.clip.encode_image(images)
+        return self._embed(features, getattr(self, "log_alpha_img", None))
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``; the context is trimmed exactly."""
-        return self._embed(text_features(self.clip, tokens), getattr(self, "log_alpha_txt", None))
+        with autocast_factory(self.encoder_precision, tokens.device)():
+            features = text_features(self.clip, tokens)
+        return self._embed(features, getattr(self, "log_alpha_txt", None))
 
     def logit_scale(self) -> torch.Tensor:
         """beta = exp(t), 0-dim. t is kept in range by ``clamp_scalars_`` after each step."""
@@ -317,6 +326,12 @@ class EuclipModel(nn.Module):
 
     def curvature(self) -> Optional[torch.Tensor]:
         return at_least_fp32(self.log_curv).exp() if self.geometry.has_curvature else None
+
+    def loss_scalars(self) -> list[nn.Parameter]:
+        """The learnable parameters that enter only the loss, not an encoder (t, and log c where
+        learned): under several ranks they are live on rank 0 alone (``euclip_cli.train.step``)."""
+        found = [self.clip.logit_scale] + ([self.log_curv] if self.geometry.has_curvature else [])
+        return [q for q in found if q.requires_grad]
 
     @torch.no_grad()
     def clamp_scalars_(self) -> None:

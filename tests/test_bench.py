@@ -29,7 +29,7 @@ def test_bench_train_interleaves_rounds_and_takes_every_ratio_within_a_round(tmp
         assert line in text, line
     report = json.loads(next(tmp_path.glob("train-*.json")).read_text())
     m = report["measurements"]
-    assert set(m) == {"euclip", "openclip", "openclip_math", "euclip_accum2", "tiny_recipe"}
+    assert set(m) == {"euclip", "openclip", "openclip_math", "openclip_synthetic", "euclip_accum2", "tiny_recipe"}
     for v in m.values():
         assert len(v["per_round"]) == 2 and all(rate > 0 for rate in v["per_round"]) and v["peak_rss_mib"] > 100
         assert v["samples_per_s"] == pytest.approx(statistics.median(v["per_round"]))
@@ -48,6 +48,32 @@ def test_bench_train_interleaves_rounds_and_takes_every_ratio_within_a_round(tmp
     study = report["study_training"]
     assert study["runs"] == 30 and study["training_s"] == pytest.approx(study["samples"] / m["tiny_recipe"]["samples_per_s"])
     assert report["flops_per_sample"] > 1e8
+
+
+def test_openclip_reads_the_shards_euclip_reads_and_its_synthetic_run_is_apart(tmp_path, monkeypatch):
+    from euclip_cli import bench
+
+    world = tmp_path / "world" / "train"
+    world.mkdir(parents=True)
+    for name in ("00001.tar", "00000.tar"):
+        (world / name).write_bytes(b"")
+    commands = []
+
+    def fake_child(command, env, cwd):
+        commands.append(command)
+        return "Batch (t): 0.1, 100.0/s, 100.0/s/gpu LR: 1\n" * 5, 500.0
+
+    monkeypatch.setattr(bench, "run_child", fake_child)
+    settings = bench.Settings(steps=3, warmup=1, workers=4)
+    on_shards = bench.openclip_run(tmp_path, settings, world)
+    synthetic = bench.openclip_run(tmp_path, settings, None)
+    shards_cmd, synthetic_cmd = commands
+    assert shards_cmd[shards_cmd.index("--dataset-type") + 1] == "webdataset"
+    assert shards_cmd[shards_cmd.index("--train-data") + 1] == f"{world / '00000.tar'}::{world / '00001.tar'}"
+    assert shards_cmd[shards_cmd.index("--workers") + 1] == "4"
+    assert synthetic_cmd[synthetic_cmd.index("--dataset-type") + 1] == "synthetic" and "--train-data" not in synthetic_cmd
+    assert (on_shards.name, synthetic.name) == ("openclip", "openclip-synthetic")
+    assert on_shards.steps_timed == 4  # five rate lines, the first (warm-up) dropped
 
 
 def test_a_second_bench_in_the_same_folder_is_refused(tmp_path):

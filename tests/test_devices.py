@@ -86,3 +86,28 @@ def test_checkpoint_metadata_describes_the_model_without_a_directory_name():
     meta = rundir.checkpoint_meta(cfg, "d2", 64)
     assert meta == {"arch": "tiny", "final_ln": False, "geometry": "euclidean", "logit": "d2",
                     "blocks": cfg["geometry"]["blocks"], "embed_dim": 64}
+
+
+def test_inference_autocast_covers_the_encoders_only_and_keys_its_own_feature_cache(world, tmp_path):
+    """What a GPU evaluation sets (``encoder_precision``), exercised with the CPU's bf16 autocast:
+    the towers compute in bf16 (results move by bf16 rounding, not more), the geometry's output
+    stays fp32, and the feature cache keeps these features apart from fp32 ones."""
+    from euclip_cli.encode import feature_cache
+    from euclip_cli.model import EuclipModel
+
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY])
+    loop.run(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    torch.manual_seed(0)
+    model = EuclipModel(cfg).eval()
+    images, tokens = torch.randn(4, 3, 64, 64), torch.randint(1, 400, (4, 20))
+    with torch.no_grad():
+        exact = model.encode_image(images), model.encode_text(tokens)
+        fp32_cache = feature_cache(run, run.latest_checkpoint(), model)
+        model.encoder_precision = "bf16"
+        cast = model.encode_image(images), model.encode_text(tokens)
+    for a, b in zip(exact, cast):
+        assert b.dtype == torch.float32
+        assert not torch.equal(a, b)
+        assert (a - b).norm() / a.norm() < 0.05
+    assert feature_cache(run, run.latest_checkpoint(), model).folder != fp32_cache.folder

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
-from euclip_cli.train.distributed import Dist
+from euclip_cli.train.distributed import Dist, GradientReducer
 from euclip_cli.train.step import forward_backward
 from tests.test_accumulation import RECIPES
 
@@ -29,10 +29,14 @@ def inputs():
 def step(cfg, images, tokens, k, ranks: Dist):
     torch.manual_seed(0)
     model = EuclipModel(cfg).double()
-    terms = forward_backward(model, images, tokens, k, cfg.loss.entail_weight, cfg.loss.entail_min_radius,
-                             contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main)
     params = [p for p in model.parameters() if p.requires_grad]
-    ranks.sum_gradients(params)
+    # The trainer's reducer: all-reduces launched from gradient hooks during the last backward pass.
+    reducer = GradientReducer(ranks, params, last=tuple(model.loss_scalars()))
+    terms = forward_backward(model, images, tokens, k, cfg.loss.entail_weight, cfg.loss.entail_min_radius,
+                             contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main,
+                             before_last_backward=reducer.arm)
+    reducer.finish()
+    reducer.remove()
     return terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -67,3 +71,63 @@ def test_two_processes_equal_one_process_on_the_global_batch(two_process_results
     assert grads.keys() == ref.keys() and "clip.logit_scale" in grads
     for name in ref:
         torch.testing.assert_close(grads[name], ref[name], rtol=1e-9, atol=1e-12, msg=f"{variant}, k={k}: {name}")
+
+
+def test_the_reducer_launches_in_one_fixed_order_whatever_order_gradients_arrive_in(monkeypatch):
+    """NCCL pairs collectives by order: a gradient ready early waits for its predecessors, the
+    scalars come last with zeros where this rank has none, and nothing launches before ``arm``."""
+    from euclip_cli.train import distributed
+
+    launched = []
+
+    class Handle:
+        def wait(self):
+            launched.append("wait")
+
+    def all_reduce(tensor, async_op=False):
+        assert async_op
+        launched.append(next(name for name, p in named.items() if p.grad is tensor))
+        return Handle()
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    named = {name: torch.nn.Parameter(torch.zeros(2)) for name in ("a", "b", "c", "scale")}
+    params = list(named.values())
+    reducer = GradientReducer(Dist(rank=1, world=2), params, last=(named["scale"],))
+    assert [n for p in reducer.order for n, q in named.items() if q is p] == ["c", "b", "a", "scale"]
+
+    def produce(name):
+        (named[name] * 1.0).sum().backward()
+
+    produce("a")  # not armed: an earlier accumulation pass launches nothing
+    assert launched == []
+    reducer.arm()
+    produce("a")
+    produce("b")
+    assert launched == []  # both wait for c, the first in the order
+    produce("c")
+    assert launched == ["c", "b", "a"]
+    reducer.finish()  # this rank has no gradient for the scale: a zero one is summed in
+    assert launched == ["c", "b", "a", "scale", "wait", "wait", "wait", "wait"]
+    assert torch.equal(named["scale"].grad, torch.zeros(2))
+    reducer.remove()
+
+
+def batch_statistics_rank(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    norm = torch.nn.BatchNorm1d(3)
+    norm.train()
+    norm(torch.randn(16, 3) * (rank + 1) + 10 * rank)  # each rank sees its own slice
+    mine = (norm.running_mean.clone(), norm.running_var.clone())
+    Dist(rank=rank, world=2).average_batch_statistics(norm)
+    torch.save({"mine": mine, "averaged": (norm.running_mean, norm.running_var)}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_batchnorm_running_statistics_are_averaged_over_ranks(tmp_path):
+    mp.spawn(batch_statistics_rank, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
+    ranks = [torch.load(f"{tmp_path / 'out'}.{r}", weights_only=True) for r in (0, 1)]
+    for i in (0, 1):
+        expected = (ranks[0]["mine"][i] + ranks[1]["mine"][i]) / 2
+        assert not torch.allclose(ranks[0]["mine"][i], ranks[1]["mine"][i])
+        for r in (0, 1):
+            assert torch.allclose(ranks[r]["averaged"][i], expected)

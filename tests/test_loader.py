@@ -75,3 +75,22 @@ def test_skips_inside_worker_processes_are_counted(world, pipeline_parts, tmp_pa
         next(stream)
     assert stream.skipped >= 3
     assert sum(p["skipped"] for p in stream.state()["workers"].values()) == stream.skipped
+
+
+def test_a_script_that_never_closes_its_loader_still_exits(world, tmp_path):
+    """Workers ignore SIGTERM (the trainer owns stop signals), which is how the interpreter's exit
+    stops leftover daemon processes: without an orderly shutdown at exit it would wait forever."""
+    import subprocess
+    import sys
+
+    script = (
+        "from pathlib import Path\n"
+        "from euclip_cli.data.loader import TrainBatches, list_shards\n"
+        "from euclip_cli.model import build_clip, tokenizer_for, transforms_for\n"
+        f"tf, _ = transforms_for(build_clip('tiny'))\n"
+        f"stream = TrainBatches(list_shards(Path({str(world / 'train')!r}), 'x'), 8, tf, tokenizer_for('tiny'), seed=0,\n"
+        "                      shuffle_buffer=20, segment_steps=10, workers=2)\n"
+        "next(stream)\n"
+        "print('read one batch')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "read one batch" in done.stdout, done.stderr[-2000:]

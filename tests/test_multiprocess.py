@@ -2,12 +2,15 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from euclip_cli.rundir import RunDir, load_checkpoint
 
@@ -42,20 +45,86 @@ def test_nproc_per_node_trains_with_two_processes_and_resumes(world, tmp_path):
     assert again.returncode == 0 and "already complete" in again.stdout
 
 
-def test_slurm_example_script_runs_on_one_node(world, tmp_path):
-    # Stand-ins for SLURM's commands: this machine is the job's only node.
+def wait_for_records(metrics: Path, count: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= count):
+        time.sleep(0.1)
+    assert metrics.exists(), f"no training records in {metrics} after {timeout} s"
+
+
+def slurm_stand_ins(tmp_path: Path) -> dict:
+    """Stand-ins for SLURM's commands (this machine is the job's only node); the environment to run
+    the example script in. ``scontrol requeue`` is recorded in ``tmp_path/requeued``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> {tmp_path / "requeued"}; '
+                                      f'else echo 127.0.0.1; fi\n')
     (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "2",
-           "EUCLIP_RDZV_PORT": str(free_port())}
-    script = REPO / "examples" / "slurm" / "euclip-train.sbatch"
-    result = subprocess.run(["bash", str(script), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
+    return {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "2",
+            "SLURM_CPUS_PER_TASK": "2", "EUCLIP_RDZV_PORT": str(free_port())}
+
+
+SCRIPT = REPO / "examples" / "slurm" / "euclip-train.sbatch"
+
+
+def test_slurm_example_script_runs_on_one_node(world, tmp_path):
+    env = slurm_stand_ins(tmp_path)
+    result = subprocess.run(["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
                              f"data.train_dir={world / 'train'}", *ARGS], capture_output=True, text=True, env=env,
                             cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     check_run(tmp_path / "runs" / "slurm", 4)
+    assert not (tmp_path / "requeued").exists()
+
+
+def test_slurm_time_limit_warning_checkpoints_then_requeues_and_the_requeued_job_resumes(world, tmp_path):
+    """SLURM's B:USR1 warning reaches the batch script alone: it must stop the step through a
+    checkpoint, then requeue the job (``--requeue`` does not, at a time limit)."""
+    env = slurm_stand_ins(tmp_path)
+    command = ["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
+               f"data.train_dir={world / 'train'}", *ARGS, "optim.samples=512"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    run = tmp_path / "runs" / "slurm"
+    wait_for_records(run / "metrics.jsonl", 2)
+    job.send_signal(signal.SIGUSR1)
+    output, _ = job.communicate(timeout=300)
+    assert (tmp_path / "requeued").read_text().split() == ["requeue", "7"], output[-2000:]
+    assert "requeueing job 7" in output
+    stopped = load_checkpoint(RunDir(run).latest_checkpoint())["step"]
+    assert 2 <= stopped < 16
+    env["EUCLIP_RDZV_PORT"] = str(free_port())
+    again = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)  # the requeued job
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resumed from step_{stopped}.pt" in again.stdout
+    check_run(run, 16)
+
+
+def test_two_ranks_with_loader_workers_preempted_as_a_group_resume_exactly(world, tmp_path):
+    """SIGTERM to the whole process group (torchrun, both ranks, their loader workers), as SLURM
+    preempts: a checkpoint, exit 1, and the same command resumes to the very weights of a run
+    that was never stopped."""
+    def command(name):
+        return [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--nproc-per-node", "2",
+                "--runs-dir", str(tmp_path), "--name", name, f"data.train_dir={world / 'train'}", *ARGS,
+                "optim.samples=512", "data.workers=1"]
+
+    whole = subprocess.run(command("whole"), capture_output=True, text=True, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    first = subprocess.Popen(command("stopped"), start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    wait_for_records(tmp_path / "stopped" / "metrics.jsonl", 2)
+    os.killpg(first.pid, signal.SIGTERM)
+    output, _ = first.communicate(timeout=300)
+    assert first.returncode != 0 and "stopped at step" in output, output[-2000:]
+    stopped = load_checkpoint(RunDir(tmp_path / "stopped").latest_checkpoint())["step"]
+    assert 2 <= stopped < 16
+    again = subprocess.run(command("stopped"), capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 0 and f"resumed from step_{stopped}.pt" in again.stdout, again.stderr[-2000:]
+    check_run(tmp_path / "stopped", 16)
+    ends = [load_checkpoint(RunDir(tmp_path / name).latest_checkpoint())["model"] for name in ("whole", "stopped")]
+    assert ends[0].keys() == ends[1].keys()
+    for key in ends[0]:
+        assert torch.equal(ends[0][key], ends[1][key]), key

@@ -336,3 +336,23 @@ def test_an_unwritable_runs_or_checkpoints_folder_is_one_line_naming_it(locked, 
     assert result.exit_code == 1 and "Traceback" not in text, text
     assert sum(line.startswith("error:") for line in result.output.splitlines()) == 1, result.output
     assert f"{folder}" in text and "permission denied" in text.lower() and "writable" in text
+
+
+def test_the_one_sync_finite_check_agrees_with_an_element_by_element_check():
+    from euclip_cli.train.loop import all_finite
+
+    torch.manual_seed(0)
+    for trial in range(40):
+        grads = [torch.randn(int(n)) * 10.0 ** float(torch.randint(-30, 38, ())) for n in torch.randint(1, 50, (5,))]
+        grads.append(torch.randn(7).bfloat16())
+        loss = torch.tensor(float(torch.randn(())))
+        if trial % 4 == 1:
+            grads[trial % 6].view(-1)[0] = float("nan")
+        elif trial % 4 == 2:
+            grads[trial % 6].view(-1)[-1] = -float("inf")
+        elif trial % 4 == 3:
+            loss = torch.tensor(float("inf"))
+        expected = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(g).all()) for g in grads)
+        assert all_finite(loss, grads) == expected, trial
+    assert all_finite(torch.tensor(1.0), [torch.full((3,), 3e38)])  # huge but finite: no overflow to inf
+    assert all_finite(torch.tensor(1.0), [])

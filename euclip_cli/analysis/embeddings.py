@@ -54,7 +54,7 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     for task in [TASKS["world/retrieval"], *tasks]:
         if not (task.data_dir(Path(), world) / "test" / "nshards.txt").exists():
             raise UsageError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
-    cache = feature_cache(run, ckpt)
+    cache = feature_cache(run, ckpt, model)
 
     retrieval = build_dataset("wds/world/retrieval", root=str(world / "eval" / "retrieval"), transform=transform,
                               split="test", task="zeroshot_retrieval")
@@ -128,7 +128,7 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
         # One tensor (2, N, D): the cache stores an embedding tensor and a list per name.
         return torch.stack([torch.cat(image_emb), torch.cat(text_emb)]), captions
 
-    both, _ = feature_cache(run, ckpt).get(f"train-pairs-{samples}", compute)
+    both, _ = feature_cache(run, ckpt, model).get(f"train-pairs-{samples}", compute)
     curv = model.curvature()
     return TrainingPairs(model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1],
                          model.logit_scale().item())

@@ -13,6 +13,12 @@ from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.rundir import RUNS_DIR
 
 
+# Seconds torchrun waits, after forwarding SIGTERM, for the ranks to finish their step and
+# checkpoint before it kills them: its own default (30 s) is shorter than writing a large
+# checkpoint, and SLURM's usual warning (``--signal=TERM@120``) leaves 120 s.
+SHUTDOWN_GRACE_S = 110
+
+
 def default_run_name(recipe: str, overrides: list[str]) -> str:
     seeds = [o.split("=", 1)[1] for o in overrides if o.replace(" ", "").startswith("train.seed=")]
     return recipe + (f"-seed{seeds[-1]}" if seeds else "")
@@ -44,7 +50,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         # Become torchrun (exec, so preemption signals reach it and it forwards them to every rank).
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-                   "-m", "euclip_cli", "train", "--recipe", recipe, "--name", name, "--runs-dir", str(runs_dir),
+                   f"--shutdown-timeout={SHUTDOWN_GRACE_S}", "-m", "euclip_cli", "train", "--recipe", recipe, "--name", name, "--runs-dir", str(runs_dir),
                    *overrides]
         console.print(" ".join(command[1:]), highlight=False)
         sys.stdout.flush()

@@ -25,6 +25,7 @@ import hashlib
 import io
 import random
 import signal
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -189,7 +190,9 @@ class TrainBatches:
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
-                 start: int = 0, state: dict | None = None):
+                 start: int = 0, state: dict | None = None, pin_memory: bool = False):
+        """``pin_memory``: workers' batches land in page-locked memory (a background thread copies
+        them), so the trainer's ``non_blocking`` copies to a GPU overlap with compute."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -198,11 +201,21 @@ class TrainBatches:
         self.resumed_exactly = usable or start == 0
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
                               shuffle_buffer, segment_steps, workers, start, dict(self.positions))
+        self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)
         else:
             self._iter = iter(DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
-                                         prefetch_factor=2, worker_init_fn=leave_stop_signals_to_the_trainer))
+                                         prefetch_factor=2, worker_init_fn=leave_stop_signals_to_the_trainer,
+                                         pin_memory=pin_memory))
+            # Workers ignore SIGTERM, so the interpreter's exit, which stops leftover daemon processes
+            # by SIGTERM and then waits for them, would wait forever: shut them down in order
+            # instead, at close() or at exit, whichever comes first (what the iterator's __del__ does).
+            self._close = weakref.finalize(self, type(self._iter)._shutdown_workers, self._iter)
+
+    def close(self) -> None:
+        """Stop the loader's worker processes (also done at exit)."""
+        self._close()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self

@@ -198,7 +198,7 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     ckpt_name = str(ckpt.relative_to(run.path))
     done = {r["key"] for r in run.eval_lines() if r.get("checkpoint") == ckpt_name and r.get("protocol") == PROTOCOL
             and not r.get("failed")}
-    cache = feature_cache(run, ckpt)
+    cache = feature_cache(run, ckpt, model)
     failed = {}
     for task in tasks:
         if task.key in done:

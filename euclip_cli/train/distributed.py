@@ -7,10 +7,10 @@ exactly the gradient of the global loss. The learnable scalars (logit scale, cur
 enter every rank's copy of the same loss; they are live on rank 0 only, so the sum counts
 them once.
 
-Gradients are summed by hand (one flattened all-reduce) rather than by DDP's hooks: the
-accumulation passes back-propagate k times per step and the scalars must be reduced
-differently from the encoders, which DDP cannot express without ``no_sync`` juggling and
-``find_unused_parameters``.
+Gradients are summed by ``GradientReducer`` rather than by DDP: the accumulation passes
+back-propagate k times per step and the scalars have gradients on rank 0 only, which DDP cannot
+express without ``no_sync`` juggling and ``find_unused_parameters``. Like DDP it overlaps the
+all-reduces with the last backward pass and launches them in one fixed order on every rank.
 """
 
 from __future__ import annotations
@@ -46,20 +46,6 @@ class Dist:
         parts[self.rank] = x
         return torch.cat(parts)
 
-    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """Replace every gradient by its sum over ranks (missing gradients count as zero)."""
-        if not self.enabled:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank when ``flag`` is true on one (stop requests must be collective)."""
         return self._agree(flag, device, dist.ReduceOp.MAX)
@@ -88,9 +74,85 @@ class Dist:
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, src=0)
 
+    def average_batch_statistics(self, module: torch.nn.Module) -> None:
+        """BatchNorm running statistics replaced by their mean over ranks: each rank's drift apart
+        as it normalises its own slice of the batch (DDP instead copies rank 0's every step)."""
+        if not self.enabled:
+            return
+        for norm in module.modules():
+            if isinstance(norm, torch.nn.modules.batchnorm._BatchNorm) and norm.track_running_stats:
+                for stat in (norm.running_mean, norm.running_var):
+                    dist.all_reduce(stat)
+                    stat.div_(self.world)
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+class GradientReducer:
+    """Sums every gradient over ranks while the last backward pass of a step is still running.
+
+    Each parameter's all-reduce is launched (asynchronously, in place: no flat copy of the
+    gradients) as soon as its gradient is final, but only in one fixed order, the same on every
+    rank: NCCL and gloo pair collectives by their order, so a rank that produced gradients in
+    another order would otherwise sum one tensor with another. A gradient that is ready before its
+    predecessors waits for them. ``last`` (the loss's scalars, which get gradients on rank 0 only)
+    come after every encoder parameter and are reduced by ``finish``, with zeros where a rank has
+    no gradient.
+
+    Use: ``arm()`` before the step's last backward, ``finish()`` after it.
+    """
+
+    def __init__(self, ranks: Dist, params: list[torch.nn.Parameter], last: tuple = ()):
+        last_ids = {id(p) for p in last}
+        # Reverse registration order is about the order backward produces gradients in (outputs
+        # first), so most launches are not held back by a predecessor.
+        self.order = [p for p in reversed(params) if id(p) not in last_ids] + [p for p in params if id(p) in last_ids]
+        self.position = {id(p): i for i, p in enumerate(self.order)}
+        self.enabled = ranks.enabled
+        self.armed = False
+        self.ready = [False] * len(self.order)
+        self.launched = 0
+        self.handles: list = []
+        self.hooks = []
+        if self.enabled:
+            early = [p for p in self.order if id(p) not in last_ids]
+            self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in early]
+
+    def arm(self) -> None:
+        self.armed = self.enabled
+        self.ready = [False] * len(self.order)
+        self.launched = 0
+        self.handles = []
+
+    def _on_gradient(self, param: torch.nn.Parameter) -> None:
+        if not self.armed:
+            return
+        self.ready[self.position[id(param)]] = True
+        while self.launched < len(self.order) and self.ready[self.launched]:
+            self._launch(self.order[self.launched])
+
+    def _launch(self, param: torch.nn.Parameter) -> None:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        self.handles.append(dist.all_reduce(param.grad, async_op=True))
+        self.launched += 1
+
+    def finish(self) -> None:
+        """Launch what is left in order, then wait for every reduction of the step."""
+        if not self.enabled:
+            return
+        while self.launched < len(self.order):
+            self._launch(self.order[self.launched])
+        for handle in self.handles:
+            handle.wait()
+        self.armed = False
+        self.handles = []
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
 
 def from_environment(device_type: str) -> Dist:

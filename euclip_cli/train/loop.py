@@ -126,6 +126,14 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         return _train(cfg, model, directory, shards, ranks, device, on_step)
 
 
+def all_finite(loss: torch.Tensor, grads: list[torch.Tensor]) -> bool:
+    """Whether the loss and every gradient element are finite, with one host synchronisation: each
+    tensor's largest magnitude (one fused kernel over all of them) is finite exactly when all its
+    elements are (max propagates NaN, and a max of finite numbers cannot overflow)."""
+    largest = torch._foreach_norm(grads, float("inf")) if grads else []
+    return bool(torch.isfinite(torch.stack([loss.detach().float().reshape(()), *[m.float() for m in largest]])).all())
+
+
 def skipped_share(skipped: int, step: int, batch_size: int) -> float:
     """The share of the samples read that could not be decoded, after ``step`` full global batches."""
     return skipped / max(1, skipped + step * batch_size)
@@ -141,6 +149,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
     optimizer = build_optimizer(model, cfg.optim)
     params = [p for p in model.parameters() if p.requires_grad]
+    reducer = distributed.GradientReducer(ranks, params, last=tuple(model.loss_scalars()))
     total = C.total_steps(cfg)
     interval = max(1, math.ceil(total / cfg.train.checkpoints))
 
@@ -179,15 +188,17 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     train_tf, _ = transforms_for(model.clip)
     batches = TrainBatches(shards, cfg.data.batch_size // ranks.world, train_tf, tokenizer_for(cfg.model.arch),
                            seed=cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
-                           workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state)
+                           workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
+                           pin_memory=device.type == "cuda")
     if found is not None and not batches.resumed_exactly:
         branch += " (data stream restarted: the checkpoint came from another number of processes or workers)"
 
     saved = {"step": step if found is not None else -1}
 
     def save() -> Optional[Path]:
-        """Collective: every rank contributes its data position; rank 0 writes."""
+        """Collective: every rank contributes its data position and its batch statistics; rank 0 writes."""
         saved["step"] = step
+        ranks.average_batch_statistics(model)
         data = [batches.state()]
         if ranks.enabled:
             data = [None] * ranks.world
@@ -235,12 +246,12 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 optimizer.zero_grad(set_to_none=True)
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
-                                         owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward())
-                ranks.sum_gradients(params)
+                                         owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward(),
+                                         before_last_backward=reducer.arm)
+                reducer.finish()
                 scaler.unscale_(optimizer)
                 # Every rank holds the same summed gradients and global loss, so all decide alike.
-                finite = bool(torch.isfinite(terms["loss"])) and all(
-                    bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+                finite = all_finite(terms["loss"], [p.grad for p in params if p.grad is not None])
                 if not finite:
                     scaler.update()
                     nonfinite_run += 1
@@ -295,6 +306,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         if stopping and saved["step"] != step:
             last_ckpt = save()
     finally:
+        batches.close()
         if writers:
             writers.close()
         for sig, handler in previous.items():

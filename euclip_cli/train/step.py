@@ -35,10 +35,12 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
                      entail_weight: float, min_radius: float,
                      autocast: Callable[[], contextlib.AbstractContextManager],
                      gather: Callable[[torch.Tensor], torch.Tensor] = _no_gather, owns_scalars: bool = True,
-                     backward: Callable[[torch.Tensor], None] = _plain_backward) -> dict[str, torch.Tensor]:
+                     backward: Callable[[torch.Tensor], None] = _plain_backward,
+                     before_last_backward: Callable[[], None] = lambda: None) -> dict[str, torch.Tensor]:
     """Accumulate the gradient of the loss on the whole (global) batch; return the detached loss terms.
 
-    ``backward`` lets a gradient scaler scale the loss first.
+    ``backward`` lets a gradient scaler scale the loss first; ``before_last_backward`` runs before
+    the pass after which the gradients are final (a reducer arms its hooks there).
     """
     def loss(image_emb, text_emb, live_scalars: bool):
         scale, curv = model.logit_scale(), model.curvature()
@@ -50,6 +52,7 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
     if accum_steps == 1:
         with autocast():
             out = loss(model.encode_image(images), model.encode_text(tokens), live_scalars=True)
+        before_last_backward()
         backward(out["loss"])
         return {k: v.detach() for k, v in out.items()}
 
@@ -63,5 +66,7 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
             all_images = torch.cat(cached_images[:j] + [image_j] + cached_images[j + 1:])
             all_texts = torch.cat(cached_texts[:j] + [text_j] + cached_texts[j + 1:])
             out = loss(all_images, all_texts, live_scalars=(j == 0))
+        if j == accum_steps - 1:
+            before_last_backward()
         backward(out["loss"])
     return {k: v.detach() for k, v in out.items()}
