@@ -111,23 +111,3 @@ def test_the_reducer_launches_in_one_fixed_order_whatever_order_gradients_arrive
     assert torch.equal(named["scale"].grad, torch.zeros(2))
     reducer.remove()
 
-
-def batch_statistics_rank(rank: int, store: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    norm = torch.nn.BatchNorm1d(3)
-    norm.train()
-    norm(torch.randn(16, 3) * (rank + 1) + 10 * rank)  # each rank sees its own slice
-    mine = (norm.running_mean.clone(), norm.running_var.clone())
-    Dist(rank=rank, world=2).average_batch_statistics(norm)
-    torch.save({"mine": mine, "averaged": (norm.running_mean, norm.running_var)}, f"{out}.{rank}")
-    dist.destroy_process_group()
-
-
-def test_batchnorm_running_statistics_are_averaged_over_ranks(tmp_path):
-    mp.spawn(batch_statistics_rank, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
-    ranks = [torch.load(f"{tmp_path / 'out'}.{r}", weights_only=True) for r in (0, 1)]
-    for i in (0, 1):
-        expected = (ranks[0]["mine"][i] + ranks[1]["mine"][i]) / 2
-        assert not torch.allclose(ranks[0]["mine"][i], ranks[1]["mine"][i])
-        for r in (0, 1):
-            assert torch.allclose(ranks[r]["averaged"][i], expected)

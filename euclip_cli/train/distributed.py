@@ -74,17 +74,6 @@ class Dist:
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor.data, src=0)
 
-    def average_batch_statistics(self, module: torch.nn.Module) -> None:
-        """BatchNorm running statistics replaced by their mean over ranks: each rank's drift apart
-        as it normalises its own slice of the batch (DDP instead copies rank 0's every step)."""
-        if not self.enabled:
-            return
-        for norm in module.modules():
-            if isinstance(norm, torch.nn.modules.batchnorm._BatchNorm) and norm.track_running_stats:
-                for stat in (norm.running_mean, norm.running_var):
-                    dist.all_reduce(stat)
-                    stat.div_(self.world)
-
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

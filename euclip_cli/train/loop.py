@@ -196,9 +196,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     saved = {"step": step if found is not None else -1}
 
     def save() -> Optional[Path]:
-        """Collective: every rank contributes its data position and its batch statistics; rank 0 writes."""
+        """Collective: every rank contributes its data position; rank 0 writes."""
         saved["step"] = step
-        ranks.average_batch_statistics(model)
         data = [batches.state()]
         if ranks.enabled:
             data = [None] * ranks.world
