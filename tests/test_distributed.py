@@ -36,7 +36,6 @@ def step(cfg, images, tokens, k, ranks: Dist):
                              contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main,
                              before_last_backward=reducer.arm)
     reducer.finish()
-    reducer.remove()
     return terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -109,5 +108,4 @@ def test_the_reducer_launches_in_one_fixed_order_whatever_order_gradients_arrive
     reducer.finish()  # this rank has no gradient for the scale: a zero one is summed in
     assert launched == ["c", "b", "a", "scale", "wait", "wait", "wait", "wait"]
     assert torch.equal(named["scale"].grad, torch.zeros(2))
-    reducer.remove()
 

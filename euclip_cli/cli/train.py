@@ -50,8 +50,8 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         # Become torchrun (exec, so preemption signals reach it and it forwards them to every rank).
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-                   f"--shutdown-timeout={SHUTDOWN_GRACE_S}", "-m", "euclip_cli", "train", "--recipe", recipe, "--name", name, "--runs-dir", str(runs_dir),
-                   *overrides]
+                   f"--shutdown-timeout={SHUTDOWN_GRACE_S}", "-m", "euclip_cli", "train", "--recipe", recipe,
+                   "--name", name, "--runs-dir", str(runs_dir), *overrides]
         console.print(" ".join(command[1:]), highlight=False)
         sys.stdout.flush()
         os.execv(sys.executable, command)

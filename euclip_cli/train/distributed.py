@@ -104,10 +104,10 @@ class GradientReducer:
         self.ready = [False] * len(self.order)
         self.launched = 0
         self.handles: list = []
-        self.hooks = []
-        if self.enabled:
-            early = [p for p in self.order if id(p) not in last_ids]
-            self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in early]
+        if self.enabled:  # the hooks live as long as the parameters: one reducer per model
+            for p in self.order:
+                if id(p) not in last_ids:
+                    p.register_post_accumulate_grad_hook(self._on_gradient)
 
     def arm(self) -> None:
         self.armed = self.enabled
@@ -138,10 +138,6 @@ class GradientReducer:
             handle.wait()
         self.armed = False
         self.handles = []
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
 
 
 def from_environment(device_type: str) -> Dist:
