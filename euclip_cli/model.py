@@ -146,6 +146,14 @@ def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
     return clip
 
 
+def batchnorm_statistics(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The running statistics of every BatchNorm layer (``running_mean``, ``running_var``,
+    ``num_batches_tracked``) by their state-dict names; empty for towers without BatchNorm."""
+    return {f"{name}.{key}": buffer for name, layer in module.named_modules()
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm)
+            for key, buffer in layer.named_buffers(recurse=False) if buffer is not None}
+
+
 def remove_final_layernorm(clip: open_clip.CLIP) -> None:
     """Replace the vision ``ln_post`` and text ``ln_final`` with identities; nothing else changes.
 

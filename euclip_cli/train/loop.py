@@ -26,7 +26,7 @@ from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.data.webshards import training_record
 from euclip_cli.device import autocast_factory, resolve_device
 from euclip_cli.errors import Failure
-from euclip_cli.model import EuclipModel, load_run_weights, tokenizer_for, transforms_for
+from euclip_cli.model import EuclipModel, batchnorm_statistics, load_run_weights, tokenizer_for, transforms_for
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
@@ -126,6 +126,13 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         return _train(cfg, model, directory, shards, ranks, device, on_step)
 
 
+def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The elementwise mean over ranks of each floating-point statistic; integer counters (BatchNorm's
+    ``num_batches_tracked``, equal on every rank) are rank 0's."""
+    return {name: torch.stack([s[name] for s in statistics]).mean(0) if value.is_floating_point() else value
+            for name, value in statistics[0].items()}
+
+
 def all_finite(loss: torch.Tensor, grads: list[torch.Tensor]) -> bool:
     """Whether the loss and every gradient element are finite, with one host synchronisation: each
     tensor's largest magnitude (one fused kernel over all of them) is finite exactly when all its
@@ -171,6 +178,13 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         data_states = state["data"]
         data_state = data_states[ranks.rank] if len(data_states) == ranks.world else None
     ranks.broadcast_parameters(model)
+    if found is not None and len(state.get("batchnorm_ranks", [])) == ranks.world:
+        # Each rank's BatchNorm statistics drift on its own data; it continues from its own, as an
+        # uninterrupted run would (a different number of ranks starts every rank from their mean).
+        with torch.no_grad():
+            own = state["batchnorm_ranks"][ranks.rank]
+            for name, buffer in batchnorm_statistics(model).items():
+                buffer.copy_(own[name])
     if cfg.train.compile:
         model.clip.visual.compile()
         model.clip.transformer.compile()
@@ -198,14 +212,23 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     def save() -> Optional[Path]:
         """Collective: every rank contributes its data position; rank 0 writes."""
         saved["step"] = step
-        data = [batches.state()]
+        own = (batches.state(), {name: b.detach().cpu() for name, b in batchnorm_statistics(model).items()})
+        gathered = [own]
         if ranks.enabled:
-            data = [None] * ranks.world
-            torch.distributed.all_gather_object(data, batches.state())
+            gathered = [None] * ranks.world
+            torch.distributed.all_gather_object(gathered, own)
         if not ranks.main:
             return None
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "step": step, "data": data, "config": C.to_dict(cfg),
+        data, statistics = [g[0] for g in gathered], [g[1] for g in gathered]
+        weights = model.state_dict()
+        extra = {}
+        if ranks.enabled and statistics[0]:
+            # The model's statistics are the ranks' mean (running variances averaged, as timm's
+            # distribute_bn does); each rank's own are kept for resuming it exactly.
+            weights.update(rank_mean(statistics))
+            extra["batchnorm_ranks"] = statistics
+        state = {"model": weights, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                 "step": step, "data": data, "config": C.to_dict(cfg), **extra,
                  "meta": checkpoint_meta(C.to_dict(cfg), model.geometry.logit, model.embed_dim),
                  "rng_torch": torch.get_rng_state()}
         return directory.save_checkpoint(state, step, cfg.train.keep_checkpoints)
