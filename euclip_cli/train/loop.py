@@ -210,7 +210,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     saved = {"step": step if found is not None else -1}
 
     def save() -> Optional[Path]:
-        """Collective: every rank contributes its data position; rank 0 writes."""
+        """Collective: every rank contributes its data position and BatchNorm statistics; rank 0 writes."""
         saved["step"] = step
         own = (batches.state(), {name: b.detach().cpu() for name, b in batchnorm_statistics(model).items()})
         gathered = [own]
