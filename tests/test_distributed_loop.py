@@ -7,7 +7,6 @@ must agree on: after every step the same weights, so a skipped step is skipped e
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,13 @@ from euclip_cli import config as C
 from euclip_cli.model import batchnorm_statistics
 from euclip_cli.rundir import RunDir, load_checkpoint
 from euclip_cli.train import loop
+from tests.test_multiprocess import free_port
 
 pytestmark = pytest.mark.slow
 
 # A ViT tower unless a test names another: no BatchNorm statistics, which are per rank by design.
 BASE = ["model.arch=tiny-vit", "data.batch_size=16", "optim.samples=64", "optim.warmup_steps=1", "train.log_every=1",
         "train.tensorboard=false", "data.shuffle_buffer=50", "train.checkpoints=1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(rank: int, port: int, overrides: list[str], out: str, poison_call: int) -> None:
@@ -57,8 +51,7 @@ def rank_main(rank: int, port: int, overrides: list[str], out: str, poison_call:
     compiled = all(getattr(tower, "_compiled_call_impl", None) is not None  # what Module.compile() sets
                    for tower in (seen["model"].clip.visual, seen["model"].clip.transformer))
     torch.save({"summary": summary, "weights": weights, "calls": seen["calls"], "compiled": compiled,
-                "statistics": statistics},
-               Path(out) / f"rank{rank}.pt")
+                "statistics": statistics}, Path(out) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
