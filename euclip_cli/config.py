@@ -24,7 +24,7 @@ from typing import Any, Literal, Optional
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import facts as geometry_facts
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
 
 
@@ -87,6 +87,9 @@ class DataConfig:
     # Training stops (after a checkpoint) once more than this share of the samples read could not
     # be decoded: a run on mostly broken shards is not the run its recipe describes. 1 = no limit.
     max_skipped_fraction: float = 0.5
+    # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
+    # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
+    order_seed: Optional[int] = None
     # Embedded world only: pool size, seed and fraction of mismatched (noisy) pairs.
     world_samples: int = 100_000
     world_seed: int = 0
@@ -112,8 +115,9 @@ class OptimConfig:
 class TrainConfig:
     seed: int = 0
     # bf16/fp16: autocast around the encoders (the geometry and loss stay fp32). fp16 adds a
-    # gradient scaler; it is meant for GPUs (on a CPU it runs, slowly).
-    precision: Precision = "bf16"
+    # gradient scaler; it is meant for GPUs (on a CPU it runs, slowly). auto: bf16 where the device
+    # has bf16 units, else fp16 on a GPU and fp32 on a CPU (euclip_cli.device.resolve_precision).
+    precision: Precision = "auto"
     device: str = "auto"
     # Checkpoint intervals over the budget (DataComp: 8), and how many to keep.
     checkpoints: int = 8
@@ -468,6 +472,11 @@ def world_dir(cfg: Config) -> Path:
     """The embedded world a run evaluates on: the one it trained on (its eval tasks sit beside the
     training shards), else ``data/world``."""
     return train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
+
+
+def order_seed(cfg: Config) -> int:
+    """The data order's seed: ``data.order_seed`` when set, else ``train.seed``."""
+    return cfg.train.seed if cfg.data.order_seed is None else cfg.data.order_seed
 
 
 def total_steps(cfg: Config) -> int:

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from euclip_cli import config as C
+from euclip_cli.device import resolve_precision
 from euclip_cli.errors import UsageError
 from euclip_cli.model import EuclipModel, load_run_weights
 from euclip_cli.rundir import RunDir
@@ -33,7 +34,7 @@ def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config
     model = EuclipModel(cfg)
     load_run_weights(model, state, found)
     if device.type == "cuda":
-        model.encoder_precision = cfg.train.precision
+        model.encoder_precision = resolve_precision(cfg.train.precision, device)
     return model.to(device).eval(), cfg, found, state["step"]
 
 

@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from euclip_cli.errors import Failure, UsageError
 
@@ -143,14 +143,16 @@ class RunDir:
     def meta(self) -> dict:
         return read_json(self.meta_file) if self.meta_file.exists() else {}
 
-    def claim(self, config: dict, meta: dict) -> bool:
+    def claim(self, config: dict, meta: dict, complete: Callable[[dict], dict] = lambda stored: stored) -> bool:
         """Create the run with ``config`` and ``meta``, or check that it already holds ``config``.
 
+        ``complete`` fills a stored config in as the current version reads it (keys added since it
+        was written take their defaults, which keep the old behaviour), so an older run still resumes.
         Returns True when the directory was created. Raises RunConflict, naming the keys that
         differ, when it holds another configuration.
         """
         if self.exists():
-            stored = self.config()
+            stored = complete(self.config())
             if stored != config:
                 changed = sorted(f"{s}.{k}" for s, v in stored.items() if isinstance(v, dict)
                                  for k in v if v[k] != config.get(s, {}).get(k))

@@ -5,7 +5,7 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli import rundir
-from euclip_cli.device import resolve_device
+from euclip_cli.device import resolve_device, resolve_precision
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import RunDir, load_checkpoint
 from euclip_cli.train import loop
@@ -68,6 +68,33 @@ def test_each_rank_takes_its_own_gpu_and_an_explicit_index_under_torchrun_is_ref
         resolve_device("cuda:1", local_rank=0, world=4)
     with pytest.raises(UsageError, match="has 4 GPU"):
         resolve_device("cuda:7")
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, expected", [(True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")])
+def test_auto_precision_on_a_cpu_is_bf16_only_with_bf16_units(monkeypatch, amx, avx512_bf16, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == expected
+    assert [resolve_precision(p, cpu) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp16")])
+def test_auto_precision_on_a_gpu_is_bf16_or_fp16_with_its_scaler(monkeypatch, bf16, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    assert resolve_precision("auto", torch.device("cuda", 0)) == expected
+
+
+def test_a_run_keeps_auto_in_its_config_and_records_what_it_chose(world, tmp_path, monkeypatch):
+    """The config stays ``auto`` (a resume on another machine is the same configuration); meta.json and
+    the summary say what this machine ran, here a CPU made to report AMX."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=16", *TINY,
+                                      "train.precision=auto"])
+    result = loop.run(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    assert result["precision"] == "bf16" and run.meta()["precision"] == "bf16"
+    assert run.config()["train"]["precision"] == "auto"
 
 
 def test_devices_a_machine_cannot_use_are_one_line_usage_errors(monkeypatch):

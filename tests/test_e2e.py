@@ -31,7 +31,7 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     run = runs / "tiny-clip"
     assert {"config.json", "meta.json", "metrics.jsonl", "checkpoints"} <= {p.name for p in run.iterdir()}
     meta = json.loads((run / "meta.json").read_text())
-    assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta
+    assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta and meta["precision"] == "fp32"
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3, 4] and all("contrastive" in l and "logit_scale" in l for l in lines)
 

@@ -88,7 +88,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
     distributed.shutdown()
     if result["interrupted"]:
         fail(f"stopped at step {result['steps']}; checkpoint {result['checkpoint']}; run the same command to resume", 1)
-    console.print(f"{result['branch']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
+    console.print(f"{result['branch']}: {result['steps']} steps in {result['precision']}, checkpoint {result['checkpoint']}")
     if result["skipped_samples"]:
         console.print(f"warning: {result['skipped_samples']:,} samples ({result['skipped_fraction']:.1%} of those read) "
                       f"could not be decoded and were skipped (limit: data.max_skipped_fraction)", highlight=False)

@@ -24,7 +24,7 @@ import torch
 from euclip_cli import config as C
 from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.data.webshards import training_record
-from euclip_cli.device import autocast_factory, resolve_device
+from euclip_cli.device import autocast_factory, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
 from euclip_cli.model import EuclipModel, batchnorm_statistics, load_run_weights, tokenizer_for, transforms_for
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
@@ -41,7 +41,7 @@ class RunError(Failure):
     """The run cannot proceed; the message says why and what to do."""
 
 
-def run_meta(cfg: C.Config, argv: list[str]) -> dict:
+def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
     root = Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -56,7 +56,8 @@ def run_meta(cfg: C.Config, argv: list[str]) -> dict:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = None
-    return {"git_revision": rev, "git_dirty": dirty, "packages": packages, "seed": cfg.train.seed,
+    # ``precision``: what train.precision resolved to on this machine (``auto`` depends on its CPU or GPU).
+    return {"git_revision": rev, "git_dirty": dirty, "packages": packages, "seed": cfg.train.seed, "precision": precision,
             "argv": argv, "python": platform.python_version(), "host": platform.node(), "recipe": cfg.recipe,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -106,6 +107,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     device = resolve_device(cfg.train.device, ranks.local_rank, ranks.world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    precision = resolve_precision(cfg.train.precision, device)
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
@@ -122,8 +124,9 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         if ranks.main:
             guard.enter_context(directory.lock())
             # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
-            directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv) | {"data": downloaded})
-        return _train(cfg, model, directory, shards, ranks, device, on_step)
+            directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded},
+                            complete=lambda stored: C.to_dict(C.from_dict(stored)))
+        return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
 
 
 def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -147,13 +150,13 @@ def skipped_share(skipped: int, step: int, batch_size: int) -> float:
 
 
 def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[str], ranks, device: torch.device,
-           on_step: Optional[Callable[[int, int, dict], None]]) -> dict:
+           precision: str, on_step: Optional[Callable[[int, int, dict], None]]) -> dict:
     """The training proper, under the run's lock: resume, then the loop."""
     run_dir = directory.path
     ranks.barrier()
-    autocast = autocast_factory(cfg.train.precision, device)
+    autocast = autocast_factory(precision, device)
     # fp16's narrow range needs loss scaling; with bf16 or fp32 the scaler is a no-op.
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = build_optimizer(model, cfg.optim)
     params = [p for p in model.parameters() if p.requires_grad]
     reducer = distributed.GradientReducer(ranks, params, last=tuple(model.loss_scalars()))
@@ -193,7 +196,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
                 "run_dir": str(run_dir), "interrupted": interrupted, "skipped_samples": skipped,
                 "skipped_fraction": skipped_share(skipped, step, cfg.data.batch_size),
-                "nonfinite_steps": nonfinite, "processes": ranks.world}
+                "nonfinite_steps": nonfinite, "processes": ranks.world, "precision": precision}
 
     if step >= total:
         return summary("already complete", found, interrupted=False, skipped=0, nonfinite=0)
@@ -201,7 +204,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     # ---- data: this rank's share of the global batch, from the exact position the checkpoint holds
     train_tf, _ = transforms_for(model.clip)
     batches = TrainBatches(shards, cfg.data.batch_size // ranks.world, train_tf, tokenizer_for(cfg.model.arch),
-                           seed=cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
+                           seed=C.order_seed(cfg), shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
                            pin_memory=device.type == "cuda")
     if found is not None and not batches.resumed_exactly:
