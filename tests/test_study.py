@@ -155,7 +155,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
                                str(tmp_path / "none"), "--out", str(tmp_path / "tables")])
     assert page.exit_code == 0, page.output
     html = (tmp_path / "tables" / "report.html").read_text()
-    assert html.index("Study out") < html.index("Paper Table 1") and "means and paired differences" in html
+    assert html.index("Study out") < html.index("Published numbers without") and "means and paired differences" in html
 
 
 def test_the_temperature_converges_where_it_stays_within_two_percent_of_its_final_value():

@@ -40,19 +40,19 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
         wanted = ["embedded", "1", "4", "5", "8", "traversal", "released"] if table == "all" else [table]
-        sections, study_figures = [], []
+        # (heading, table, its figures): the HTML page's sections; the other formats print them.
+        sections, frames = [], []
         # Studies first: seeds and intervals are what a comparison stands on.
         for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
             results, claims = study_tables(folder)
-            for title, df in ((f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results),
-                              (f"Study {folder.name}: the paper's claims", claims)):
-                sections.append((title, render(df, fmt)))
+            figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", folder / "study.png")]
+            for title, df, own in ((f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
+                                   (f"Study {folder.name}: the paper's claims", claims,
+                                    figure if figure[0][1].exists() else [])):
+                sections.append((title, render(df, fmt), own))
                 if fmt != "html":
                     console.print(f"[bold]{title}[/]  ({folder})")
                     console.print(sections[-1][1], highlight=False, markup=False, soft_wrap=True)
-            if (folder / "study.png").exists():
-                study_figures.append((f"Study {folder.name}: means and paired differences with 95% intervals",
-                                      folder / "study.png"))
         for name in wanted:
             if name == "embedded":
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
@@ -63,10 +63,10 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                                                          "traversals, [ROOT] excluded (euclip analyze traverse)")
             else:
                 df, title = paper_table(runs, int(name)), f"Paper Table {name}: published vs ours (%)"
-            text = render(df, fmt)
-            sections.append((title, text))
             if fmt == "html":
+                frames.append((name, title, df))
                 continue
+            text = render(df, fmt)
             path = out / f"{name if not name.isdigit() else 'table' + name}.{fmt}"
             if not runs and path.exists():
                 # No runs (a mistyped --runs-dir, or studies only): an empty table must not replace a filled one.
@@ -78,14 +78,16 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         figures = write_figures(runs, runs_dir, out.parent / "figures")
     if fmt == "html":
         from euclip_cli.report.html import page
-
+        from euclip_cli.report.tables import fold_published
         from euclip_cli.rundir import all_runs
+
+        sections += [(title, render(df, fmt), []) for title, df in fold_published(frames)]
 
         analysis = [(f"{run.name}: {p.stem}", p) for run in all_runs(runs_dir) for p in sorted(run.analysis_dir.glob("*.png"))]
         path = out / "report.html"
-        path.write_text(page("euclip report", sections, study_figures + figures + analysis))
+        path.write_text(page("euclip report", sections, figures + analysis))
         console.print(f"report page: {path} ({len(sections)} tables, "
-                      f"{len(study_figures) + len(figures) + len(analysis)} figures)")
+                      f"{sum(len(own) for *_, own in sections) + len(figures) + len(analysis)} figures)")
         return
     console.print(f"tables written to {out}; figures to {out.parent / 'figures'}")
 

@@ -182,6 +182,40 @@ def released_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:
+    """The report page's tables, leading with what the user has: ``frames`` are (name, title, table)
+    as ``euclip report`` builds them. Empty tables are left out; a paper table keeps only its rows
+    with a run of ours, and every published row without one goes to one compact table of the papers'
+    values (the traversal rows to one of their own), at the end."""
+    kept, published, traversal = [], [], []
+    for name, title, df in frames:
+        if df.empty:
+            continue
+        if name.isdigit():
+            ours = [c for c in df.columns if c.endswith(" (ours)")]
+            has_run = (df[ours] != MISSING).any(axis=1)
+            paper = [c for c in df.columns if c.endswith(" (paper)")]
+            published.append(df.loc[~has_run, ["model", *paper]].rename(columns=lambda c: c.removesuffix(" (paper)"))
+                             .assign(table=f"Table {name}"))
+            df = df[has_run]
+        elif name == "traversal":
+            no_run = df["run"] == MISSING
+            traversal.append(df.loc[no_run, ["paper", "filter", "published"]])
+            df = df[~no_run]
+        if not df.empty:
+            kept.append((title, df))
+    published = [df for df in published if not df.empty]
+    if published:
+        table = pd.concat(published, ignore_index=True)
+        kept.append(("Published numbers without a run of ours (the EuCLIP paper, %)",
+                     table[["table", *[c for c in table.columns if c != "table"]]]))
+    traversal = [df for df in traversal if not df.empty]
+    if traversal:
+        kept.append(("Published traversal counts without a run of ours (Tables 6 and 7)",
+                     pd.concat(traversal, ignore_index=True)))
+    return kept
+
+
 def render(df: pd.DataFrame, fmt: str) -> str:
     """md, csv, tex (a LaTeX tabular) or html (a bare <table> for the report page)."""
     if df.empty:
