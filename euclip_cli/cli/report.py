@@ -45,10 +45,10 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         # Studies first: seeds and intervals are what a comparison stands on.
         for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
             results, claims = study_tables(folder)
-            figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", folder / "study.png")]
+            png = folder / "study.png"
+            figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", png)] if png.exists() else []
             for title, df, own in ((f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
-                                   (f"Study {folder.name}: the paper's claims", claims,
-                                    figure if figure[0][1].exists() else [])):
+                                   (f"Study {folder.name}: the paper's claims", claims, figure)):
                 sections.append((title, render(df, fmt), own))
                 if fmt != "html":
                     console.print(f"[bold]{title}[/]  ({folder})")
