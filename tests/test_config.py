@@ -27,6 +27,13 @@ def test_overrides_are_type_checked():
     assert cfg.geometry.logit_scale_min_log is None and cfg.report.paper_rows == ["4:CLIP", "8:CLIP"]
 
 
+def test_a_data_order_seed_that_is_not_an_integer_is_named_by_its_key():
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config("tiny-clip", ["data.order_seed=abc"])
+    assert err.value.problems == ["override 'data.order_seed=abc': bad value 'abc' for 'data.order_seed': "
+                                  "expected an integer or none"]
+
+
 def test_every_problem_is_reported_together_naming_key_and_allowed_values():
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", ["optim.lrr=1", "geometry.name=poincare", "optim.lr=fast", "nodot", "train.precision=fp8"])
