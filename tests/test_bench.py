@@ -35,7 +35,9 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     assert report["speedup_vs_openclip"]["median"] == pytest.approx(m["euclip"]["per_round"][0] / m["openclip"]["per_round"][0])
     peaks = report["peak_tflops"]["per_round"]
     assert len(peaks) == 1 and 0.001 < peaks[0] < 10_000
-    assert len(report["fp32_peak_tflops"]["per_round"]) == 1  # bf16 bench: fp32 measured as well
+    # --precision defaults to auto, resolved on this device before either trainer sees it.
+    assert report["settings"]["precision"] in ("fp32", "bf16")
+    assert len(report["fp32_peak_tflops"]["per_round"]) == 1  # measured whatever the bench's precision
     assert report["fraction_of_peak"]["median"] == pytest.approx(
         report["flops_per_sample"] * m["euclip"]["per_round"][0] / 1e12 / peaks[0])
     study = report["study_training"]
@@ -156,3 +158,11 @@ def test_bench_text_reads_the_captions_of_any_shard_folder(tmp_path):
     assert not (tmp_path / "out" / "scratch").exists()  # no world generated when shards are given
     missing = CliRunner().invoke(app, ["bench", "text", "--shards", str(tmp_path / "none"), "--out", str(tmp_path)])
     assert missing.exit_code == 2 and "--shards" in missing.output and "Traceback" not in missing.output
+
+
+@pytest.mark.parametrize("command", ["train", "text"])
+def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
+    result = CliRunner().invoke(app, ["bench", command, "--precision", "fp8", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--precision: 'fp8' is not one of auto, fp32, bf16, fp16" in " ".join(result.output.split())
+    assert not any(tmp_path.iterdir())  # refused before anything was written

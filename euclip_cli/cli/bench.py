@@ -27,7 +27,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
                 warmup: int = typer.Option(2, min=0, help="Untimed first steps."),
                 rounds: int = typer.Option(3, min=1, help="Interleaved rounds; every ratio is taken within a round."),
                 threads: int = typer.Option(0, help="Threads per trainer; 0 = every core of this machine."),
-                precision: str = typer.Option("bf16", help="fp32, bf16 or fp16 (both trainers)."),
+                precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16 (both trainers); auto is "
+                                                           "what train.precision=auto picks on this device."),
                 device: str = typer.Option("auto", help="cpu, cuda or auto."),
                 workers: Optional[int] = typer.Option(None, min=0, help="Loader worker processes (both trainers); "
                                                                         "default 0 on a CPU (in-process decoding "
@@ -54,12 +55,15 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
 
     from euclip_cli.bench import BenchError, Settings, bench_train
 
-    if precision not in ("fp32", "bf16", "fp16"):
-        common.fail(f"--precision: '{precision}' is not one of fp32, bf16, fp16")
-    if device == "auto":
-        import torch
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    import torch
 
+    from euclip_cli.device import resolve_precision
+
+    if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_precision(precision, torch.device(device))
     if workers is None:
         # A GPU consumes batches faster than one process decodes them (measured on an H100's machine:
         # 1,216 world samples/s in-process against 6,142 with 8 workers, docs/training.md).
@@ -180,7 +184,8 @@ def text_bench(arch: str = typer.Option("tiny", help="Model (euclip_cli.model.LO
                batch_size: int = typer.Option(128, min=2, help="Captions per batch."),
                batches: int = typer.Option(8, min=1, help="Batches of the world's captions timed per round."),
                rounds: int = typer.Option(5, min=1, help="Interleaved rounds (full context, then trimmed)."),
-               precision: str = typer.Option("bf16", help="fp32, bf16 or fp16 (autocast)."),
+               precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16 (autocast); auto is what "
+                                                          "train.precision=auto picks on this CPU."),
                shards: Optional[Path] = typer.Option(None, help="Time on the captions of these img2dataset shards "
                                                                 "(e.g. DataComp's) instead of the world's."),
                out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
@@ -194,9 +199,14 @@ def text_bench(arch: str = typer.Option("tiny", help="Model (euclip_cli.model.LO
     """
     from euclip_cli.bench import BenchError, bench_text, ensure_world, shard_captions
 
-    if precision not in ("fp32", "bf16", "fp16"):
-        common.fail(f"--precision: '{precision}' is not one of fp32, bf16, fp16")
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    import torch
+
+    from euclip_cli.device import resolve_precision
     from euclip_cli.model import LOCAL_ARCHS
+
+    precision = resolve_precision(precision, torch.device("cpu"))
 
     if arch not in LOCAL_ARCHS:
         common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
