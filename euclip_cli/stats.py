@@ -61,6 +61,15 @@ def estimate(values: Sequence[float], interval: str = "t", level: float = 0.95, 
     return Estimate(n, mean, sd, low, high)
 
 
+def binomial_se(p: float, n: int) -> float:
+    """The standard error of a proportion ``p`` in [0, 1] measured on ``n`` independent examples,
+    sqrt(p (1 - p) / n): how far a run's score on a finite evaluation set can sit from its score on
+    unlimited examples from the same distribution."""
+    if n < 1:
+        raise ValueError(f"n = {n}: a proportion needs at least one example")
+    return math.sqrt(p * (1 - p) / n)
+
+
 def paired_difference(a: dict[int, float], b: dict[int, float], interval: str = "t", level: float = 0.95,
                       seed: int = 0) -> Optional[Estimate]:
     """The mean of ``a[s] - b[s]`` over the seeds ``s`` both have, with its interval; None without a

@@ -56,6 +56,46 @@ def test_paired_difference_uses_common_seeds_only():
     assert stats.paired_difference({0: 1.0}, {1: 2.0}) is None
 
 
+def test_the_binomial_standard_error_matches_a_simulation_of_the_evaluation_set():
+    """An independent computation: the spread of accuracies over many simulated evaluation sets."""
+    import random as rnd
+
+    gen, n, p = rnd.Random(3), 400, 0.3
+    accuracies = [sum(gen.random() < p for _ in range(n)) / n for _ in range(4000)]
+    assert stats.binomial_se(p, n) == pytest.approx(statistics.stdev(accuracies), rel=0.05)
+    assert stats.binomial_se(0.3, 400) == pytest.approx(math.sqrt(0.21 / 400))
+    assert stats.binomial_se(1.0, 10) == 0.0
+    with pytest.raises(ValueError):
+        stats.binomial_se(0.5, 0)
+
+
+def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
+    from euclip_cli.evaluate.tasks import list_tasks
+
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "manifest.json").write_text(json.dumps({"eval_size": 400}))
+    run = tmp_path / "run"
+    run.mkdir()
+    keys = [t.key for t in list_tasks("world")]
+    lines = []
+    for i, key in enumerate(keys):
+        metrics = {"main_metric": 0.1 + 0.08 * i}
+        if key == "world/retrieval":
+            metrics = {"image_retrieval_recall@1": 0.2, "text_retrieval_recall@1": 0.4, "main_metric": 0.3}
+        lines.append(json.dumps({"key": key, "checkpoint": "checkpoints/step_1.pt", "step": 1, "metrics": metrics}))
+    (run / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    errors = R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, world)
+    shapes = 0.1 + 0.08 * keys.index("world/shapes")
+    assert errors["world/shapes"] == pytest.approx(100 * math.sqrt(shapes * (1 - shapes) / 400))
+    # Text-to-image R@1 over 800 captions (two per image), image-to-text over 400 images, averaged.
+    assert errors["world/retrieval"] == pytest.approx(100 * math.sqrt(0.2 * 0.8 / 800 + 0.4 * 0.6 / 400) / 2)
+    assert errors["retrieval"] == pytest.approx(errors["world/retrieval"])  # a group of one task
+    by_hand = math.sqrt(sum(errors[k] ** 2 for k in keys)) / len(keys)
+    assert errors["average"] == pytest.approx(by_hand) and errors["average"] < min(errors[k] for k in keys)
+    assert R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
+
+
 @pytest.mark.parametrize("low,high,sign,expected", [
     (0.5, 2.0, +1, "reproduced"), (-2.0, -0.5, +1, "opposite"), (-0.5, 2.0, +1, "inconclusive"),
     (-2.0, -0.5, -1, "reproduced"), (0.0, 1.0, +1, "inconclusive")])
@@ -146,6 +186,15 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
         shapes[run.name] = 100 * line["metrics"]["acc1"]
     by_hand = statistics.fmean(shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
     assert float(claims[0]["effect"]) == pytest.approx(by_hand)
+    # The noise floor: the paired differences' sd and the sampling error of the runs' own scores.
+    noise = {r["metric"]: r for r in csv.DictReader((out / "noise.csv").open())}
+    diffs = [shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1)]
+    assert float(noise["world/shapes"]["paired_sd_median"]) == pytest.approx(statistics.stdev(diffs))
+    size = json.loads((world / "manifest.json").read_text())["eval_size"]
+    sampling = statistics.median(100 * math.sqrt(a / 100 * (1 - a / 100) / size) for a in shapes.values())
+    assert float(noise["world/shapes"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
+    assert "average" not in noise  # two of the ten tasks: no average, and no error of one
+    assert "## Noise floor" in (out / "study.md").read_text()
     assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()
     report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
                                  "--out", str(tmp_path / "tables")])

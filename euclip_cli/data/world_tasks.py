@@ -37,10 +37,13 @@ def _shape_label(scene):
     return w.SHAPES.index(scene[0].shape)
 
 
+# The caption levels of each retrieval image, one caption per level.
+RETRIEVAL_LEVELS = ("full", "detailed")
+
+
 def _retrieval(rng: random.Random) -> Sample:
     scene = w.sample_scene(rng)
-    captions = [w.frame_caption(w.sample_spec(scene, rng, "full"), rng),
-                w.frame_caption(w.sample_spec(scene, rng, "detailed"), rng)]
+    captions = [w.frame_caption(w.sample_spec(scene, rng, level), rng) for level in RETRIEVAL_LEVELS]
     return w.render(scene, rng), captions, scene
 
 

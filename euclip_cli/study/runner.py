@@ -28,7 +28,7 @@ from euclip_cli import config as C
 from euclip_cli import stats
 from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, select
+from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, select
 from euclip_cli.published import euclip_imagenet
 from euclip_cli.rundir import RunDir, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
@@ -155,7 +155,7 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     if failures:
         raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:\n"
                       + "\n".join(failures))
-    return summarize(study, plans, claims)
+    return summarize(study, plans, claims, world)
 
 
 def _duration(seconds: float) -> str:
@@ -215,13 +215,54 @@ def converged_step(steps: list[int], values: list[float], within: float = CONVER
 RUN_MEASURES = ("text_nearer_root", "curvature_final", "temperature_final", "temperature_converged_step")
 
 
-def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
-    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": per-metric seed sd}``."""
+def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
+    """The evaluation sampling error (points) of each world task's main metric in one run, and of
+    the group means and the average built from them; empty where the run's tasks are not the
+    world's or its world has no manifest.
+
+    Accuracy is a proportion of the world's ``eval_size`` images (``stats.binomial_se``). Retrieval's
+    mean R@1 averages text-to-image R@1 over the captions (``RETRIEVAL_LEVELS`` per image) and
+    image-to-text R@1 over the images; the two directions are treated as independent. A mean of k
+    tasks, each on its own evaluation set, has the root sum of their squared errors over k.
+    """
+    from euclip_cli.data.world_tasks import RETRIEVAL_LEVELS
+
+    run = RunDir(p.run_dir)
+    if world is None and not run.config_file.exists():
+        return {}
+    manifest = (world or C.world_dir(C.from_dict(run.config()))) / "manifest.json"
+    if not manifest.exists():
+        return {}
+    images = int(read_json(manifest)["eval_size"])
+    errors: dict[str, float] = {}
+    for line in run.latest_results():
+        key, m = line["key"], line["metrics"]
+        if key not in tasks or TASKS[key].suite != "world" or m.get("main_metric") is None:
+            continue
+        if TASKS[key].kind == "retrieval":
+            t2i = stats.binomial_se(m["image_retrieval_recall@1"], images * len(RETRIEVAL_LEVELS))
+            i2t = stats.binomial_se(m["text_retrieval_recall@1"], images)
+            errors[key] = 100 * (t2i ** 2 + i2t ** 2) ** 0.5 / 2
+        else:
+            errors[key] = 100 * stats.binomial_se(m["main_metric"], images)
+    world_tasks = [t for t in TASKS.values() if t.suite == "world" and t.main_metric is not None]
+    for group in GROUP_METRICS:
+        members = [t.key for t in world_tasks if group == "average" or t.group == group]
+        if members and all(k in errors for k in members):
+            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
+    return errors
+
+
+def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
+    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...]}``."""
     tasks = [t.key for t in select(study.tasks)]
     by_config: dict[str, dict[int, dict[str, float]]] = {}
+    errors: dict[str, list[float]] = {}
     for p in plans:
         if p.run_dir.exists():
             by_config.setdefault(p.config, {})[p.seed] = run_values(p, tasks)
+            for metric, se in sampling_errors(p, tasks, world).items():
+                errors.setdefault(metric, []).append(se)
     metrics = [*GROUP_METRICS, *tasks]
     rows = []
     for config in study.configs:
@@ -238,9 +279,28 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim]) -> dict:
                 base = {s: v[metric] for s, v in by_config.get(study.baseline, {}).items() if metric in v}
                 diff = stats.paired_difference(values, base, study.interval)
                 if diff is not None:
-                    row.update(diff_mean=diff.mean, diff_low=diff.low, diff_high=diff.high, diff_n=diff.n)
+                    row.update(diff_mean=diff.mean, diff_sd=diff.sd, diff_low=diff.low, diff_high=diff.high,
+                               diff_n=diff.n)
             rows.append(row)
-    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config), "seeds": list(study.seeds)}
+    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config), "seeds": list(study.seeds),
+            "noise": noise_floor(rows, metrics, errors)}
+
+
+def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]]) -> list[dict]:
+    """Per metric: the seed standard deviation (median and range over configurations), the standard
+    deviation of the paired differences to the baseline (median over configurations) and the
+    evaluation sampling error (median over runs), all in points."""
+    out = []
+    for metric in metrics:
+        sds = sorted(r["sd"] for r in rows if r["metric"] == metric and r["sd"] is not None)
+        paired = [r["diff_sd"] for r in rows if r["metric"] == metric and r.get("diff_sd") is not None]
+        if not sds:
+            continue
+        out.append({"metric": metric, "seed_sd_median": statistics.median(sds), "seed_sd_min": sds[0],
+                    "seed_sd_max": sds[-1], "configs": len(sds),
+                    "paired_sd_median": statistics.median(paired) if paired else None,
+                    "sampling_se_median": statistics.median(errors[metric]) if errors.get(metric) else None})
+    return out
 
 
 def paper_effect(claim: Claim) -> tuple[Optional[float], str]:
@@ -325,13 +385,17 @@ def to_markdown(study: Study, summary: dict) -> str:
         paper = "" if c["paper_effect"] is None else f"{c['paper_effect']:+.2f} ({c['paper_source']})"
         lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
     lines += temperature_section(study, rows)
-    noise = [r for r in summary["rows"] if r["metric"] in GROUP_METRICS and r["sd"] is not None]
-    if noise:
-        lines += ["", "## Noise floor", "", "Seed standard deviation (points), median over configurations:", ""]
-        for metric in GROUP_METRICS:
-            sds = sorted(r["sd"] for r in noise if r["metric"] == metric)
-            if sds:
-                lines.append(f"- {names[metric]}: {statistics.median(sds):.2f} (range {sds[0]:.2f}–{sds[-1]:.2f})")
+    if summary.get("noise"):
+        lines += ["", "## Noise floor", "",
+                  "In points: the seed standard deviation of each configuration (median over configurations, and "
+                  "its range), that of each configuration's difference to the baseline paired by seed (median), "
+                  "and the evaluation sampling error of one run's score (binomial, median over runs).", "",
+                  "| metric | seed sd, median (range) | paired Δ sd, median | sampling error |", "|---|---|---|---|"]
+        for r in summary["noise"]:
+            label = names[r["metric"]] if r["metric"] in names else TASKS[r["metric"]].name
+            lines.append(f"| {label} | {r['seed_sd_median']:.2f} "
+                         f"({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f}) | {_fmt(r['paired_sd_median'], 2)} | "
+                         f"{_fmt(r['sampling_se_median'], 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -384,7 +448,7 @@ def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("study.csv", to_csv(summary["rows"])), ("claims.csv", to_csv(summary["claims"])),
-                       ("study.md", to_markdown(study, summary))):
+                       ("noise.csv", to_csv(summary.get("noise", []))), ("study.md", to_markdown(study, summary))):
         write_text_atomic(out / name, text)
         written.append(out / name)
     return written
