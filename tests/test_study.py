@@ -200,6 +200,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
                                  "--out", str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output
     assert "Study out: the paper's claims" in report.output and "EuCLIP matches or beats CLIP" in report.output
+    assert "Study out: the noise floor (points)" in report.output
     page = runner.invoke(app, ["report", "--format", "html", "--studies-dir", str(tmp_path), "--runs-dir",
                                str(tmp_path / "none"), "--out", str(tmp_path / "tables")])
     assert page.exit_code == 0, page.output

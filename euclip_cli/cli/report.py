@@ -34,8 +34,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if runs_dir.exists() and not runs_dir.is_dir():
         fail(f"--runs-dir {runs_dir} is not a folder: nothing was written (the tables in {out} are as they were)", 2)
     with errors():
-        from euclip_cli.report.tables import (load_runs, paper_table, released_table, render, study_tables,
-                                              suite_table, traversal_table)
+        from euclip_cli.report.tables import (load_runs, noise_table, paper_table, released_table, render,
+                                              study_tables, suite_table, traversal_table)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -47,8 +47,12 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             results, claims = study_tables(folder)
             png = folder / "study.png"
             figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", png)] if png.exists() else []
-            for title, df, own in ((f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
-                                   (f"Study {folder.name}: the paper's claims", claims, figure)):
+            noise = noise_table(folder)
+            shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
+                     (f"Study {folder.name}: the paper's claims", claims, figure)]
+            if noise is not None:
+                shown.append((f"Study {folder.name}: the noise floor (points)", noise, []))
+            for title, df, own in shown:
                 sections.append((title, render(df, fmt), own))
                 if fmt != "html":
                     console.print(f"[bold]{title}[/]  ({folder})")

@@ -18,7 +18,7 @@ import pandas as pd
 from euclip_cli.geometry.facts import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import SUITE_COLUMNS
+from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
@@ -281,3 +281,23 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                       "seeds": int(c["n_seeds"]), "verdict": c["verdict"],
                       "paper": "" if pd.isna(c["paper_effect"]) else f"{c['paper_effect']:+.2f} ({c['paper_source']})"})
     return pd.DataFrame(table), pd.DataFrame(shown)
+
+
+def noise_table(folder: Path) -> Optional[pd.DataFrame]:
+    """A study's noise floor (``noise.csv``, in points) as a display table; None when it has none."""
+    path = folder / "noise.csv"
+    if not path.exists() or not path.stat().st_size:
+        return None
+    names = SUITE_COLUMNS["world"]
+
+    def points(value: float) -> str:  # "–": not computable (one configuration, or tasks not the world's)
+        return "–" if pd.isna(value) else f"{value:.2f}"
+
+    shown = []
+    for _, r in pd.read_csv(path).iterrows():
+        metric = r["metric"]
+        shown.append({"metric": names[metric] if metric in names else TASKS[metric].name,
+                      "seed sd, median (range)": f"{r['seed_sd_median']:.2f} ({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f})",
+                      "paired Δ sd, median": points(r["paired_sd_median"]),
+                      "evaluation sampling error": points(r["sampling_se_median"])})
+    return pd.DataFrame(shown)
