@@ -230,19 +230,38 @@ def _prefix_features(clip: open_clip.CLIP, tokens: torch.Tensor, length: int) ->
     return x @ clip.text_projection if clip.text_projection is not None else x
 
 
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``. A host tensor bound for a GPU goes through pinned memory: a copy from
+    pageable memory would wait for the GPU's queue to drain first."""
+    if x.device == device:
+        return x
+    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
+
+
 def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """``clip.encode_text(tokens)`` computed on each caption's shortest exact context (``context_groups``).
 
-    ``(B, L) -> (B, D)``, rows in the input's order.
+    ``(B, L) -> (B, D)`` on the towers' device, rows in the input's order. ``tokens`` may be on the
+    host while the towers are on a GPU (the trainer passes them so): the groups are then decided
+    on the host, and a step needs no device-to-host synchronisation to learn the captions' lengths.
     """
+    device = next(clip.parameters()).device
     groups = context_groups(clip, tokens)
     if groups is None or (len(groups) == 1 and groups[0][1] == tokens.shape[1]):  # nothing to trim
+        tokens = _to_device(tokens, device)
         if multitoken.text_class_tokens(clip) > 1:
             return multitoken.multi_text_features(clip, tokens, tokens.shape[1])
         return clip.encode_text(tokens)
-    features = torch.cat([_prefix_features(clip, tokens[rows], length) for rows, length in groups])
+    # One copy of the batch, its groups contiguous, and one of the order that puts the rows back.
     order = torch.cat([rows for rows, _ in groups])
-    return features[order.argsort()]
+    grouped, back = _to_device(tokens[order], device), _to_device(order.argsort(), device)
+    features, start = [], 0
+    for rows, length in groups:
+        features.append(_prefix_features(clip, grouped[start:start + len(rows)], length))
+        start += len(rows)
+    return torch.cat(features)[back]
 
 
 def state_mismatch(model: nn.Module, state: dict) -> Optional[str]:
@@ -324,7 +343,7 @@ class EuclipModel(nn.Module):
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``; the context is trimmed exactly."""
-        with autocast_factory(self.encoder_precision, tokens.device)():
+        with autocast_factory(self.encoder_precision, next(self.clip.parameters()).device)():
             features = text_features(self.clip, tokens)
         return self._embed(features, getattr(self, "log_alpha_txt", None))
 

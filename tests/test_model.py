@@ -125,6 +125,25 @@ def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
         torch.testing.assert_close(trimmed_grads[name], grad, atol=1e-9, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("recipe", ["tiny-clip", "tiny-multi"])
+def test_trimming_groups_host_tokens_for_towers_on_another_device(recipe):
+    """The trainer leaves the tokens on the host. The meta device stands in for a GPU: its tensors
+    have shapes but no values, so any host decision taken from a device tensor (the captions'
+    lengths) fails there, as it would synchronise a GPU."""
+    from euclip_cli import multitoken
+    from euclip_cli.model import text_features, tokenizer_for
+
+    cfg = C.load_config(recipe)
+    clip = build_clip(cfg.model.arch, cfg.model.class_tokens).to("meta")
+    tokens = _captions(tokenizer_for(cfg.model.arch))
+    seen = []  # the meta device lets some ops take host indices; a real GPU would not
+    clip.token_embedding.register_forward_pre_hook(lambda module, args: seen.append(args[0].device.type))
+    out = text_features(clip, tokens)
+    assert seen and set(seen) == {"meta"}, seen
+    width = clip.text_projection.shape[-1] * multitoken.text_class_tokens(clip)
+    assert out.device.type == "meta" and out.shape == (4, width)
+
+
 def test_trimming_is_refused_where_it_would_not_be_exact():
     from euclip_cli.model import context_groups, tokenizer_for
 

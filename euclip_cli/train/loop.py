@@ -267,7 +267,9 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 images, tokens = next(batches)
-                images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
+                # The tokens stay on the host: the text tower groups captions by length there and copies
+                # each group over itself, with no device-to-host synchronisation (model.text_features).
+                images = images.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
