@@ -189,10 +189,12 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     # The noise floor: the paired differences' sd and the sampling error of the runs' own scores.
     noise = {r["metric"]: r for r in csv.DictReader((out / "noise.csv").open())}
     diffs = [shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1)]
-    assert float(noise["world/shapes"]["paired_sd_median"]) == pytest.approx(statistics.stdev(diffs))
+    assert "world/shapes" not in noise  # Shapes is the main group's only task: one row, the group's
+    assert float(noise["main"]["paired_sd_median"]) == pytest.approx(statistics.stdev(diffs))
     size = json.loads((world / "manifest.json").read_text())["eval_size"]
     sampling = statistics.median(100 * math.sqrt(a / 100 * (1 - a / 100) / size) for a in shapes.values())
-    assert float(noise["world/shapes"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
+    assert float(noise["main"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
+    assert "world/colour" in noise  # one attribute task of several: a row of its own
     assert "average" not in noise  # two of the ten tasks: no average, and no error of one
     assert "## Noise floor" in (out / "study.md").read_text()
     assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()

@@ -289,9 +289,16 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
 def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]]) -> list[dict]:
     """Per metric: the seed standard deviation (median and range over configurations), the standard
     deviation of the paired differences to the baseline (median over configurations) and the
-    evaluation sampling error (median over runs), all in points."""
+    evaluation sampling error (median over runs), all in points. A task that is its group's only
+    member (Shapes is the world's main group) appears once, under the group's name."""
+    alone = {}
+    for task in TASKS.values():
+        alone.setdefault((task.suite, task.group), []).append(task.key)
     out = []
     for metric in metrics:
+        task = TASKS.get(metric)
+        if task is not None and task.group and len(alone[(task.suite, task.group)]) == 1:
+            continue
         sds = sorted(r["sd"] for r in rows if r["metric"] == metric and r["sd"] is not None)
         paired = [r["diff_sd"] for r in rows if r["metric"] == metric and r.get("diff_sd") is not None]
         if not sds:
