@@ -268,7 +268,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                     group["lr"] = lr
                 images, tokens = next(batches)
                 # The tokens stay on the host: the text tower groups captions by length there and copies
-                # each group over itself, with no device-to-host synchronisation (model.text_features).
+                # the grouped batch over, with no device-to-host synchronisation (model.text_features).
                 images = images.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
