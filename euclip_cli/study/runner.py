@@ -28,7 +28,7 @@ from euclip_cli import config as C
 from euclip_cli import stats
 from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, select
+from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, list_tasks, select
 from euclip_cli.published import euclip_imagenet
 from euclip_cli.rundir import RunDir, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
@@ -245,7 +245,7 @@ def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) 
             errors[key] = 100 * (t2i ** 2 + i2t ** 2) ** 0.5 / 2
         else:
             errors[key] = 100 * stats.binomial_se(m["main_metric"], images)
-    world_tasks = [t for t in TASKS.values() if t.suite == "world" and t.main_metric is not None]
+    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]  # as ``aggregate`` groups them
     for group in GROUP_METRICS:
         members = [t.key for t in world_tasks if group == "average" or t.group == group]
         if members and all(k in errors for k in members):
@@ -392,7 +392,7 @@ def to_markdown(study: Study, summary: dict) -> str:
         paper = "" if c["paper_effect"] is None else f"{c['paper_effect']:+.2f} ({c['paper_source']})"
         lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
     lines += temperature_section(study, rows)
-    if summary.get("noise"):
+    if summary["noise"]:
         lines += ["", "## Noise floor", "",
                   "In points: the seed standard deviation of each configuration (median over configurations, and "
                   "its range), that of each configuration's difference to the baseline paired by seed (median), "
@@ -455,7 +455,7 @@ def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("study.csv", to_csv(summary["rows"])), ("claims.csv", to_csv(summary["claims"])),
-                       ("noise.csv", to_csv(summary.get("noise", []))), ("study.md", to_markdown(study, summary))):
+                       ("noise.csv", to_csv(summary["noise"])), ("study.md", to_markdown(study, summary))):
         write_text_atomic(out / name, text)
         written.append(out / name)
     return written
