@@ -90,10 +90,13 @@ class DataConfig:
     # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
     # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
     order_seed: Optional[int] = None
-    # Embedded world only: pool size, seed and fraction of mismatched (noisy) pairs.
+    # Embedded world only: pool size, seed, fraction of mismatched (noisy) pairs and images per
+    # evaluation task (the tasks do not depend on the mismatch, so worlds that differ only in it
+    # evaluate on the same images).
     world_samples: int = 100_000
     world_seed: int = 0
     world_mismatch: float = 0.1
+    world_eval_size: int = 1000
 
 
 @dataclass
@@ -422,6 +425,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append("data.max_skipped_fraction: must be in [0, 1] (1 turns the limit off)")
     if not 0 <= cfg.data.world_mismatch < 1:
         problems.append("data.world_mismatch: must lie in [0, 1)")
+    if cfg.data.world_samples < 1 or cfg.data.world_eval_size < 1:
+        problems.append("data.world_samples and data.world_eval_size: must be >= 1")
     if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:
         problems.append("train.checkpoints and train.keep_checkpoints: must be >= 1")
     # Values a library would reject later in its own words (or not at all): named here instead.

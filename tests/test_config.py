@@ -34,6 +34,12 @@ def test_a_data_order_seed_that_is_not_an_integer_is_named_by_its_key():
                                   "expected an integer or none"]
 
 
+def test_an_embedded_world_without_evaluation_images_is_refused_by_its_key():
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config("tiny-clip", ["data.world_eval_size=0"])
+    assert err.value.problems == ["data.world_samples and data.world_eval_size: must be >= 1"]
+
+
 def test_every_problem_is_reported_together_naming_key_and_allowed_values():
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", ["optim.lrr=1", "geometry.name=poincare", "optim.lr=fast", "nodot", "train.precision=fp8"])

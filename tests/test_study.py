@@ -239,13 +239,13 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
                     f'overrides = ["data.train_dir={world / "train"}", "geometry.logit_scale_init=0"]\n'
                     f'[configs.frozen-noisy]\nrecipe = "tiny-product-sphere"\npaper = "ps-inner-frozen1"\n'
                     f'overrides = ["data.train_dir={noisy / "train"}", "data.world_mismatch=0.4", '
-                    f'"data.world_samples=300", "geometry.logit_scale_init=0", "geometry.learn_logit_scale=false"]\n')
+                    f'"data.world_samples=300", "data.world_eval_size=50", "geometry.logit_scale_init=0", "geometry.learn_logit_scale=false"]\n')
     out = tmp_path / "out"
     result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world)])
     assert result.exit_code == 0, result.output
     assert "generating the embedded world of frozen-noisy" in result.output and "world-mismatch-40" in result.output
     manifest = json.loads((noisy / "manifest.json").read_text())
-    assert manifest["mismatch"] == 0.4 and manifest["samples"] == 300
+    assert manifest["mismatch"] == 0.4 and manifest["samples"] == 300 and manifest["eval_size"] == 50
     rows = {(r["config"], r["metric"]): r for r in csv.DictReader((out / "study.csv").open())}
     assert float(rows[("frozen-noisy", "temperature_final")]["mean"]) == 1.0  # frozen at beta = 1
     assert float(rows[("frozen-noisy", "temperature_converged_step")]["mean"]) == 1.0  # never moved

@@ -16,8 +16,6 @@ from euclip_cli.data.fetch import HF_DATASETS
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
-# Shared by `download world` and `download --recipe` (a recipe pins the training pool, not these).
-EVAL_SIZE = 1000
 WORKERS = 2
 
 app = typer.Typer(invoke_without_command=True)
@@ -60,7 +58,7 @@ def download(ctx: typer.Context,
         cfg = C.load_config(recipe)
     if cfg.data.dataset == "world":
         generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
-                       cfg.data.world_mismatch, EVAL_SIZE, WORKERS)
+                       cfg.data.world_mismatch, cfg.data.world_eval_size, WORKERS)
         return
     scale = cfg.data.dataset.removeprefix("datacomp-")
     shards = C.train_dir(cfg)
@@ -157,7 +155,7 @@ def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
           seed: int = typer.Option(_DATA.world_seed, help="Everything is deterministic from this seed."),
           samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
           mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
-          eval_size: int = typer.Option(EVAL_SIZE, help="Images per evaluation task."),
+          eval_size: int = typer.Option(_DATA.world_eval_size, help="Images per evaluation task."),
           workers: int = typer.Option(WORKERS, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 

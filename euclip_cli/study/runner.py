@@ -113,7 +113,8 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
             continue
         say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")
         generate(folder, WorldSettings(seed=cfg.data.world_seed, samples=cfg.data.world_samples,
-                                       mismatch=cfg.data.world_mismatch), workers=os.cpu_count() or 1)
+                                       mismatch=cfg.data.world_mismatch, eval_size=cfg.data.world_eval_size),
+                 workers=os.cpu_count() or 1)
         written.append(folder)
     return written
 
