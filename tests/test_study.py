@@ -210,6 +210,22 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert html.index("Study out") < html.index("Published numbers without") and "means and paired differences" in html
 
 
+def test_the_study_figures_legend_hides_no_configuration():
+    from euclip_cli.report.figures import study_canvas
+
+    configs = [f"config-{i}" for i in range(10)]
+    # The last configuration's intervals reach the axes' corners, where a legend inside would sit.
+    rows = [{"config": c, "metric": m, "mean": 5.0 + 5 * i, "ci_low": 0.0, "ci_high": 60.0, "diff_mean": 0.0,
+             "diff_low": -30.0, "diff_high": 15.0} for i, c in enumerate(configs) for m in ("main", "average")]
+    fig = study_canvas(rows, configs, "config-0", {"main": "Shapes", "average": "Average"})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    box = legend.get_window_extent(renderer)
+    assert [t.get_text() for t in legend.get_texts()] == ["Shapes", "Average"]
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
 def test_the_temperature_converges_where_it_stays_within_two_percent_of_its_final_value():
     steps = [8, 16, 24, 32, 40, 48]
     assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.9, 4.05, 4.0]) == 40  # 3.9 is 2.5% off

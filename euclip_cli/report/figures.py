@@ -84,8 +84,14 @@ def group_bars(scores: dict[str, dict[str, float]], columns: dict[str, str], ste
 def study_figure(rows: list[dict], configs: list[str], baseline: str, columns: dict[str, str], stem: Path) -> list[Path]:
     """Each configuration's mean with its 95% interval over seeds (left: the main task and the
     average), and its paired difference to the baseline (right); ``rows`` are study.csv's."""
+    return _save(study_canvas(rows, configs, baseline, columns), stem)
+
+
+def study_canvas(rows: list[dict], configs: list[str], baseline: str, columns: dict[str, str]):
+    """``study_figure``'s matplotlib figure, unsaved."""
     by = {(r["config"], r["metric"]): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(configs) + 1.6), sharey=True)
+    # Constrained layout makes room for a legend outside the axes, where it hides no configuration.
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(configs) + 1.9), sharey=True, layout="constrained")
     ys = list(range(len(configs)))[::-1]
     for metric, colour, shift in (("main", "tab:blue", 0.12), ("average", "tab:orange", -0.12)):
         for ax, (value, low, high) in zip(axes, (("mean", "ci_low", "ci_high"), ("diff_mean", "diff_low", "diff_high"))):
@@ -102,9 +108,8 @@ def study_figure(rows: list[dict], configs: list[str], baseline: str, columns: d
     axes[0].set_xlabel("zero-shot (%), mean and 95% interval over seeds")
     axes[1].axvline(0, color="grey", lw=0.8)
     axes[1].set_xlabel(f"difference to {baseline} (points), paired by seed")
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return _save(fig, stem)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncol=2, fontsize=8, frameon=False)
+    return fig
 
 
 def equilibrium_plot(study: dict, title: str, stem: Path) -> list[Path]:
