@@ -284,6 +284,19 @@ def test_equilibrium_writes_curves_per_shuffle_and_batch_size_and_a_figure(runs)
     beta = json.loads((runs / "tiny-clip" / "metrics.jsonl").read_text().splitlines()[-1])["logit_scale"]
     assert study["learned_temperature"] == pytest.approx(beta, rel=1e-5)
     assert (folder / "equilibrium.png").stat().st_size > 1000
+    # The report reads it back as numbers: one row per curve, the run's own β and its ratio there.
+    out = runs.parent / "equilibrium-tables"
+    report = runner.invoke(app, ["report", "--table", "equilibrium", "--runs-dir", str(runs), "--out", str(out)])
+    assert report.exit_code == 0, report.output
+    lines = [l for l in (out / "equilibrium.md").read_text().splitlines() if l.startswith("| tiny-clip")]
+    assert len(lines) == 4
+    first = study["curves"][0]
+    ratio = next(p["ratio"] for p in first["points"] if p["temperature"] == study["learned_temperature"])
+    eq = first["equilibrium_temperature"]
+    learned, shuffled, batch, equilibrium, at = [c.strip() for c in lines[0].strip("|").split("|")][2:]
+    assert float(learned) == pytest.approx(study["learned_temperature"], abs=0.005)
+    assert (shuffled, batch) == ("0", "16") and float(at) == pytest.approx(ratio, abs=5e-4)
+    assert equilibrium == "above the grid" if eq is None else float(equilibrium) == pytest.approx(eq, abs=0.005)
 
 
 @pytest.mark.parametrize("args,needle", [(["--shuffle", "0,150"], "--shuffle"), (["--batch-sizes", "1"], "--batch-sizes"),

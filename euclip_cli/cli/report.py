@@ -9,12 +9,13 @@ import typer
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.rundir import RUNS_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "equilibrium", "all")
 
 
 def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables), traversal "
                                                           "(Tables 6 and 7), released (imported runs beside "
-                                                          "their published rows) or all."),
+                                                          "their published rows), equilibrium (runs' euclip "
+                                                          "analyze equilibrium, studies' runs included) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
@@ -34,16 +35,17 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if runs_dir.exists() and not runs_dir.is_dir():
         fail(f"--runs-dir {runs_dir} is not a folder: nothing was written (the tables in {out} are as they were)", 2)
     with errors():
-        from euclip_cli.report.tables import (load_runs, noise_table, paper_table, released_table, render,
-                                              study_tables, suite_table, traversal_table)
+        from euclip_cli.report.tables import (equilibrium_table, load_runs, noise_table, paper_table,
+                                              released_table, render, study_tables, suite_table, traversal_table)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
-        wanted = ["embedded", "1", "4", "5", "8", "traversal", "released"] if table == "all" else [table]
+        wanted = ["embedded", "1", "4", "5", "8", "traversal", "released", "equilibrium"] if table == "all" else [table]
+        study_folders = sorted(p.parent for p in studies_dir.glob("*/study.csv"))
         # (heading, table, its figures): the HTML page's sections; the other formats print them.
         sections, frames = [], []
         # Studies first: seeds and intervals are what a comparison stands on.
-        for folder in sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []:
+        for folder in study_folders if table == "all" else []:
             results, claims = study_tables(folder)
             png = folder / "study.png"
             figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", png)] if png.exists() else []
@@ -62,6 +64,14 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                 df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
             elif name == "released":
                 df, title = released_table(runs), "Released models imported: published ImageNet zero-shot vs ours (%)"
+            elif name == "equilibrium":
+                df, title = (equilibrium_table([runs_dir, *(f / "runs" for f in study_folders)]),
+                             "Sun and Li's Figure 1 as numbers: the temperature where alignment and uniformity "
+                             "balance (euclip analyze equilibrium)")
+                if df.empty and fmt != "html":
+                    console.print("no run has an equilibrium analysis (euclip analyze equilibrium RUN): "
+                                  "that table is not written", highlight=False)
+                    continue
             elif name == "traversal":
                 df, title = (traversal_table(runs_dir), "Paper Tables 6 and 7: captions per image along image "
                                                          "traversals, [ROOT] excluded (euclip analyze traverse)")
@@ -88,6 +98,10 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         sections += [(title, render(df, fmt), []) for title, df in fold_published(frames)]
 
         analysis = [(f"{run.name}: {p.stem}", p) for run in all_runs(runs_dir) for p in sorted(run.analysis_dir.glob("*.png"))]
+        # Of a study's many runs only the equilibrium figures, which the equilibrium table summarises.
+        analysis += [(f"{folder.name}/{run.name}: equilibrium", run.analysis_dir / "equilibrium.png")
+                     for folder in study_folders for run in all_runs(folder / "runs")
+                     if (run.analysis_dir / "equilibrium.png").exists()]
         path = out / "report.html"
         path.write_text(page("euclip report", sections, figures + analysis))
         console.print(f"report page: {path} ({len(sections)} tables, "

@@ -147,6 +147,28 @@ def traversal_table(runs_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def equilibrium_table(runs_dirs: list[Path]) -> pd.DataFrame:
+    """Every run's ``euclip analyze equilibrium`` result as numbers (Sun and Li's Figure 1 is a plot,
+    with no published values): per shuffle percentage and batch size, the temperature at which the
+    alignment/uniformity ratio reaches 1, and the ratio at the run's own learned temperature."""
+    rows = []
+    for run in (run for folder in runs_dirs for run in all_runs(folder)):
+        path = run.analysis_dir / "equilibrium.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        learned = result["learned_temperature"]
+        for curve in result["curves"]:
+            at = next(p["ratio"] for p in curve["points"] if p["temperature"] == learned)
+            eq = curve["equilibrium_temperature"]
+            rows.append({"run": run.name, "geometry": f"{result['geometry']} ({result['logit']})",
+                         "learned β": round(learned, 2), "shuffled %": curve["shuffle_percent"],
+                         "batch": curve["batch_size"],
+                         "equilibrium β": "above the grid" if eq is None else round(eq, 2),
+                         "ratio at learned β": round(at, 3)})
+    return pd.DataFrame(rows)
+
+
 def _published_row(run: Run) -> tuple[str, Optional[float]]:
     """The published row an imported run should reproduce, and its ImageNet accuracy (percent)."""
     model, g = run.config["model"], run.config["geometry"]
