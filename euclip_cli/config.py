@@ -112,6 +112,11 @@ class OptimConfig:
     # Micro-batches per optimizer step; the global batch stays data.batch_size.
     accum_steps: int = 1
     grad_clip: Optional[float] = None
+    # The learnable temperature's learning rate as a multiple of the schedule's (1: one rate for
+    # everything, as CLIP and OpenCLIP). Adam moves log(beta) by about the learning rate per step, so
+    # a run can move it by at most the schedule's sum of rates: ~27 in Sun and Li's ablations (108k
+    # steps at 5e-4) but ~0.13 in a tiny recipe (256 steps at 1e-3), too little to leave its start.
+    logit_scale_lr_scale: float = 1.0
 
 
 @dataclass
@@ -417,6 +422,8 @@ def validate(cfg: Config) -> list[str]:
         problems.append("data.batch_size: a contrastive batch needs at least 2 pairs")
     elif cfg.data.batch_size % max(cfg.optim.accum_steps, 1):
         problems.append(f"optim.accum_steps: {cfg.optim.accum_steps} does not divide data.batch_size {cfg.data.batch_size}")
+    if not (math.isfinite(cfg.optim.logit_scale_lr_scale) and cfg.optim.logit_scale_lr_scale > 0):
+        problems.append("optim.logit_scale_lr_scale: must be a positive finite number")
     if cfg.optim.accum_steps < 1:
         problems.append("optim.accum_steps: must be >= 1")
     if cfg.optim.samples < cfg.data.batch_size:

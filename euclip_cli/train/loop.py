@@ -265,7 +265,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
             while step < total and not stopping:
                 lr = cosine_lr(step, cfg.optim.lr, cfg.optim.warmup_steps, total)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    # A checkpoint written before groups carried lr_scale restores groups without it.
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 images, tokens = next(batches)
                 # The tokens stay on the host: the text tower groups captions by length there and copies
                 # the grouped batch over, with no device-to-host synchronisation (model.text_features).
