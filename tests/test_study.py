@@ -273,4 +273,4 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
     report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
                                  "--out", str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output
-    assert "β final" in report.output and "Table 7 ps-inner-frozen1: 21.20, β final 1.000" in report.output
+    assert "β final" in report.output and "Table 7 ps-inner-frozen1: 21.20, final temperature as printed 1.000" in report.output

@@ -291,7 +291,9 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
         if label:
             published = sun_li.loc[label]
-            final = "" if pd.isna(published["temp_final"]) else f", β final {published['temp_final']:.3f}"
+            # The paper prints its temperatures ambiguously (its initialisations 2.659 and 5.310 are ln β,
+            # its 1.000 is β = 1; see the CSV's source line), so its value is shown as printed, not as a β.
+            final = "" if pd.isna(published["temp_final"]) else f", final temperature as printed {published['temp_final']:.3f}"
             row["Sun and Li (ImageNet zero-shot)"] = f"Table {published['table']} {label}: {published['zero_shot']:.2f}{final}"
         table.append(row)
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()

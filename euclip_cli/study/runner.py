@@ -427,7 +427,7 @@ def temperature_section(study: Study, rows: dict) -> list[str]:
         published = sun_li_temperature()
     header = ["config", "β final", "converged at step", "main", "retrieval"]
     if published is not None:
-        header += ["Sun and Li row", "β init → final", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
+        header += ["Sun and Li row", "temperature init → final, as printed", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for config in study.configs:
         step = rows.get((config, "temperature_converged_step"))
