@@ -20,6 +20,7 @@ from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet,
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs
+from euclip_cli.study.spec import claim_digits, paper_cell
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
@@ -299,11 +300,10 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
     shown = []
     for _, c in claims.iterrows():
-        digits = 3 if c["metric"] in ("text_nearer_root", "curvature_fall") else 1
         shown.append({"claim": c["statement"], "metric": c["metric"],
-                      "effect here [95%]": _interval(c["effect"], c["ci_low"], c["ci_high"], digits),
+                      "effect here [95%]": _interval(c["effect"], c["ci_low"], c["ci_high"], claim_digits(c["metric"])),
                       "seeds": int(c["n_seeds"]), "verdict": c["verdict"],
-                      "paper": "" if pd.isna(c["paper_effect"]) else f"{c['paper_effect']:+.2f} ({c['paper_source']})"})
+                      "paper": paper_cell(c["paper_effect"], c["paper_source"])})
     return pd.DataFrame(table), pd.DataFrame(shown)
 
 

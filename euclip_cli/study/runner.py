@@ -31,7 +31,7 @@ from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, list_tasks, select
 from euclip_cli.published import euclip_imagenet
 from euclip_cli.rundir import RunDir, read_json, write_text_atomic
-from euclip_cli.study.spec import Claim, Study, load_claims
+from euclip_cli.study.spec import Claim, Study, claim_digits, load_claims, paper_cell
 
 STUDIES_DIR = Path("results") / "studies"
 DONE = ".study-done"
@@ -312,14 +312,34 @@ def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[flo
 
 
 def paper_effect(claim: Claim) -> tuple[Optional[float], str]:
-    """The published ImageNet difference between the claim's two rows, and where it comes from."""
+    """The published difference between the claim's two rows where the paper gives one (ImageNet
+    zero-shot, in points), and where the claim comes from."""
     if not claim.paper:
         return None, ""
+    if claim.paper.get("source") == "sun-li":
+        return _sun_li_effect(claim)
     table, model = claim.paper["table"], claim.paper["model"]
     high, low = (euclip_imagenet(table, model, claim.paper[k]) for k in ("higher", "lower"))
     source = (f"Table {table} {model}: {claim.paper['higher']} {high:.2f} vs {claim.paper['lower']} {low:.2f} "
               f"ImageNet")
     return high - low, source
+
+
+def _sun_li_effect(claim: Claim) -> tuple[Optional[float], str]:
+    from euclip_cli.published import sun_li_temperature
+
+    if "higher" not in claim.paper:  # a claim of the text, with no published row
+        return None, f"Sun and Li, {claim.paper['where']}: a direction, no value"
+    rows = sun_li_temperature()
+    names = claim.paper["higher"], claim.paper["lower"]
+    high, low = rows.loc[names[0]], rows.loc[names[1]]
+    if claim.metric == "temperature_final":
+        # The paper's temperatures are printed in units it leaves ambiguous (the CSV's source line):
+        # they give the direction, not an effect in our β.
+        return None, (f"Sun and Li Table {high['table']}: {names[0]} {high['temp_final']:.3f} vs {names[1]} "
+                      f"{low['temp_final']:.3f}, final temperature as printed")
+    return high["zero_shot"] - low["zero_shot"], (f"Sun and Li Table {high['table']}: {names[0]} {high['zero_shot']:.2f} "
+                                                  f"vs {names[1]} {low['zero_shot']:.2f} ImageNet zero-shot")
 
 
 def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]]) -> list[dict]:
@@ -387,10 +407,10 @@ def to_markdown(study: Study, summary: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Claims", "", "| claim | effect here [95% interval] | verdict | the paper |", "|---|---|---|---|"]
     for c in summary["claims"]:
-        digits = 3 if c["metric"] in ("text_nearer_root", "curvature_fall") else 1
+        digits = claim_digits(c["metric"])
         effect = "no runs" if c["effect"] is None else (f"{c['effect']:+.{digits}f} [{_fmt(c['ci_low'], digits)}, "
                                                         f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
-        paper = "" if c["paper_effect"] is None else f"{c['paper_effect']:+.2f} ({c['paper_source']})"
+        paper = paper_cell(c["paper_effect"], c["paper_source"])
         lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
     lines += temperature_section(study, rows)
     if summary["noise"]:
