@@ -9,7 +9,7 @@ EUCLIP := $(BIN)/euclip
 # The sweep `make demo` trains on the embedded world (override: make demo DEMO_RECIPES="tiny-clip").
 DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 
-.PHONY: help install demo study analyze test test-fast clean-results
+.PHONY: help install demo study temperature analyze test test-fast clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -37,6 +37,14 @@ study: $(STAMP)  ## The embedded study: every configuration of recipes/study-geo
 	@# Two runs at once with one thread each: on 2 cores they train 390 samples/s together, one run with two 310.
 	$(EUCLIP) study --recipe study-geometries --jobs 2
 	@echo "study: results/studies/geometries/study.md and claims.csv"
+
+temperature: $(STAMP)  ## Sun and Li's temperature studies (structure, Tables 2 and 7, noise), then the equilibrium of one run.
+	$(EUCLIP) download --recipe tiny-clip
+	@for s in study-temperature-structure study-temperature study-temperature-noise; do \
+		$(EUCLIP) study --recipe $$s --jobs 2 || exit 1; \
+	done
+	$(EUCLIP) analyze equilibrium results/studies/temperature/runs/sphere-init14-seed0
+	$(EUCLIP) report
 
 analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of each run, then report.html.
 	@for r in $(DEMO_RECIPES); do \
