@@ -293,6 +293,7 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
     text = (out / "study.md").read_text()
     assert "## Temperature" in text and "Table 7 sphere-init1" in text and "Table 7 ps-inner-frozen1" in text
     assert "| 1.000 → 1.000 | detach | 21.20 | 30.3 / 18.48 |" in text  # the published frozen PS row
+    assert "| frozen-noisy | 1.00 | frozen |" in text and "| frozen |" not in text.split("| sphere |")[1].split("\n")[0]
     report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
                                  "--out", str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output

@@ -449,10 +449,12 @@ def temperature_section(study: Study, rows: dict) -> list[str]:
     if published is not None:
         header += ["Sun and Li row", "temperature init → final, as printed", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for config in study.configs:
+    for config, spec in study.configs.items():
         step = rows.get((config, "temperature_converged_step"))
+        # A frozen temperature never moves: "frozen", as the paper's "detach", not its first logged step.
+        frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale
         cells = [config, _mean_sd(rows.get((config, "temperature_final")), 2),
-                 "–" if step is None else f"{step['mean']:.0f}",
+                 "frozen" if frozen else "–" if step is None else f"{step['mean']:.0f}",
                  _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
         if published is not None:
             label = papered.get(config)
