@@ -94,3 +94,15 @@ def verdict(effect: Optional[Estimate], expected_sign: int) -> str:
     if expected_sign * effect.low < 0 and expected_sign * effect.high < 0:
         return OPPOSITE
     return INCONCLUSIVE
+
+
+def claim_digits(metric: str) -> int:
+    """Decimals an effect on ``metric`` is shown with: points of accuracy 1, β 2, probabilities and curvature 3."""
+    return 3 if metric in ("text_nearer_root", "curvature_fall") else 2 if metric == "temperature_final" else 1
+
+
+def paper_cell(effect: Optional[float], source: str) -> str:
+    """The claims tables' "paper" cell: the published effect with its source, or the source alone."""
+    if effect is None or effect != effect:  # None, or NaN read back from claims.csv
+        return source if isinstance(source, str) else ""
+    return f"{effect:+.2f} ({source})"

@@ -20,7 +20,7 @@ from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet,
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs
-from euclip_cli.study.spec import claim_digits, paper_cell
+from euclip_cli.stats import claim_digits, paper_cell
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",

@@ -31,7 +31,7 @@ from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, list_tasks, select
 from euclip_cli.published import euclip_imagenet
 from euclip_cli.rundir import RunDir, read_json, write_text_atomic
-from euclip_cli.study.spec import Claim, Study, claim_digits, load_claims, paper_cell
+from euclip_cli.study.spec import Claim, Study, load_claims
 
 STUDIES_DIR = Path("results") / "studies"
 DONE = ".study-done"
@@ -407,10 +407,10 @@ def to_markdown(study: Study, summary: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Claims", "", "| claim | effect here [95% interval] | verdict | the paper |", "|---|---|---|---|"]
     for c in summary["claims"]:
-        digits = claim_digits(c["metric"])
+        digits = stats.claim_digits(c["metric"])
         effect = "no runs" if c["effect"] is None else (f"{c['effect']:+.{digits}f} [{_fmt(c['ci_low'], digits)}, "
                                                         f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
-        paper = paper_cell(c["paper_effect"], c["paper_source"])
+        paper = stats.paper_cell(c["paper_effect"], c["paper_source"])
         lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
     lines += temperature_section(study, rows)
     if summary["noise"]:

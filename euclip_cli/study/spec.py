@@ -80,18 +80,6 @@ class Claim:
         return (self.higher, self.lower) if self.kind == "compare" else (self.config,)
 
 
-def claim_digits(metric: str) -> int:
-    """Decimals an effect on ``metric`` is shown with: points of accuracy 1, β 2, probabilities and curvature 3."""
-    return 3 if metric in ("text_nearer_root", "curvature_fall") else 2 if metric == "temperature_final" else 1
-
-
-def paper_cell(effect: Optional[float], source: str) -> str:
-    """The claims tables' "paper" cell: the published effect with its source, or the source alone."""
-    if effect is None or effect != effect:  # None, or NaN read back from claims.csv
-        return source if isinstance(source, str) else ""
-    return f"{effect:+.2f} ({source})"
-
-
 def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         problems.append(f"{where}: must be a list of 'section.key=value' strings")
