@@ -147,6 +147,14 @@ def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
     assert row["paper_source"] == "Sun and Li, sections 2.1 (Figure 1) and 2.4: a direction, no value"
 
 
+def test_an_unusable_study_folder_is_refused_before_any_world_is_generated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the noise study's worlds would go to ./data/world-mismatch-P
+    (tmp_path / "file").write_text("x")
+    result = runner.invoke(app, ["study", "--recipe", "study-temperature-noise", "--out", str(tmp_path / "file")])
+    assert result.exit_code == 2 and "is a file where a folder is needed" in " ".join(result.output.split())
+    assert not (tmp_path / "data").exists()
+
+
 def test_a_bad_study_recipe_lists_every_problem(tmp_path):
     path = tmp_path / "study-bad.toml"
     path.write_text('[study]\nseeds = 0\nbaseline = "nope"\ninterval = "z"\ntasks = "world/colr"\n[configs.a]\nrecipe = "tiny-clip"\n'

@@ -86,7 +86,6 @@ def is_done(p: RunPlan) -> bool:
 def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
     """Run a plan's commands in order; None on success, else the failing command's last line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{p.name}.log"
     with log.open("a") as f:
         for command in p.commands:
@@ -125,6 +124,8 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     claims = load_claims()
     plans = plan(study, out, claims, world)
     todo = [p for p in plans if not is_done(p)]
+    # The study folder first: an unusable --out fails here, before minutes of world generation.
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     if todo:
         prepare_worlds(study, say)
     say(f"study {study.name}: {len(study.configs)} configurations x {len(study.seeds)} seeds = {len(plans)} runs; "
