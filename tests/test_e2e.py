@@ -94,3 +94,26 @@ def test_restart_resumes_and_other_config_is_refused(world, tmp_path):
     conflict = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}", *TINY,
                                    "--runs-dir", str(runs)])
     assert conflict.exit_code == 2 and "optim.samples" in conflict.output and "--name" in conflict.output
+
+
+@pytest.mark.slow
+def test_the_paper_scale_multi_token_recipe_trains_evaluates_and_analyses_through_the_cli(world, tmp_path):
+    """small-multi as shipped (ViT-B/32 towers, Multi(32, 16)) on shards in DataComp's format (the
+    world's): one step of two pairs, Shapes, and the [ROOT] distances of eight training pairs; the
+    commands a DataComp run uses, at the recipe's own architecture and geometry."""
+    runs, run = tmp_path / "runs", tmp_path / "runs" / "small-multi"
+    result = runner.invoke(app, ["train", "--recipe", "small-multi", f"data.train_dir={world / 'train'}",
+                                 "data.batch_size=2", "optim.samples=2", "optim.warmup_steps=1", "train.precision=fp32",
+                                 "train.tensorboard=false", "data.shuffle_buffer=20", "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    (record,) = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert record["nonfinite_steps"] == 0 and record["logit_scale"] == pytest.approx(1.0, abs=0.01)  # the recipe's init
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "world/shapes", "--world", str(world)])
+    assert result.exit_code == 0, result.output
+    (line,) = [json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines()]
+    assert line["key"] == "world/shapes" and 0 <= line["metrics"]["main_metric"] <= 1
+    result = runner.invoke(app, ["analyze", "distances", str(run), "--split", "train", "--samples", "8",
+                                 "--root-samples", "8"])
+    assert result.exit_code == 0, result.output
+    distances = json.loads((run / "analysis" / "distances_train.json").read_text())
+    assert 0 <= distances["auc_text_closer"] <= 1
