@@ -10,6 +10,7 @@ not open_clip, decides what happens to them, in fp32 with autocast off.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Optional
@@ -122,6 +123,17 @@ def arch_embed_dim(arch: str) -> int:
     return cfg["embed_dim"]
 
 
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
     """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m) (``euclip_cli.multitoken``):
     each class token projected to D/m, so the concatenated feature keeps the arch's dimension D."""
@@ -130,7 +142,14 @@ def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
         raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension {embed_dim}")
     resize = {"embed_dim": embed_dim // class_tokens} if class_tokens > 1 else {}
     if arch not in LOCAL_ARCHS:
-        clip = open_clip.create_model(arch, pretrained=None, **resize)
+        # open_clip warns on the root logger that the model is "initialized randomly"; euclip then
+        # initialises or loads the weights itself (eval, resume, import), so the line would mislead.
+        quiet = _DropMessage("No pretrained weights loaded for model")
+        logging.getLogger().addFilter(quiet)
+        try:
+            clip = open_clip.create_model(arch, pretrained=None, **resize)
+        finally:
+            logging.getLogger().removeFilter(quiet)
     else:
         if arch in MERU_TIMM:
             _register_mocov3_small()
