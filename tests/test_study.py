@@ -231,6 +231,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert "average" not in noise  # two of the ten tasks: no average, and no error of one
     assert "## Noise floor" in (out / "study.md").read_text()
     assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()
+    assert (out / "study_temperature.png").exists()  # the learned temperature over training, one panel per geometry
     report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
                                  "--out", str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output
@@ -241,6 +242,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert page.exit_code == 0, page.output
     html = (tmp_path / "tables" / "report.html").read_text()
     assert html.index("Study out") < html.index("Published numbers without") and "means and paired differences" in html
+    assert "Study out: the learned temperature over training" in html
 
 
 def test_the_study_figures_legend_hides_no_configuration():
@@ -257,6 +259,23 @@ def test_the_study_figures_legend_hides_no_configuration():
     box = legend.get_window_extent(renderer)
     assert [t.get_text() for t in legend.get_texts()] == ["Shapes", "Average"]
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
+def test_the_temperature_figure_draws_each_configurations_mean_and_seed_range_in_its_geometrys_panel():
+    from euclip_cli.report.figures import temperature_canvas
+
+    curves = {"a": {0: [(8, 1.0), (16, 2.0), (24, 4.0)], 1: [(8, 3.0), (16, 4.0), (24, 8.0)]},
+              "b": {0: [(8, 10.0), (16, 10.0)], 1: [(8, 20.0), (16, 30.0), (24, 40.0)]},  # seed 0 stopped early
+              "c": {0: [(8, 5.0), (16, 6.0)]}}
+    fig = temperature_canvas({"curves": curves, "panels": {"clip (cos)": ["a", "b"], "euclidean (d)": ["c"]}})
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["clip (cos)", "euclidean (d)"]
+    (a, b), (c,) = (ax.get_lines() for ax in shown)
+    assert list(a.get_xdata()) == [8, 16, 24] and list(a.get_ydata()) == [2.0, 3.0, 6.0]
+    assert list(b.get_xdata()) == [8, 16] and list(b.get_ydata()) == [15.0, 20.0]  # only the steps every seed logged
+    assert list(c.get_ydata()) == [5.0, 6.0] and a.get_label() == "a (2 seeds)"
+    band = shown[0].collections[0].get_paths()[0].vertices  # a's shaded range: from the lowest seed to the highest
+    assert {tuple(v) for v in band} >= {(8.0, 1.0), (24.0, 4.0), (8.0, 3.0), (24.0, 8.0)}
 
 
 def test_the_temperature_converges_where_it_stays_within_two_percent_of_its_final_value():

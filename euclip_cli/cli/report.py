@@ -49,8 +49,11 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             results, claims = study_tables(folder)
             png = folder / "study.png"
             figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", png)] if png.exists() else []
+            curves = folder / "study_temperature.png"
+            learned = ([(f"Study {folder.name}: the learned temperature over training (mean over seeds, "
+                         f"lowest to highest seed shaded)", curves)] if curves.exists() else [])
             noise = noise_table(folder)
-            shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
+            shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, learned),
                      (f"Study {folder.name}: the paper's claims", claims, figure)]
             if noise is not None:
                 shown.append((f"Study {folder.name}: the noise floor (points)", noise, []))

@@ -19,14 +19,15 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
 
     Re-running the same command skips finished runs and resumes interrupted ones. Writes
-    study.md, study.csv, claims.csv and study.png/pdf to the study folder.
+    study.md, study.csv, claims.csv, study.png/pdf and the temperature over training
+    (study_temperature.png/pdf) to the study folder.
 
     Examples:
       euclip study --recipe study-geometries
       euclip study --recipe study-geometries --seeds 5 --jobs 2
     """
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
-    from euclip_cli.report.figures import study_figure
+    from euclip_cli.report.figures import study_figure, temperature_figure
     from euclip_cli.study.runner import STUDIES_DIR, run_study, to_markdown, write_tables
     from euclip_cli.study.spec import load_study
 
@@ -37,5 +38,7 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
         written = write_tables(spec, summary, folder)
         written += study_figure(summary["rows"], list(spec.configs), spec.baseline,
                                 {**SUITE_COLUMNS["world"]}, folder / "study")
+        if summary["temperature"]["panels"]:
+            written += temperature_figure(summary["temperature"], folder / "study_temperature")
     console.print(to_markdown(spec, summary), highlight=False, markup=False)
     console.print("written: " + ", ".join(str(p) for p in written))

@@ -112,6 +112,41 @@ def study_canvas(rows: list[dict], configs: list[str], baseline: str, columns: d
     return fig
 
 
+def temperature_figure(temperature: dict, stem: Path) -> list[Path]:
+    """Sun and Li's Figure 3 for a study: the learned temperature over training, one panel per
+    geometry, one line per configuration (the mean over seeds at each logged step, shaded from
+    the lowest seed to the highest); ``temperature`` is ``study.runner.temperature_curves``'."""
+    return _save(temperature_canvas(temperature), stem)
+
+
+def temperature_canvas(temperature: dict):
+    """``temperature_figure``'s matplotlib figure, unsaved."""
+    panels = temperature["panels"]
+    columns = min(2, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.2 * rows), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, (title, configs) in zip(axes.flat, panels.items()):
+        for i, config in enumerate(configs):
+            seeds = list(temperature["curves"][config].values())
+            shared = sorted(set.intersection(*({step for step, _ in points} for points in seeds)))
+            at = [dict(points) for points in seeds]
+            values = [[a[step] for a in at] for step in shared]
+            colour = f"C{i % 10}"
+            ax.plot(shared, [sum(v) / len(v) for v in values], color=colour, label=f"{config} ({len(seeds)} seeds)")
+            ax.fill_between(shared, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2,
+                            linewidth=0)
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("learned temperature beta")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    return fig
+
+
 def equilibrium_plot(study: dict, title: str, stem: Path) -> list[Path]:
     """Sun and Li's Figure 1: the mean alignment/uniformity ratio against temperature, one line per
     shuffle percentage (colour) and batch size (line style); 1 is the equilibrium."""

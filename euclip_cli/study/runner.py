@@ -256,7 +256,8 @@ def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) 
 
 
 def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
-    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...]}``."""
+    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...],
+    "temperature": temperature_curves(...)}``."""
     tasks = [t.key for t in select(study.tasks)]
     by_config: dict[str, dict[int, dict[str, float]]] = {}
     errors: dict[str, list[float]] = {}
@@ -285,7 +286,25 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
                                diff_n=diff.n)
             rows.append(row)
     return {"rows": rows, "claims": evaluate_claims(study, claims, by_config), "seeds": list(study.seeds),
-            "noise": noise_floor(rows, metrics, errors)}
+            "noise": noise_floor(rows, metrics, errors), "temperature": temperature_curves(study, plans)}
+
+
+def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
+    """The learned temperature over training, for Sun and Li's Figure 3: ``{"curves": {config:
+    {seed: [(step, beta), ...]}}, "panels": {geometry: [config, ...]}}``, one panel per geometry
+    and logit (configurations differing in initialisation, noise or structure share one)."""
+    curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    for p in plans:
+        records = RunDir(p.run_dir).training_records() if p.run_dir.exists() else []
+        points = [(r["step"], r["logit_scale"]) for r in records if "logit_scale" in r]
+        if points:
+            curves.setdefault(p.config, {})[p.seed] = points
+    panels: dict[str, list[str]] = {}
+    for name, spec in study.configs.items():
+        if name in curves:
+            cfg = C.load_config(spec.recipe, study.overrides(name, 0))
+            panels.setdefault(f"{cfg.geometry.name} ({C.resolved_logit(cfg)})", []).append(name)
+    return {"curves": curves, "panels": panels}
 
 
 def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]]) -> list[dict]:
