@@ -38,7 +38,7 @@ study: $(STAMP)  ## The embedded study: every configuration of recipes/study-geo
 	$(EUCLIP) study --recipe study-geometries --jobs 2
 	@echo "study: results/studies/geometries/study.md and claims.csv"
 
-temperature: $(STAMP)  ## Sun and Li's temperature studies (structure, Tables 2 and 7, noise), then the equilibrium of one run.
+temperature: $(STAMP)  ## Sun and Li's temperature studies (structure, Tables 2 and 7, noise), then the equilibrium of one run (3 h 15 min measured on 2 cores).
 	$(EUCLIP) download --recipe tiny-clip
 	@for s in study-temperature-structure study-temperature study-temperature-noise; do \
 		$(EUCLIP) study --recipe $$s --jobs 2 || exit 1; \
