@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogFormatter  # noqa: E402
 
 
 def _save(fig, stem: Path) -> list[Path]:
@@ -137,6 +138,10 @@ def temperature_canvas(temperature: dict):
             ax.fill_between(shared, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2,
                             linewidth=0)
         ax.set_yscale("log")
+        # Plain numbers: a β that barely moves spans less than a decade, where matplotlib's default
+        # minor labels read "1.4x10^1"; which minor ticks get a label stays matplotlib's choice.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
