@@ -53,10 +53,12 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             learned = ([(f"Study {folder.name}: the learned temperature over training (mean over seeds, "
                          f"lowest to highest seed shaded)", curves)] if curves.exists() else [])
             noise = noise_table(folder)
-            shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, learned),
+            shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
                      (f"Study {folder.name}: the paper's claims", claims, figure)]
             if noise is not None:
                 shown.append((f"Study {folder.name}: the noise floor (points)", noise, []))
+            # The temperature's course closes the study's block: the comparison and its claims lead.
+            shown[-1] = (*shown[-1][:2], shown[-1][2] + learned)
             for title, df, own in shown:
                 sections.append((title, render(df, fmt), own))
                 if fmt != "html":
