@@ -1,6 +1,7 @@
 """A tiny run through the CLI: train -> eval -> report, resume, and pinned loss values."""
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -117,3 +118,4 @@ def test_the_paper_scale_multi_token_recipe_trains_evaluates_and_analyses_throug
     assert result.exit_code == 0, result.output
     distances = json.loads((run / "analysis" / "distances_train.json").read_text())
     assert 0 <= distances["auc_text_closer"] <= 1
+    shutil.rmtree(runs)  # a 1.8 GB checkpoint, which pytest's kept temporary folders would hold on to
