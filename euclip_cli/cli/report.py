@@ -58,7 +58,7 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
             if noise is not None:
                 shown.append((f"Study {folder.name}: the noise floor (points)", noise, []))
             # The temperature's course closes the study's block: the comparison and its claims lead.
-            shown[-1] = (*shown[-1][:2], shown[-1][2] + learned)
+            shown[-1][2].extend(learned)
             for title, df, own in shown:
                 sections.append((title, render(df, fmt), own))
                 if fmt != "html":
