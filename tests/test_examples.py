@@ -2,6 +2,8 @@
 
 import importlib.util
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -30,3 +32,11 @@ def test_the_tower_probe_trains_a_vit_and_reports_held_out_accuracy(capsys):
     assert lines[0].startswith("tiny-vit: mean pairwise cosine of 8 embeddings at initialisation")
     assert [line.split(":")[0] for line in lines[1:]] == ["step 1", "step 2"]
     assert all("shape" in line and "position" in line for line in lines[1:])
+
+
+def test_the_tower_probe_refuses_an_unknown_arch_in_one_line():
+    result = subprocess.run([sys.executable, str(PROBE), "--arch", "no-such-arch", "--steps", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: model.arch 'no-such-arch'")
+    assert "Traceback" not in result.stderr

@@ -19,6 +19,7 @@ import argparse
 import io
 import math
 import random
+import sys
 import time
 
 import torch
@@ -26,6 +27,7 @@ from PIL import Image
 from torch import nn
 
 from euclip_cli.data.world import POSITIONS, SHAPES, encode_jpeg, render, sample_scene
+from euclip_cli.errors import EuclipError
 from euclip_cli.model import build_clip, transforms_for
 
 
@@ -100,4 +102,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EuclipError as error:  # e.g. an unknown --arch: one line and euclip's exit code, no traceback
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
