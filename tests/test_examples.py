@@ -40,3 +40,10 @@ def test_the_tower_probe_refuses_an_unknown_arch_in_one_line():
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: model.arch 'no-such-arch'")
     assert "Traceback" not in result.stderr
+
+
+def test_the_tower_probe_refuses_a_zero_step_count_in_one_line():
+    result = subprocess.run([sys.executable, str(PROBE), "--steps", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "argument --steps: 0 is not a positive whole number" in result.stderr
+    assert "Traceback" not in result.stderr

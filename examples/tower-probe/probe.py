@@ -28,7 +28,7 @@ from torch import nn
 
 from euclip_cli.data.world import POSITIONS, SHAPES, encode_jpeg, render, sample_scene
 from euclip_cli.errors import EuclipError
-from euclip_cli.model import build_clip, transforms_for
+from euclip_cli.model import arch_embed_dim, build_clip, transforms_for
 
 
 def scenes(rng: random.Random, n: int, transform) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,15 +51,23 @@ def mean_pairwise_cosine(features: torch.Tensor) -> float:
     return (unit @ unit.T)[off_diagonal].mean().item()
 
 
+def positive(text: str) -> int:
+    """argparse's type for counts: a zero step count or warm-up would divide by zero in the schedule."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="tiny-vit")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=positive, default=200)
+    parser.add_argument("--batch", type=positive, default=128)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=positive, default=20)
     parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--test", type=int, default=1000, help="held-out scenes")
+    parser.add_argument("--test", type=positive, default=1000, help="held-out scenes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     clip = build_clip(args.arch)
     tower = clip.visual.train()
     _, transform = transforms_for(clip)
-    width = clip.text_projection.shape[1]
+    width = arch_embed_dim(args.arch)
     heads = nn.ModuleDict({"shape": nn.Linear(width, len(SHAPES)), "position": nn.Linear(width, len(POSITIONS))})
 
     train_rng, test_rng = random.Random(args.seed + 1), random.Random(args.seed + 99)
