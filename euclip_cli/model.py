@@ -33,9 +33,9 @@ LOCAL_ARCHS: dict[str, dict] = {
     # step of 128 on 2 cores) and a 4-layer text transformer. Measured on the world: after 440 steps
     # of 128 it classifies shapes at 74% (chance 8%), where the tiny ViTs below stay near chance in
     # CLIP in every setting tried (docs/embedded-world.md), though they learn shapes from labels. Its
-    # BatchNorm is what differs: batch statistics spread the initial embeddings, which a contrastive
-    # loss needs (with GroupNorm instead it scored 10-13% on shapes over three seeds). They also make
-    # gradient accumulation inexact (micro-batch statistics); the paper's ViTs have no BatchNorm.
+    # BatchNorm is what differs (with GroupNorm instead it scored 10-13% on shapes over three seeds),
+    # though not by spreading the initial embeddings: a ViT spread without it still did not learn.
+    # Batch statistics also make gradient accumulation inexact; the paper's ViTs have no BatchNorm.
     "tiny": dict(embed_dim=128, vision_cfg=dict(image_size=64, layers=[1, 1, 1, 1], width=16, head_width=32),
                  text_cfg=_TINY_TEXT),
     # The same shapes as a ViT (64 px, patch 8, width 128, 4 layers): the paper's tower family.

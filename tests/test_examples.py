@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 PROBE = Path(__file__).resolve().parents[1] / "examples" / "tower-probe" / "probe.py"
@@ -47,3 +48,35 @@ def test_the_tower_probe_refuses_a_zero_step_count_in_one_line():
     assert result.returncode == 2
     assert "argument --steps: 0 is not a positive whole number" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_probes_caption_index_is_one_per_shape_and_position():
+    probe = load_probe()
+    shapes, cells = torch.meshgrid(torch.arange(12), torch.arange(5), indexing="ij")
+    ids = probe.caption_ids(shapes.flatten(), cells.flatten())
+    assert sorted(ids.tolist()) == list(range(60))
+    assert (ids // 5 == shapes.flatten()).all() and (ids % 5 == cells.flatten()).all()
+
+
+def test_the_probes_clip_loss_matches_a_loop_over_pairs():
+    probe = load_probe()
+    torch.manual_seed(0)
+    images, captions, scale = torch.randn(5, 3), torch.randn(5, 3), torch.tensor(0.7)
+    cos = [[float(torch.dot(a, b) / (a.norm() * b.norm())) for b in captions] for a in images]
+    s = math.exp(0.7)
+
+    def nll(row, i):  # -log softmax(row)[i], written out
+        return -(s * row[i] - math.log(sum(math.exp(s * v) for v in row)))
+
+    by_image = sum(nll(cos[i], i) for i in range(5)) / 5
+    by_caption = sum(nll([cos[j][i] for j in range(5)], i) for i in range(5)) / 5
+    assert math.isclose(probe.clip_loss(images, captions, scale).item(), (by_image + by_caption) / 2, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["contrastive", "text"])
+def test_the_tower_probe_trains_contrastively_and_reports_zero_shot_accuracy(objective, capsys):
+    load_probe().main(["--arch", "tiny-vit", "--objective", objective, "--steps", "2", "--batch", "4",
+                       "--test", "8", "--warmup", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == ["step 1", "step 2"]
+    assert all("shape" in line and "position" in line for line in lines[1:])

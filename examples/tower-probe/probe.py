@@ -2,9 +2,15 @@
 
     python examples/tower-probe/probe.py --arch tiny-vit-conv --steps 200 --lr 2e-3
 
-Builds ``--arch``'s image tower (``euclip_cli.model.build_clip``) and trains it with two linear
-heads, cross-entropy on the shape (12 classes) and the position (5 cells) of single-object world
-scenes rendered on the fly, JPEG-encoded as the shards are, through the arch's eval transform.
+Builds ``--arch``'s image tower (``euclip_cli.model.build_clip``) and trains it on single-object
+world scenes rendered on the fly, JPEG-encoded as the shards are, through the arch's eval
+transform. ``--objective labels`` (the default): two linear heads, cross-entropy on the shape (12
+classes) and the position (5 cells). ``--objective contrastive``: CLIP's symmetric loss between
+the image embeddings and a learned table of 60 "captions", one per (shape, position), with
+CLIP's learned logit scale from 1/0.07; a batch's repeated captions are negatives, as in CLIP.
+``--objective text``: the same, with the 60 captions ("a star on the left") embedded by the arch's
+own text tower, trained alongside as in CLIP. Accuracy is then zero-shot: the nearest of the 60
+captions names a shape and a position.
 It prints, before training, the mean pairwise cosine of the tower's embeddings of the first 64
 held-out scenes (in train mode, so a BatchNorm tower uses batch statistics), and then, at each
 quarter of the run, the accuracies on the 1,000 held-out scenes.
@@ -26,9 +32,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from euclip_cli.data.world import POSITIONS, SHAPES, encode_jpeg, render, sample_scene
+from euclip_cli.data.world import POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, render, sample_scene
 from euclip_cli.errors import EuclipError
-from euclip_cli.model import arch_embed_dim, build_clip, transforms_for
+from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
 
 
 def scenes(rng: random.Random, n: int, transform) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,6 +57,18 @@ def mean_pairwise_cosine(features: torch.Tensor) -> float:
     return (unit @ unit.T)[off_diagonal].mean().item()
 
 
+def caption_ids(shape: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+    """``(n,), (n,) -> (n,)``: the index of the (shape, position) caption in the contrastive table."""
+    return shape * len(POSITIONS) + cell
+
+
+def clip_loss(images: torch.Tensor, captions: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+    """``(n, d), (n, d), () -> ()``: CLIP's symmetric cross-entropy; row i of each side is a pair."""
+    logits = logit_scale.exp() * nn.functional.normalize(images, dim=-1) @ nn.functional.normalize(captions, dim=-1).T
+    target = torch.arange(len(logits))
+    return (nn.functional.cross_entropy(logits, target) + nn.functional.cross_entropy(logits.T, target)) / 2
+
+
 def positive(text: str) -> int:
     """argparse's type for counts: a zero step count or warm-up would divide by zero in the schedule."""
     value = int(text)
@@ -62,6 +80,7 @@ def positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="tiny-vit")
+    parser.add_argument("--objective", choices=["labels", "contrastive", "text"], default="labels")
     parser.add_argument("--steps", type=positive, default=200)
     parser.add_argument("--batch", type=positive, default=128)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -77,6 +96,20 @@ def main(argv: list[str] | None = None) -> None:
     _, transform = transforms_for(clip)
     width = arch_embed_dim(args.arch)
     heads = nn.ModuleDict({"shape": nn.Linear(width, len(SHAPES)), "position": nn.Linear(width, len(POSITIONS))})
+    table = nn.Embedding(len(SHAPES) * len(POSITIONS), width)
+    # CLIP's initial temperature 0.07, learned in log space as open_clip does.
+    logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+    contrastive = args.objective != "labels"
+    if args.objective == "text":
+        # In caption_ids' order: shape-major, position-minor.
+        tokens = tokenizer_for(args.arch)([f"a {shape} {POSITION_PHRASE[cell]}" for shape in SHAPES for cell in POSITIONS])
+        captions = [p for name, p in clip.named_parameters() if not name.startswith("visual.") and name != "logit_scale"]
+
+        def embed_captions(ids: torch.Tensor) -> torch.Tensor:
+            return clip.encode_text(tokens[ids])
+    else:
+        captions = [*table.parameters()]
+        embed_captions = table
 
     train_rng, test_rng = random.Random(args.seed + 1), random.Random(args.seed + 99)
     x_test, shape_test, cell_test = scenes(test_rng, args.test, transform)
@@ -85,16 +118,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.arch}: mean pairwise cosine of {len(sample)} embeddings at initialisation "
               f"{mean_pairwise_cosine(tower(sample)):.3f}", flush=True)
 
-    optimizer = torch.optim.AdamW([*tower.parameters(), *heads.parameters()], lr=args.lr,
-                                  weight_decay=args.weight_decay)
+    trained = [*captions, logit_scale] if contrastive else [*heads.parameters()]
+    optimizer = torch.optim.AdamW([*tower.parameters(), *trained], lr=args.lr, weight_decay=args.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup)
                                                  * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     start = time.time()
     for step in range(1, args.steps + 1):
         x, shape, cell = scenes(train_rng, args.batch, transform)
         features = tower(x)
-        loss = (nn.functional.cross_entropy(heads["shape"](features), shape)
-                + nn.functional.cross_entropy(heads["position"](features), cell))
+        if contrastive:
+            loss = clip_loss(features, embed_captions(caption_ids(shape, cell)), logit_scale)
+        else:
+            loss = (nn.functional.cross_entropy(heads["shape"](features), shape)
+                    + nn.functional.cross_entropy(heads["position"](features), cell))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -103,8 +139,15 @@ def main(argv: list[str] | None = None) -> None:
             # Test features in train mode as well: a BatchNorm tower is then judged as it trains.
             with torch.no_grad():
                 features = torch.cat([tower(chunk) for chunk in x_test.split(250)])
-                shape_acc = (heads["shape"](features).argmax(1) == shape_test).float().mean().item()
-                cell_acc = (heads["position"](features).argmax(1) == cell_test).float().mean().item()
+                if contrastive:
+                    nearest = (nn.functional.normalize(features, dim=-1)
+                               @ nn.functional.normalize(embed_captions(torch.arange(len(table.weight))),
+                                                         dim=-1).T).argmax(1)
+                    shape_pred, cell_pred = nearest // len(POSITIONS), nearest % len(POSITIONS)
+                else:
+                    shape_pred, cell_pred = heads["shape"](features).argmax(1), heads["position"](features).argmax(1)
+                shape_acc = (shape_pred == shape_test).float().mean().item()
+                cell_acc = (cell_pred == cell_test).float().mean().item()
             print(f"step {step}: loss {loss.item():.3f}, shape {100 * shape_acc:.1f}%, "
                   f"position {100 * cell_acc:.1f}% ({time.time() - start:.0f} s)", flush=True)
 
