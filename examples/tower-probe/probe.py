@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     _, transform = transforms_for(clip)
     width = arch_embed_dim(args.arch)
     heads = nn.ModuleDict({"shape": nn.Linear(width, len(SHAPES)), "position": nn.Linear(width, len(POSITIONS))})
-    table = nn.Embedding(len(SHAPES) * len(POSITIONS), width)
+    every_caption = torch.arange(len(SHAPES) * len(POSITIONS))
     # CLIP's initial temperature 0.07, learned in log space as open_clip does.
     logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
     contrastive = args.objective != "labels"
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         def embed_captions(ids: torch.Tensor) -> torch.Tensor:
             return clip.encode_text(tokens[ids])
     else:
-        captions = [*table.parameters()]
-        embed_captions = table
+        embed_captions = nn.Embedding(len(every_caption), width)
+        captions = [*embed_captions.parameters()]
 
     train_rng, test_rng = random.Random(args.seed + 1), random.Random(args.seed + 99)
     x_test, shape_test, cell_test = scenes(test_rng, args.test, transform)
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                 features = torch.cat([tower(chunk) for chunk in x_test.split(250)])
                 if contrastive:
                     nearest = (nn.functional.normalize(features, dim=-1)
-                               @ nn.functional.normalize(embed_captions(torch.arange(len(table.weight))),
-                                                         dim=-1).T).argmax(1)
+                               @ nn.functional.normalize(embed_captions(every_caption), dim=-1).T).argmax(1)
                     shape_pred, cell_pred = nearest // len(POSITIONS), nearest % len(POSITIONS)
                 else:
                     shape_pred, cell_pred = heads["shape"](features).argmax(1), heads["position"](features).argmax(1)
