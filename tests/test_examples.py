@@ -80,3 +80,11 @@ def test_the_tower_probe_trains_contrastively_and_reports_zero_shot_accuracy(obj
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines[1:]] == ["step 1", "step 2"]
     assert all("shape" in line and "position" in line for line in lines[1:])
+
+
+def test_the_tower_probe_refuses_an_unknown_objective_in_one_line():
+    result = subprocess.run([sys.executable, str(PROBE), "--objective", "nope"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert "argument --objective: invalid choice: 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,4 +1,4 @@
-"""Can an image tower see the embedded world? A supervised probe, outside CLIP.
+"""Can an image tower see the embedded world? A probe outside CLIP's trainer, from labels or captions.
 
     python examples/tower-probe/probe.py --arch tiny-vit-conv --steps 200 --lr 2e-3
 
@@ -16,7 +16,8 @@ held-out scenes (in train mode, so a BatchNorm tower uses batch statistics), and
 quarter of the run, the accuracies on the 1,000 held-out scenes.
 
 A research aid for the search in docs/embedded-world.md, not part of the CLI: it separates "the
-tower cannot learn the world's spatial features" from "CLIP's signal does not teach them".
+tower cannot learn the world's spatial features" from "CLIP's signal does not teach them", the
+contrastive objective from the text tower learned beside it, and both from the world's scenes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from euclip_cli.data.world import POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, render, sample_scene
 from euclip_cli.errors import EuclipError
+from euclip_cli.loss import contrastive as contrastive_loss
 from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
 
 
@@ -64,9 +66,8 @@ def caption_ids(shape: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
 
 def clip_loss(images: torch.Tensor, captions: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
     """``(n, d), (n, d), () -> ()``: CLIP's symmetric cross-entropy; row i of each side is a pair."""
-    logits = logit_scale.exp() * nn.functional.normalize(images, dim=-1) @ nn.functional.normalize(captions, dim=-1).T
-    target = torch.arange(len(logits))
-    return (nn.functional.cross_entropy(logits, target) + nn.functional.cross_entropy(logits.T, target)) / 2
+    return contrastive_loss(logit_scale.exp() * nn.functional.normalize(images, dim=-1)
+                            @ nn.functional.normalize(captions, dim=-1).T)
 
 
 def positive(text: str) -> int:
