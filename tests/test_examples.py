@@ -2,12 +2,15 @@
 
 import importlib.util
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from euclip_cli.data.world import FAMILIES, SHAPES
 
 PROBE = Path(__file__).resolve().parents[1] / "examples" / "tower-probe" / "probe.py"
 
@@ -87,4 +90,33 @@ def test_the_tower_probe_refuses_an_unknown_objective_in_one_line():
                             timeout=120)
     assert result.returncode == 2
     assert "argument --objective: invalid choice: 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_probes_world_pairs_honour_the_object_count_and_caption_levels():
+    probe = load_probe()
+    identity = lambda image: torch.zeros(3, 2, 2)  # noqa: E731 - the captions are under test, not the pixels
+    rng = random.Random(3)
+    _, captions = probe.world_pairs(rng, 20, identity, mismatch=0.0, objects=2, levels=["full"])
+    assert all(caption.startswith("two shapes: ") for caption in captions)
+    _, captions = probe.world_pairs(rng, 20, identity, mismatch=0.0, objects=1, levels=["family"])
+    assert all(any(family in caption for family in FAMILIES) for caption in captions)
+    assert not any(shape in caption for caption in captions for shape in SHAPES)
+
+
+def test_the_tower_probe_trains_on_the_worlds_pairs(capsys):
+    load_probe().main(["--arch", "tiny-vit", "--objective", "text", "--pairs", "world", "--levels", "shape,full",
+                       "--steps", "2", "--batch", "4", "--test", "8", "--warmup", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == ["step 1", "step 2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pairs", "world"], "--pairs world needs --objective text"),
+    (["--objective", "text", "--pairs", "world", "--levels", "shape,nope"], "--levels: unknown level nope"),
+])
+def test_the_tower_probe_refuses_inconsistent_world_options_in_one_line(args, message):
+    result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr
     assert "Traceback" not in result.stderr

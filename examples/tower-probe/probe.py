@@ -10,7 +10,10 @@ the image embeddings and a learned table of 60 "captions", one per (shape, posit
 CLIP's learned logit scale from 1/0.07; a batch's repeated captions are negatives, as in CLIP.
 ``--objective text``: the same, with the 60 captions ("a star on the left") embedded by the arch's
 own text tower, trained alongside as in CLIP. Accuracy is then zero-shot: the nearest of the 60
-captions names a shape and a position.
+captions names a shape and a position. ``--pairs world`` (with ``--objective text``) trains on the
+world's own pairs instead, drawn as ``euclip download world`` draws them (1-3 objects, captions at
+five levels, ``--mismatch`` of them describing another scene; ``--objects`` and ``--levels`` narrow
+that), and still tests on single objects.
 It prints, before training, the mean pairwise cosine of the tower's embeddings of the first 64
 held-out scenes (in train mode, so a BatchNorm tower uses batch statistics), and then, at each
 quarter of the run, the accuracies on the 1,000 held-out scenes.
@@ -33,7 +36,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from euclip_cli.data.world import POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, render, sample_scene
+from euclip_cli.data.world import (LEVELS, POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, frame_caption, render,
+                                   sample_scene, sample_spec)
 from euclip_cli.errors import EuclipError
 from euclip_cli.loss import contrastive as contrastive_loss
 from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
@@ -50,6 +54,25 @@ def scenes(rng: random.Random, n: int, transform) -> tuple[torch.Tensor, torch.T
         shapes.append(SHAPES.index(scene[0].shape))
         cells.append(cell_names.index(scene[0].position))
     return torch.stack(images), torch.tensor(shapes), torch.tensor(cells)
+
+
+def world_pairs(rng: random.Random, n: int, transform, mismatch: float, objects: int | None,
+                levels: list[str]) -> tuple[torch.Tensor, list[str]]:
+    """``n`` pairs drawn as ``euclip download world`` draws them: images ``(n, 3, H, W)`` and captions.
+
+    ``objects`` pins the object count (None: the world's 1-3); ``levels`` are the caption levels
+    allowed, at the world's relative weights.
+    """
+    images, captions = [], []
+    weights = [LEVELS[level] for level in levels]
+    for _ in range(n):
+        scene = sample_scene(rng, count=objects)
+        image = render(scene, rng)
+        level = rng.choices(levels, weights=weights)[0]
+        described = sample_scene(rng, count=objects) if rng.random() < mismatch else scene
+        images.append(transform(Image.open(io.BytesIO(encode_jpeg(image))).convert("RGB")))
+        captions.append(frame_caption(sample_spec(described, rng, level), rng))
+    return torch.stack(images), captions
 
 
 def mean_pairwise_cosine(features: torch.Tensor) -> float:
@@ -82,6 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="tiny-vit")
     parser.add_argument("--objective", choices=["labels", "contrastive", "text"], default="labels")
+    parser.add_argument("--pairs", choices=["single", "world"], default="single",
+                        help="training data: single-object scenes, or the world's pairs (--objective text only)")
+    parser.add_argument("--mismatch", type=float, default=0.1, help="with --pairs world: the share of false captions")
+    parser.add_argument("--objects", type=positive, default=None,
+                        help="with --pairs world: objects per scene (default: the world's 1-3)")
+    parser.add_argument("--levels", default=",".join(LEVELS),
+                        help=f"with --pairs world: caption levels, comma-separated (default: all, {','.join(LEVELS)})")
     parser.add_argument("--steps", type=positive, default=200)
     parser.add_argument("--batch", type=positive, default=128)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -90,6 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test", type=positive, default=1000, help="held-out scenes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.pairs == "world" and args.objective != "text":
+        parser.error("--pairs world needs --objective text: the world's captions are free text")
+    levels = args.levels.split(",")
+    if unknown := sorted(set(levels) - set(LEVELS)):
+        parser.error(f"--levels: unknown level {', '.join(unknown)}; choose from {', '.join(LEVELS)}")
 
     torch.manual_seed(args.seed)
     clip = build_clip(args.arch)
@@ -103,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     contrastive = args.objective != "labels"
     if args.objective == "text":
         # In caption_ids' order: shape-major, position-minor.
-        tokens = tokenizer_for(args.arch)([f"a {shape} {POSITION_PHRASE[cell]}" for shape in SHAPES for cell in POSITIONS])
+        tokenize = tokenizer_for(args.arch)
+        tokens = tokenize([f"a {shape} {POSITION_PHRASE[cell]}" for shape in SHAPES for cell in POSITIONS])
         captions = [p for name, p in clip.named_parameters() if not name.startswith("visual.") and name != "logit_scale"]
 
         def embed_captions(ids: torch.Tensor) -> torch.Tensor:
@@ -125,13 +161,17 @@ def main(argv: list[str] | None = None) -> None:
                                                  * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     start = time.time()
     for step in range(1, args.steps + 1):
-        x, shape, cell = scenes(train_rng, args.batch, transform)
-        features = tower(x)
-        if contrastive:
-            loss = clip_loss(features, embed_captions(caption_ids(shape, cell)), logit_scale)
+        if args.pairs == "world":
+            x, texts = world_pairs(train_rng, args.batch, transform, args.mismatch, args.objects, levels)
+            loss = clip_loss(tower(x), clip.encode_text(tokenize(texts)), logit_scale)
         else:
-            loss = (nn.functional.cross_entropy(heads["shape"](features), shape)
-                    + nn.functional.cross_entropy(heads["position"](features), cell))
+            x, shape, cell = scenes(train_rng, args.batch, transform)
+            features = tower(x)
+            if contrastive:
+                loss = clip_loss(features, embed_captions(caption_ids(shape, cell)), logit_scale)
+            else:
+                loss = (nn.functional.cross_entropy(heads["shape"](features), shape)
+                        + nn.functional.cross_entropy(heads["position"](features), cell))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
