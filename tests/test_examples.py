@@ -114,6 +114,7 @@ def test_the_tower_probe_trains_on_the_worlds_pairs(capsys):
 @pytest.mark.parametrize("args, message", [
     (["--pairs", "world"], "--pairs world needs --objective text"),
     (["--objective", "text", "--pairs", "world", "--levels", "shape,nope"], "--levels: unknown level nope"),
+    (["--objective", "text", "--pairs", "world", "--mismatch", "1"], "--mismatch: 1.0 is not in [0, 1)"),
 ])
 def test_the_tower_probe_refuses_inconsistent_world_options_in_one_line(args, message):
     result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=120)

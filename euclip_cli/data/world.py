@@ -16,7 +16,7 @@ import io
 import math
 import random
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from PIL import Image, ImageDraw
 
@@ -228,13 +228,18 @@ def scene_from_json(objects: list[dict]) -> list[Obj]:
 
 # ---------------------------------------------------------------- training pairs
 
-def training_pair(rng: random.Random, mismatch: float) -> tuple[Image.Image, str, dict, list[Obj], bool]:
-    """One (image, caption) pair; with probability ``mismatch`` the caption describes another scene."""
-    scene = sample_scene(rng)
+def training_pair(rng: random.Random, mismatch: float, count: Optional[int] = None,
+                  levels: Sequence[str] = tuple(LEVELS)) -> tuple[Image.Image, str, dict, list[Obj], bool]:
+    """One (image, caption) pair; with probability ``mismatch`` the caption describes another scene.
+
+    ``count`` pins the objects per scene and ``levels`` narrows the caption levels (at their relative
+    weights in ``LEVELS``); the world itself uses neither, the tower probe in examples/ does.
+    """
+    scene = sample_scene(rng, count=count)
     image = render(scene, rng)
-    level = rng.choices(list(LEVELS), weights=list(LEVELS.values()))[0]
+    level = rng.choices(list(levels), weights=[LEVELS[name] for name in levels])[0]
     mismatched = rng.random() < mismatch
-    spec = sample_spec(sample_scene(rng) if mismatched else scene, rng, level)
+    spec = sample_spec(sample_scene(rng, count=count) if mismatched else scene, rng, level)
     return image, frame_caption(spec, rng), spec, scene, mismatched
 
 

@@ -36,8 +36,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from euclip_cli.data.world import (LEVELS, POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, frame_caption, render,
-                                   sample_scene, sample_spec)
+from euclip_cli.data.world import (LEVELS, POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, render, sample_scene,
+                                   training_pair)
 from euclip_cli.errors import EuclipError
 from euclip_cli.loss import contrastive as contrastive_loss
 from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
@@ -64,14 +64,10 @@ def world_pairs(rng: random.Random, n: int, transform, mismatch: float, objects:
     allowed, at the world's relative weights.
     """
     images, captions = [], []
-    weights = [LEVELS[level] for level in levels]
     for _ in range(n):
-        scene = sample_scene(rng, count=objects)
-        image = render(scene, rng)
-        level = rng.choices(levels, weights=weights)[0]
-        described = sample_scene(rng, count=objects) if rng.random() < mismatch else scene
+        image, caption, *_ = training_pair(rng, mismatch, count=objects, levels=levels)
         images.append(transform(Image.open(io.BytesIO(encode_jpeg(image))).convert("RGB")))
-        captions.append(frame_caption(sample_spec(described, rng, level), rng))
+        captions.append(caption)
     return torch.stack(images), captions
 
 
@@ -122,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.pairs == "world" and args.objective != "text":
         parser.error("--pairs world needs --objective text: the world's captions are free text")
+    if not 0 <= args.mismatch < 1:
+        parser.error(f"--mismatch: {args.mismatch} is not in [0, 1)")
     levels = args.levels.split(",")
     if unknown := sorted(set(levels) - set(LEVELS)):
         parser.error(f"--levels: unknown level {', '.join(unknown)}; choose from {', '.join(LEVELS)}")
