@@ -35,6 +35,9 @@ LOCAL_ARCHS: dict[str, dict] = {
     # CLIP in every setting tried (docs/embedded-world.md), though they learn shapes from labels. Its
     # BatchNorm is what differs (with GroupNorm instead it scored 10-13% on shapes over three seeds),
     # though not by spreading the initial embeddings: a ViT spread without it still did not learn.
+    # The world's captions name colours, sizes and fills beside shapes; towers without batch
+    # statistics learn those first and shapes only slowly (feature suppression), a ViT learns shapes
+    # from captions that name nothing else (the tower probe's --pairs world).
     # Batch statistics also make gradient accumulation inexact; the paper's ViTs have no BatchNorm.
     "tiny": dict(embed_dim=128, vision_cfg=dict(image_size=64, layers=[1, 1, 1, 1], width=16, head_width=32),
                  text_cfg=_TINY_TEXT),
