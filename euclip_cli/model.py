@@ -32,13 +32,11 @@ LOCAL_ARCHS: dict[str, dict] = {
     # The embedded world's default: open_clip's ModifiedResNet image tower (width 16, ~0.5 s per
     # step of 128 on 2 cores) and a 4-layer text transformer. Measured on the world: after 440 steps
     # of 128 it classifies shapes at 74% (chance 8%), where the tiny ViTs below stay near chance in
-    # CLIP in every setting tried (docs/embedded-world.md), though they learn shapes from labels. Its
-    # BatchNorm is what differs (with GroupNorm instead it scored 10-13% on shapes over three seeds),
-    # though not by spreading the initial embeddings: a ViT spread without it still did not learn.
-    # The world's captions name colours, sizes and fills beside shapes; towers without batch
-    # statistics learn those first and shapes only slowly (feature suppression), a ViT learns shapes
-    # from captions that name nothing else (the tower probe's --pairs world).
-    # Batch statistics also make gradient accumulation inexact; the paper's ViTs have no BatchNorm.
+    # CLIP within tiny-clip's budget (the conv-stem ViT learns shapes in four times that budget, too
+    # slow for the study; docs/embedded-world.md). The world's captions name colours, sizes and fills
+    # beside shapes, and towers without batch statistics learn those first and shapes only slowly
+    # (feature suppression): with GroupNorm for its BatchNorm this tower scored 10-13% on shapes over
+    # three seeds. Batch statistics also make gradient accumulation inexact; the paper's ViTs have none.
     "tiny": dict(embed_dim=128, vision_cfg=dict(image_size=64, layers=[1, 1, 1, 1], width=16, head_width=32),
                  text_cfg=_TINY_TEXT),
     # The same shapes as a ViT (64 px, patch 8, width 128, 4 layers): the paper's tower family.

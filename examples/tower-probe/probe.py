@@ -43,14 +43,18 @@ from euclip_cli.loss import contrastive as contrastive_loss
 from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
 
 
+def as_read_from_shards(image: Image.Image, transform) -> torch.Tensor:
+    """``image -> (3, H, W)``: JPEG-encoded as the shards store it, decoded and transformed as training reads it."""
+    return transform(Image.open(io.BytesIO(encode_jpeg(image))).convert("RGB"))
+
+
 def scenes(rng: random.Random, n: int, transform) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``n`` single-object scenes: images ``(n, 3, H, W)``, shape labels ``(n,)``, position labels ``(n,)``."""
     images, shapes, cells = [], [], []
     cell_names = list(POSITIONS)
     for _ in range(n):
         scene = sample_scene(rng, count=1)
-        image = Image.open(io.BytesIO(encode_jpeg(render(scene, rng)))).convert("RGB")
-        images.append(transform(image))
+        images.append(as_read_from_shards(render(scene, rng), transform))
         shapes.append(SHAPES.index(scene[0].shape))
         cells.append(cell_names.index(scene[0].position))
     return torch.stack(images), torch.tensor(shapes), torch.tensor(cells)
@@ -66,7 +70,7 @@ def world_pairs(rng: random.Random, n: int, transform, mismatch: float, objects:
     images, captions = [], []
     for _ in range(n):
         image, caption, *_ = training_pair(rng, mismatch, count=objects, levels=levels)
-        images.append(transform(Image.open(io.BytesIO(encode_jpeg(image))).convert("RGB")))
+        images.append(as_read_from_shards(image, transform))
         captions.append(caption)
     return torch.stack(images), captions
 
