@@ -36,8 +36,10 @@ from euclip_cli.rundir import RunDir
 
 BENCH_ARCH = "bench-vit"
 OPENCLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp"}
-# OpenCLIP logs "... Batch (t): 2.345, 109.2/s, 109.2/s/gpu LR: ..." once per step here.
+# OpenCLIP logs "... Data (t): 0.012 Batch (t): 2.345, 109.2/s, 109.2/s/gpu LR: ..." once per step here
+# (its timers reset at every log line, so each line is one step's).
 OPENCLIP_RATE = re.compile(r"([0-9.]+)/s/gpu")
+OPENCLIP_TIMES = re.compile(r"Data \(t\): ([0-9.]+) Batch \(t\): ([0-9.]+)")
 
 # Targets of the trainer issue, for the verdict column.
 TARGET_SPEEDUP = 2.0
@@ -59,14 +61,17 @@ class Measurement:
     steps_timed: int
     peak_rss_mib: float
     peak_gpu_mib: Optional[float] = None
+    # The median share of a step spent waiting for the next batch: near 1, the loader is the bottleneck.
+    data_wait_share: Optional[float] = None
 
 
 def over_rounds(rounds: list[Measurement]) -> Measurement:
     """One trainer's measurements of every round as one: median rate, every round's rate, largest memory."""
     rates = [m.samples_per_s for m in rounds]
     gpu = max((m.peak_gpu_mib or 0.0 for m in rounds), default=0.0) or None
+    waits = [m.data_wait_share for m in rounds if m.data_wait_share is not None]
     return Measurement(rounds[0].name, statistics.median(rates), rates, sum(m.steps_timed for m in rounds),
-                       max(m.peak_rss_mib for m in rounds), gpu)
+                       max(m.peak_rss_mib for m in rounds), gpu, statistics.median(waits) if waits else None)
 
 
 def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
@@ -136,12 +141,13 @@ def _timed_training(work: Path, name: str, world_train: Path, s: Settings, batch
 
 
 def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
-    records = RunDir(run).training_records()
-    rates = [r["samples_per_s"] for r in records if r["step"] > warmup]
-    if not rates:
+    records = [r for r in RunDir(run).training_records() if r["step"] > warmup]
+    if not records:
         raise BenchError(f"{name}: no training records after the {warmup} warm-up steps in {run}")
+    rate = statistics.median(r["samples_per_s"] for r in records)
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
-    return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss, gpu)
+    return Measurement(name, rate, [rate], len(records), rss, gpu,
+                       statistics.median(r["data_wait_share"] for r in records))
 
 
 def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
@@ -193,8 +199,10 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
     rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
     if not rates:
         raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
+    waits = [float(data) / float(batch) for data, batch in OPENCLIP_TIMES.findall(output)[s.warmup:] if float(batch)]
     name = ("openclip-math-attention" if math_attention else "openclip") + ("-synthetic" if world_train is None else "")
-    return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss)
+    return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss,
+                       data_wait_share=statistics.median(waits) if waits else None)
 
 
 # The matrix-product peak: square products at the bench's precision, timed for at least a second

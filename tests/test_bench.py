@@ -32,6 +32,7 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     for v in m.values():
         assert len(v["per_round"]) == 1 and v["per_round"][0] > 0 and v["peak_rss_mib"] > 100
         assert v["steps_timed"] == 2
+        assert 0.0 <= v["data_wait_share"] <= 1.0  # every trainer's, OpenCLIP's read from its own log
     assert report["speedup_vs_openclip"]["median"] == pytest.approx(m["euclip"]["per_round"][0] / m["openclip"]["per_round"][0])
     peaks = report["peak_tflops"]["per_round"]
     assert len(peaks) == 1 and 0.001 < peaks[0] < 10_000
@@ -108,6 +109,20 @@ def test_openclip_reads_the_shards_euclip_reads_and_its_synthetic_run_is_apart(t
     assert synthetic_cmd[synthetic_cmd.index("--dataset-type") + 1] == "synthetic" and "--train-data" not in synthetic_cmd
     assert (on_shards.name, synthetic.name) == ("openclip", "openclip-synthetic")
     assert on_shards.steps_timed == 4  # five rate lines, the first (warm-up) dropped
+    assert on_shards.data_wait_share is None  # these lines carry no data time
+
+
+def test_openclip_data_time_becomes_the_share_of_each_step_spent_waiting(tmp_path, monkeypatch):
+    from euclip_cli import bench
+
+    lines = ["Data (t): 0.900 Batch (t): 1.000, 128.0/s, 128.0/s/gpu LR: 1",  # warm-up: dropped
+             "Data (t): 0.050 Batch (t): 0.200, 640.0/s, 640.0/s/gpu LR: 1",
+             "Data (t): 0.100 Batch (t): 0.200, 640.0/s, 640.0/s/gpu LR: 1",
+             "Data (t): 0.020 Batch (t): 0.400, 320.0/s, 320.0/s/gpu LR: 1"]
+    monkeypatch.setattr(bench, "run_child", lambda command, env, cwd: ("\n".join(lines) + "\n", 500.0))
+    measured = bench.openclip_run(tmp_path, bench.Settings(steps=3, warmup=1), None)
+    assert measured.data_wait_share == pytest.approx(0.25)  # the median of 0.25, 0.5 and 0.05
+    assert measured.samples_per_s == 640.0
 
 
 def test_a_second_bench_in_the_same_folder_is_refused(tmp_path):

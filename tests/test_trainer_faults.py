@@ -356,3 +356,29 @@ def test_the_one_sync_finite_check_agrees_with_an_element_by_element_check():
         assert all_finite(loss, grads) == expected, trial
     assert all_finite(torch.tensor(1.0), [torch.full((3,), 3e38)])  # huge but finite: no overflow to inf
     assert all_finite(torch.tensor(1.0), [])
+
+
+def test_the_log_says_how_much_of_a_step_went_to_waiting_for_data(world, tmp_path, monkeypatch):
+    """On a clock that moves only when the loader (0.3 s a batch) or the step (0.1 s) spends time,
+    each logged window has waited 0.3 of every 0.4 s for data, whatever the machine's real speed."""
+    import time
+    import types
+
+    clock = {"now": 0.0}
+    fake_time = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    fake_time.time = fake_time.perf_counter = lambda: clock["now"]
+    monkeypatch.setattr(loop, "time", fake_time)
+
+    def taking(seconds, real):
+        def timed(*args, **kwargs):
+            clock["now"] += seconds
+            return real(*args, **kwargs)
+        return timed
+
+    monkeypatch.setattr(loop.TrainBatches, "__next__", taking(0.3, loop.TrainBatches.__next__))
+    monkeypatch.setattr(loop, "forward_backward", taking(0.1, loop.forward_backward))
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", *TINY])
+    loop.run(cfg, tmp_path / "run")
+    records = RunDir(tmp_path / "run").training_records()
+    assert [r["data_wait_share"] for r in records] == pytest.approx([0.75] * 4)
+    assert [r["samples_per_s"] for r in records] == pytest.approx([16 / 0.4] * 4)

@@ -93,12 +93,13 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
         result["mfu"] = result["euclip_tflops"] / peak_tflops
     table = Table(title=f"training throughput: {arch}, batch {batch_size}, {precision}, {device}, "
                         f"{settings.threads} threads, {rounds} interleaved rounds")
-    for column in ("trainer", "samples/s (median)", "per round", "peak RSS MiB", "peak GPU MiB"):
+    for column in ("trainer", "samples/s (median)", "per round", "waiting for data", "peak RSS MiB", "peak GPU MiB"):
         table.add_column(column, justify="left" if column == "trainer" else "right")
     for m in result["measurements"].values():
         gpu = f"{m['peak_gpu_mib']:.0f}" if m["peak_gpu_mib"] else "-"
+        wait = f"{m['data_wait_share']:.0%}" if m.get("data_wait_share") is not None else "-"
         table.add_row(m["name"], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]),
-                      f"{m['peak_rss_mib']:.0f}", gpu)
+                      wait, f"{m['peak_rss_mib']:.0f}", gpu)
     common.console.print(table)
     for line in summary_lines(result):
         common.console.print(line, highlight=False)

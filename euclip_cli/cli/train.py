@@ -17,6 +17,8 @@ from euclip_cli.rundir import RUNS_DIR
 # checkpoint before it kills them: its own default (30 s) is shorter than writing a large
 # checkpoint, and SLURM's usual warning (``--signal=TERM@120``) leaves 120 s.
 SHUTDOWN_GRACE_S = 110
+# The share of a logged window spent waiting for data from which the progress bar says so.
+LOADER_BOUND = 0.2
 
 
 def default_run_name(recipe: str, overrides: list[str]) -> str:
@@ -78,6 +80,8 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
             if "entailment" in record:
                 info += f" (contrastive {record['contrastive']:.3f}, entailment {record['entailment']:.3f})"
             info += f"  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
+            if record["data_wait_share"] >= LOADER_BOUND:
+                info += f"  waiting for data {record['data_wait_share']:.0%}"
             if "curvature" in record:
                 info += f"  c {record['curvature']:.3f}"
             progress.update(bar, completed=step, info=info)

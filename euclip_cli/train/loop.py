@@ -258,7 +258,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
 
     # ---- loop
     nonfinite_run, nonfinite_total, last_ckpt, stopping = 0, 0, found, False
-    window_start, window_samples = time.time(), 0
+    window_start, window_samples, window_wait = time.time(), 0, 0.0
     model.train()
     try:
         with sdpa:
@@ -267,7 +267,9 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 for group in optimizer.param_groups:
                     # A checkpoint written before groups carried lr_scale restores groups without it.
                     group["lr"] = lr * group.get("lr_scale", 1.0)
+                waited = time.perf_counter()
                 images, tokens = next(batches)
+                window_wait += time.perf_counter() - waited
                 # The tokens stay on the host: the text tower groups captions by length there and copies
                 # the grouped batch over, with no device-to-host synchronisation (model.text_features).
                 images = images.to(device, non_blocking=True)
@@ -311,6 +313,9 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                     record = {"step": step, "samples": step * cfg.data.batch_size, "lr": lr,
                               **{k: v.item() for k, v in terms.items()}, **model.scalars(),
                               "samples_per_s": window_samples / max(elapsed, 1e-9),
+                              # The share of the window the trainer spent waiting for its next batch
+                              # (OpenCLIP logs the same as data time): near 1, the loader is the bottleneck.
+                              "data_wait_share": min(1.0, window_wait / max(elapsed, 1e-9)),
                               "skipped_samples": skipped, "nonfinite_steps": nonfinite_total}
                     if scaler.is_enabled():
                         record["loss_scale"] = scaler.get_scale()
@@ -320,7 +325,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                         writers.write(record, step)
                         if on_step:
                             on_step(step, total, record)
-                    window_start, window_samples = time.time(), 0
+                    window_start, window_samples, window_wait = time.time(), 0, 0.0
                     share = skipped_share(skipped, step, cfg.data.batch_size)
                     if share > cfg.data.max_skipped_fraction:  # every rank holds the same count
                         save()
