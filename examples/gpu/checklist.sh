@@ -87,16 +87,19 @@ python - "$runs" "$summary" <<'EOF'
 import json, sys
 from pathlib import Path
 runs, summary = Path(sys.argv[1]), Path(sys.argv[2])
-lines = ["", "| run | steps | last loss | samples/s (median of logged windows) | peak GPU MiB | loss scale |",
-         "|---|---|---|---|---|---|"]
+lines = ["", "| run | steps | last loss | samples/s (median of logged windows) | waiting for data (median) | peak GPU MiB "
+         "| loss scale |", "|---|---|---|---|---|---|---|"]
 for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if not records:
         continue
-    rates = sorted(r["samples_per_s"] for r in records[1:]) or [records[0]["samples_per_s"]]
+    timed = records[1:] or records
+    rates = sorted(r["samples_per_s"] for r in timed)
+    waits = sorted(r["data_wait_share"] for r in timed)
     last = records[-1]
     lines.append(f"| {run.name} | {last['step']} | {last['loss']:.3f} | {rates[len(rates) // 2]:.0f} | "
-                 f"{max(r.get('gpu_peak_mib', 0) for r in records):.0f} | {last.get('loss_scale', '-')} |")
+                 f"{waits[len(waits) // 2]:.0%} | {max(r.get('gpu_peak_mib', 0) for r in records):.0f} | "
+                 f"{last.get('loss_scale', '-')} |")
 with summary.open("a") as f:
     f.write("\n".join(lines) + "\n")
 EOF
