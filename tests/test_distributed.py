@@ -9,11 +9,12 @@ import torch.multiprocessing as mp
 
 from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
-from euclip_cli.train.distributed import Dist, GradientReducer
+from euclip_cli.train.distributed import BUCKET_BYTES, Dist, GradientReducer
 from euclip_cli.train.step import forward_backward
 from tests.test_accumulation import RECIPES
 
 CASES = [(variant, k) for variant in RECIPES for k in (1, 2)]
+RECIPES_FIRST = next(iter(RECIPES))
 BATCH = 8
 
 
@@ -26,12 +27,13 @@ def inputs():
     return torch.randn(BATCH, 3, 64, 64, dtype=torch.float64), torch.randint(1, 400, (BATCH, 32))
 
 
-def step(cfg, images, tokens, k, ranks: Dist):
+def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES):
     torch.manual_seed(0)
     model = EuclipModel(cfg).double()
     params = [p for p in model.parameters() if p.requires_grad]
     # The trainer's reducer: all-reduces launched from gradient hooks during the last backward pass.
-    reducer = GradientReducer(ranks, params, last=tuple(model.loss_scalars()))
+    reducer = GradientReducer(ranks, params, last=tuple(model.loss_scalars()), bucket_bytes=bucket_bytes)
+    reducer.attach()
     terms = forward_backward(model, images, tokens, k, cfg.loss.entail_weight, cfg.loss.entail_min_radius,
                              contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main,
                              before_last_backward=reducer.arm)
@@ -48,6 +50,8 @@ def rank_main(rank: int, store: str, out: str) -> None:
     results = {}
     for variant, k in CASES:
         results[f"{variant}|{k}"] = step(config(variant), images[half], tokens[half], k, ranks)
+    # Many small buckets, some finished before their predecessors, instead of a few large ones.
+    results["small buckets"] = step(config(RECIPES_FIRST), images[half], tokens[half], 2, ranks, bucket_bytes=2**14)
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -60,11 +64,11 @@ def two_process_results(tmp_path_factory):
     return torch.load(folder / "out.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("variant,k", CASES)
+@pytest.mark.parametrize("variant,k", CASES + [(RECIPES_FIRST, "small buckets")])
 def test_two_processes_equal_one_process_on_the_global_batch(two_process_results, variant, k):
     images, tokens = inputs()
     ref_terms, ref = step(config(variant), images, tokens, 1, Dist())
-    terms, grads = two_process_results[f"{variant}|{k}"]
+    terms, grads = two_process_results["small buckets" if k == "small buckets" else f"{variant}|{k}"]
     for key in ref_terms:
         torch.testing.assert_close(terms[key], ref_terms[key])
     assert grads.keys() == ref.keys() and "clip.logit_scale" in grads
@@ -85,14 +89,17 @@ def test_the_reducer_launches_in_one_fixed_order_whatever_order_gradients_arrive
 
     def all_reduce(tensor, async_op=False):
         assert async_op
-        launched.append(next(name for name, p in named.items() if p.grad is tensor))
+        launched.append("+".join(name for name, p in named.items()
+                                    if p.grad is not None and (p.grad is tensor or p.grad._base is tensor)))
         return Handle()
 
     monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
     named = {name: torch.nn.Parameter(torch.zeros(2)) for name in ("a", "b", "c", "scale")}
     params = list(named.values())
-    reducer = GradientReducer(Dist(rank=1, world=2), params, last=(named["scale"],))
-    assert [n for p in reducer.order for n, q in named.items() if q is p] == ["c", "b", "a", "scale"]
+    # A bucket of 8 bytes holds one parameter of two floats: one all-reduce per parameter.
+    reducer = GradientReducer(Dist(rank=1, world=2), params, last=(named["scale"],), bucket_bytes=8)
+    assert [[n for p in b for n, q in named.items() if q is p] for b in reducer.buckets] == [["c"], ["b"], ["a"]]
+    reducer.attach()
 
     def produce(name):
         (named[name] * 1.0).sum().backward()
@@ -109,3 +116,49 @@ def test_the_reducer_launches_in_one_fixed_order_whatever_order_gradients_arrive
     assert launched == ["c", "b", "a", "scale", "wait", "wait", "wait", "wait"]
     assert torch.equal(named["scale"].grad, torch.zeros(2))
 
+
+
+def test_gradients_accumulate_in_their_bucket_which_is_summed_whole(monkeypatch):
+    """A 16-byte bucket holds two of the three parameters: two collectives, each on a flat bucket
+    whose views are the gradients (no copy), launched once all of its gradients are final."""
+    from euclip_cli.train import distributed
+
+    reduced = []
+
+    class Handle:
+        def wait(self):
+            pass
+
+    def all_reduce(tensor, async_op=False):
+        reduced.append(tensor)
+        tensor.mul_(2)  # the other rank holds the same gradients
+        return Handle()
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    reducer = GradientReducer(Dist(rank=0, world=2), [a, b, c], bucket_bytes=16)
+    assert reducer.buckets == [[c, b], [a]]
+    reducer.attach()
+    (c * 1.0).sum().backward()  # an accumulation pass before the last
+    reducer.arm()
+    ((a * 3.0).sum() + (c * 2.0).sum()).backward()
+    assert reduced == []  # c's bucket waits for b; a's, ready, waits for c's
+    (b * 5.0).sum().backward()
+    assert [t.numel() for t in reduced] == [4, 2]  # both launched from b's hook, in order
+    reducer.finish()
+    assert torch.equal(c.grad, torch.full((2,), 6.0)) and torch.equal(b.grad, torch.full((2,), 10.0))
+    assert torch.equal(a.grad, torch.full((2,), 6.0))
+    assert c.grad._base is reduced[0] and b.grad._base is reduced[0] and a.grad._base is reduced[1]
+
+
+def test_a_gradient_outside_its_bucket_is_a_bug_named_not_a_silent_wrong_sum(monkeypatch):
+    from euclip_cli.train import distributed
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda tensor, async_op=False: None)
+    p = torch.nn.Parameter(torch.zeros(2))
+    reducer = GradientReducer(Dist(rank=0, world=2), [p])
+    reducer.attach()
+    p.grad = None  # a zero_grad(set_to_none=True) with no attach() after it
+    reducer.arm()
+    with pytest.raises(RuntimeError, match="call attach"):
+        (p * 1.0).sum().backward()

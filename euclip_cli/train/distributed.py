@@ -79,61 +79,107 @@ class Dist:
             dist.barrier()
 
 
+# DDP's default bucket size: large enough that NCCL's per-call latency is paid a few times per
+# step rather than once per parameter tensor, small enough that the first buckets' all-reduces
+# start while most of the backward pass is still to run.
+BUCKET_BYTES = 25 * 2**20
+
+
 class GradientReducer:
     """Sums every gradient over ranks while the last backward pass of a step is still running.
 
-    Each parameter's all-reduce is launched (asynchronously, in place: no flat copy of the
-    gradients) as soon as its gradient is final, but only in one fixed order, the same on every
-    rank: NCCL and gloo pair collectives by their order, so a rank that produced gradients in
-    another order would otherwise sum one tensor with another. A gradient that is ready before its
-    predecessors waits for them. ``last`` (the loss's scalars, which get gradients on rank 0 only)
-    come after every encoder parameter and are reduced by ``finish``, with zeros where a rank has
-    no gradient.
+    As DDP does, gradients live in flat buckets (``attach`` makes each ``param.grad`` a view of
+    its bucket, so backward accumulates into the bucket and nothing is copied), and a bucket's
+    all-reduce is launched, asynchronously and in place, as soon as all its gradients are final:
+    one collective per ~25 MB instead of one per parameter tensor. Buckets launch in one fixed
+    order, the same on every rank: NCCL and gloo pair collectives by their order, so a rank that
+    finished its buckets in another order would otherwise sum one bucket with another. A bucket
+    that is ready before its predecessors waits for them. ``last`` (the loss's scalars, which get
+    gradients on rank 0 only) come after every bucket and are reduced by ``finish``, with zeros
+    where a rank has no gradient.
 
-    Use: ``arm()`` before the step's last backward, ``finish()`` after it.
+    Use: ``attach()`` after the optimizer's ``zero_grad`` at the start of a step, ``arm()`` before
+    the step's last backward, ``finish()`` after it.
     """
 
-    def __init__(self, ranks: Dist, params: list[torch.nn.Parameter], last: tuple = ()):
+    def __init__(self, ranks: Dist, params: list[torch.nn.Parameter], last: tuple = (),
+                 bucket_bytes: int = BUCKET_BYTES):
         last_ids = {id(p) for p in last}
         # Reverse registration order is about the order backward produces gradients in (outputs
         # first), so most launches are not held back by a predecessor.
-        self.order = [p for p in reversed(params) if id(p) not in last_ids] + [p for p in params if id(p) in last_ids]
-        self.position = {id(p): i for i, p in enumerate(self.order)}
+        encoders = [p for p in reversed(params) if id(p) not in last_ids]
+        self.last = [p for p in params if id(p) in last_ids]
         self.enabled = ranks.enabled
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        for p in encoders:
+            current = self.buckets[-1] if self.buckets else None
+            # A bucket holds one dtype on one device; a gradient view must have its parameter's
+            # (contiguous) layout, so a non-contiguous parameter gets a bucket of its own.
+            fits = (current is not None and p.is_contiguous() and current[0].is_contiguous()
+                    and (p.dtype, p.device) == (current[0].dtype, current[0].device)
+                    and sum(q.numel() for q in current) * p.element_size() + p.numel() * p.element_size()
+                    <= bucket_bytes)
+            if fits:
+                current.append(p)
+            else:
+                self.buckets.append([p])
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.flat: list[torch.Tensor] = []
         self.armed = False
-        self.ready = [False] * len(self.order)
+        self.waiting: list[int] = []
         self.launched = 0
         self.handles: list = []
         if self.enabled:  # the hooks live as long as the parameters: one reducer per model
-            for p in self.order:
-                if id(p) not in last_ids:
-                    p.register_post_accumulate_grad_hook(self._on_gradient)
+            for p in encoders:
+                p.register_post_accumulate_grad_hook(self._on_gradient)
+
+    def attach(self) -> None:
+        """Zero the buckets and make every bucketed gradient a view of its bucket (after ``zero_grad``)."""
+        if not self.enabled:
+            return
+        if not self.flat:
+            self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+                         if b[0].is_contiguous() else torch.zeros_like(b[0]) for b in self.buckets]
+        for bucket, flat in zip(self.buckets, self.flat):
+            flat.zero_()
+            offset = 0
+            for p in bucket:
+                p.grad = flat[offset:offset + p.numel()].view_as(p) if p.is_contiguous() else flat
+                offset += p.numel()
 
     def arm(self) -> None:
         self.armed = self.enabled
-        self.ready = [False] * len(self.order)
+        self.waiting = [len(b) for b in self.buckets]
         self.launched = 0
         self.handles = []
 
     def _on_gradient(self, param: torch.nn.Parameter) -> None:
         if not self.armed:
             return
-        self.ready[self.position[id(param)]] = True
-        while self.launched < len(self.order) and self.ready[self.launched]:
-            self._launch(self.order[self.launched])
+        self.waiting[self.bucket_of[id(param)]] -= 1
+        while self.launched < len(self.buckets) and self.waiting[self.launched] == 0:
+            self._launch_bucket()
 
-    def _launch(self, param: torch.nn.Parameter) -> None:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        self.handles.append(dist.all_reduce(param.grad, async_op=True))
+    def _launch_bucket(self) -> None:
+        flat = self.flat[self.launched] if self.flat else None
+        # A gradient autograd allocated itself (no attach() since zero_grad) would miss the sum.
+        if flat is None or any(p.grad is None or (p.grad is not flat and p.grad._base is not flat)
+                               for p in self.buckets[self.launched]):
+            raise RuntimeError("GradientReducer: a gradient is not a view of its bucket; call attach() after "
+                               "the optimizer's zero_grad at the start of every step")
+        self.handles.append(dist.all_reduce(flat, async_op=True))
         self.launched += 1
 
     def finish(self) -> None:
         """Launch what is left in order, then wait for every reduction of the step."""
         if not self.enabled:
             return
-        while self.launched < len(self.order):
-            self._launch(self.order[self.launched])
+        while self.launched < len(self.buckets):
+            self._launch_bucket()
+        for p in self.last:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.handles.append(dist.all_reduce(p.grad, async_op=True))
         for handle in self.handles:
             handle.wait()
         self.armed = False

@@ -274,6 +274,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 # the grouped batch over, with no device-to-host synchronisation (model.text_features).
                 images = images.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
+                reducer.attach()
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
                                          owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward(),
