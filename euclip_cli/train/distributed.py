@@ -111,18 +111,19 @@ class GradientReducer:
         self.last = [p for p in params if id(p) in last_ids]
         self.enabled = ranks.enabled
         self.buckets: list[list[torch.nn.Parameter]] = []
+        filled = 0  # bytes in the last bucket
         for p in encoders:
             current = self.buckets[-1] if self.buckets else None
+            size = p.numel() * p.element_size()
             # A bucket holds one dtype on one device; a gradient view must have its parameter's
             # (contiguous) layout, so a non-contiguous parameter gets a bucket of its own.
-            fits = (current is not None and p.is_contiguous() and current[0].is_contiguous()
-                    and (p.dtype, p.device) == (current[0].dtype, current[0].device)
-                    and sum(q.numel() for q in current) * p.element_size() + p.numel() * p.element_size()
-                    <= bucket_bytes)
-            if fits:
+            if (current is not None and p.is_contiguous() and current[0].is_contiguous()
+                    and (p.dtype, p.device) == (current[0].dtype, current[0].device) and filled + size <= bucket_bytes):
                 current.append(p)
+                filled += size
             else:
                 self.buckets.append([p])
+                filled = size
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.flat: list[torch.Tensor] = []
         self.armed = False

@@ -258,7 +258,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
 
     # ---- loop
     nonfinite_run, nonfinite_total, last_ckpt, stopping = 0, 0, found, False
-    window_start, window_samples, window_wait = time.time(), 0, 0.0
+    window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
     model.train()
     try:
         with sdpa:
@@ -310,7 +310,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                         count = torch.tensor([skipped], dtype=torch.float64, device=device)
                         torch.distributed.all_reduce(count)
                         skipped = int(count.item())
-                    elapsed = time.time() - window_start
+                    elapsed = time.perf_counter() - window_start
                     record = {"step": step, "samples": step * cfg.data.batch_size, "lr": lr,
                               **{k: v.item() for k, v in terms.items()}, **model.scalars(),
                               "samples_per_s": window_samples / max(elapsed, 1e-9),
@@ -326,7 +326,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                         writers.write(record, step)
                         if on_step:
                             on_step(step, total, record)
-                    window_start, window_samples, window_wait = time.time(), 0, 0.0
+                    window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
                     share = skipped_share(skipped, step, cfg.data.batch_size)
                     if share > cfg.data.max_skipped_fraction:  # every rank holds the same count
                         save()
