@@ -47,6 +47,8 @@ TARGET_ACCUM_OVERHEAD = 1.40
 TARGET_FRACTION_OF_PEAK = 0.60
 # The embedded study's run recipe; the bench's euclip runs are it with the bench model and batch.
 STUDY_RECIPE = "tiny-clip"
+# Captions of the bench's shards over which euclip's trimmed text FLOPs are averaged.
+CAPTIONS_COUNTED = 256
 
 
 class BenchError(Failure):
@@ -239,22 +241,30 @@ def matmul_peak_tflops(work: Path, s: Settings, precision: Optional[str] = None)
         raise BenchError(f"the matrix-product peak printed no number:\n{output[-3000:]}") from None
 
 
-def flops_per_sample(arch: str = BENCH_ARCH) -> float:
-    """Forward + backward FLOPs of one training sample (the encoders), counted by torch."""
+def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = None) -> float:
+    """Forward + backward FLOPs of one training sample (the encoders), counted by torch.
+
+    Without ``captions`` the text tower runs on its full context, as OpenCLIP's trainer computes it.
+    With them it runs as euclip's trainer runs it, each caption on its trimmed context
+    (``model.text_features``), and the text tower's count is the mean over the captions: the arithmetic
+    euclip really does, so that its fraction of peak does not count the padding it skips.
+    """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.model import LOCAL_ARCHS, build_clip
+    from euclip_cli.model import LOCAL_ARCHS, build_clip, text_features, tokenizer_for
 
     clip = build_clip(arch)
     size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
     ctx = LOCAL_ARCHS[arch]["text_cfg"]["context_length"]
-    batch = 2
-    with FlopCounterMode(display=False) as counter:
-        image = clip.encode_image(torch.randn(batch, 3, size, size))
-        text = clip.encode_text(torch.randint(1, 1000, (batch, ctx)))
-        (image.sum() + text.sum()).backward()
-    return counter.get_total_flops() / batch
+    # An image's count does not depend on its pixels; a caption's depends on its length only when trimmed.
+    images = 2
+    with FlopCounterMode(display=False) as image_counter:
+        clip.encode_image(torch.randn(images, 3, size, size)).sum().backward()
+    tokens = tokenizer_for(arch)(captions) if captions else torch.randint(1, 1000, (2, ctx))
+    with FlopCounterMode(display=False) as text_counter:
+        (text_features(clip, tokens) if captions else clip.encode_text(tokens)).sum().backward()
+    return image_counter.get_total_flops() / images + text_counter.get_total_flops() / len(tokens)
 
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
@@ -295,9 +305,11 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
         # fp32 too: a CPU without bf16 units (no AMX, no AVX-512 BF16) multiplies bf16 slower than fp32.
         fp32_peaks.append(peaks[-1] if s.precision == "fp32" else matmul_peak_tflops(work, s, "fp32"))
     measurements = {key: over_rounds(ms) for key, ms in rounds.items()}
+    # OpenCLIP computes the model's FLOPs; euclip fewer, its text tower on trimmed contexts.
     flops = flops_per_sample(s.arch)
-    euclip_tflops = [flops * rate / 1e12 for rate in measurements["euclip"].per_round]
-    result = {"settings": asdict(s), "flops_per_sample": flops,
+    euclip_flops = flops_per_sample(s.arch, shard_captions(world_train, CAPTIONS_COUNTED))
+    euclip_tflops = [euclip_flops * rate / 1e12 for rate in measurements["euclip"].per_round]
+    result = {"settings": asdict(s), "flops_per_sample": flops, "euclip_flops_per_sample": euclip_flops,
               "measurements": {k: asdict(v) for k, v in measurements.items()},
               "peak_tflops": {"median": statistics.median(peaks), "per_round": peaks},
               "fp32_peak_tflops": {"median": statistics.median(fp32_peaks), "per_round": fp32_peaks},
@@ -306,6 +318,11 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
     rates = {key: m.per_round for key, m in measurements.items()}
     if openclip:
         result["speedup_vs_openclip"] = ratio_over_rounds(rates["euclip"], rates["openclip"])
+        openclip_tflops = [flops * rate / 1e12 for rate in rates["openclip"]]
+        result["openclip_fraction_of_peak"] = ratio_over_rounds(openclip_tflops, peaks)
+        # The most euclip could reach against OpenCLIP, computing what it computes at the measured peak:
+        # the bound the speed-up target has to fit under on this device.
+        result["speedup_ceiling"] = ratio_over_rounds([p * 1e12 / euclip_flops for p in peaks], rates["openclip"])
         if "openclip_math" in rates:
             result["speedup_vs_openclip_math"] = ratio_over_rounds(rates["euclip"], rates["openclip_math"])
     if accumulation:

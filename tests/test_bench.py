@@ -24,11 +24,14 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     text = " ".join(result.output.split())
     for line in ("euclip / OpenCLIP as its users run it", "euclip / OpenCLIP with euclip's attention kernel",
                  "accumulation overhead", "measured in the same run", "euclip / measured peak",
+                 "OpenCLIP as its users run it / measured peak", "at 100% of the measured peak",
                  "the embedded study's recipe (tiny-clip as shipped)", "study-geometries (30 runs"):
         assert line in text, line
     report = json.loads(next(tmp_path.glob("train-*.json")).read_text())
     m = report["measurements"]
     assert set(m) == {"euclip", "openclip", "openclip_math", "openclip_synthetic", "euclip_accum2", "tiny_recipe"}
+    for v in m.values():
+        assert v["name"] in result.output  # whole, however narrow the terminal: two OpenCLIP rows differ at the end
     for v in m.values():
         assert len(v["per_round"]) == 1 and v["per_round"][0] > 0 and v["peak_rss_mib"] > 100
         assert v["steps_timed"] == 2
@@ -39,8 +42,12 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     # --precision defaults to auto, resolved on this device before either trainer sees it.
     assert report["settings"]["precision"] in ("fp32", "bf16")
     assert len(report["fp32_peak_tflops"]["per_round"]) == 1  # measured whatever the bench's precision
+    # euclip's fraction counts the FLOPs it computes (trimmed text), OpenCLIP's the model's.
+    assert report["euclip_flops_per_sample"] < report["flops_per_sample"]
     assert report["fraction_of_peak"]["median"] == pytest.approx(
-        report["flops_per_sample"] * m["euclip"]["per_round"][0] / 1e12 / peaks[0])
+        report["euclip_flops_per_sample"] * m["euclip"]["per_round"][0] / 1e12 / peaks[0])
+    assert report["openclip_fraction_of_peak"]["median"] == pytest.approx(
+        report["flops_per_sample"] * m["openclip"]["per_round"][0] / 1e12 / peaks[0])
     study = report["study_training"]
     assert study["runs"] == 30 and study["training_s"] == pytest.approx(study["samples"] / m["tiny_recipe"]["samples_per_s"])
     assert report["flops_per_sample"] > 1e8
@@ -68,7 +75,9 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
     peaks = iter([1.0, 4.0, 2.0, 8.0, 3.0, 12.0])  # bf16, fp32 of each round
     monkeypatch.setattr(bench, "matmul_peak_tflops", lambda work, s, precision=None: (
         calls.append(f"peak-{precision or s.precision}"), next(peaks))[1])
-    monkeypatch.setattr(bench, "flops_per_sample", lambda arch: 1e10)
+    monkeypatch.setattr(bench, "shard_captions", lambda shards, count: ["a star"] * count)
+    # The model's FLOPs (OpenCLIP's) and the fewer euclip computes on the shards' captions.
+    monkeypatch.setattr(bench, "flops_per_sample", lambda arch, captions=None: 8e9 if captions else 1e10)
 
     report = bench.bench_train(tmp_path, bench.Settings(rounds=3))
     one_round = ["euclip", "openclip", "openclip-math", "openclip-synthetic", "euclip-accum2", "tiny",
@@ -81,8 +90,12 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
     assert report["measurements"]["euclip"]["steps_timed"] == 9
     assert report["peak_tflops"] == {"median": 2.0, "per_round": [1.0, 2.0, 3.0]}
     assert report["fp32_peak_tflops"]["per_round"] == [4.0, 8.0, 12.0]
-    # euclip's TFLOP/s per round (0.4, 0.6, 0.9) over that round's peak.
-    assert report["fraction_of_peak"]["per_round"] == pytest.approx([0.4, 0.3, 0.3])
+    # euclip's TFLOP/s per round (0.32, 0.48, 0.72) over that round's peak.
+    assert report["fraction_of_peak"]["per_round"] == pytest.approx([0.32, 0.24, 0.24])
+    # OpenCLIP's (0.2, 0.6, 0.3) over the same peaks.
+    assert report["openclip_fraction_of_peak"]["per_round"] == pytest.approx([0.2, 0.3, 0.1])
+    # At each round's peak euclip would do 125, 250 and 375 samples/s: over OpenCLIP's 20, 60 and 30.
+    assert report["speedup_ceiling"]["per_round"] == pytest.approx([6.25, 250 / 60, 12.5])
 
 
 def test_openclip_reads_the_shards_euclip_reads_and_its_synthetic_run_is_apart(tmp_path, monkeypatch):
@@ -181,3 +194,23 @@ def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
     assert result.exit_code == 2
     assert "--precision: 'fp8' is not one of auto, fp32, bf16, fp16" in " ".join(result.output.split())
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_euclip_flops_count_each_caption_on_its_trimmed_context(monkeypatch):
+    """Against independent counts: a caption filling the context costs the model's full count, and
+    a short one what the same tower built with an 8-token context costs."""
+    from euclip_cli import bench
+    from euclip_cli.model import LOCAL_ARCHS
+
+    arch = "tiny-vit"
+    cfg = LOCAL_ARCHS[arch]
+    short = dict(cfg, text_cfg=dict(cfg["text_cfg"], context_length=8))
+    monkeypatch.setitem(LOCAL_ARCHS, "tiny-vit-ctx8", short)
+    full = bench.flops_per_sample(arch)
+    eight = bench.flops_per_sample("tiny-vit-ctx8")
+    assert eight < full
+    # "a star": start, two words, end: pooled at position 3, rounded up to 8.
+    assert bench.flops_per_sample(arch, ["a star", "a picture of a circle"]) == pytest.approx(eight)
+    long_caption = " ".join(["star"] * 40)  # truncated to the context: nothing to trim
+    assert bench.flops_per_sample(arch, [long_caption] * 2) == pytest.approx(full)
+    assert bench.flops_per_sample(arch, ["a star", long_caption]) == pytest.approx((eight + full) / 2)
