@@ -32,7 +32,6 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     assert set(m) == {"euclip", "openclip", "openclip_math", "openclip_synthetic", "euclip_accum2", "tiny_recipe"}
     for v in m.values():
         assert v["name"] in result.output  # whole, however narrow the terminal: two OpenCLIP rows differ at the end
-    for v in m.values():
         assert len(v["per_round"]) == 1 and v["per_round"][0] > 0 and v["peak_rss_mib"] > 100
         assert v["steps_timed"] == 2
         assert 0.0 <= v["data_wait_share"] <= 1.0  # every trainer's, OpenCLIP's read from its own log
