@@ -80,6 +80,18 @@ def paired_difference(a: dict[int, float], b: dict[int, float], interval: str = 
     return estimate([a[s] - b[s] for s in common], interval, level, seed)
 
 
+def seeds_needed(sd: Optional[float], half_width: float, level: float = 0.95, most: int = 1000) -> Optional[int]:
+    """The fewest seeds n >= 2 whose ``level`` t interval of a mean with standard deviation ``sd`` is
+    no wider than ± ``half_width``: t(0.5 + level / 2, n - 1) sd / sqrt(n) <= half_width. None without
+    an sd or a positive half width, or when more than ``most`` seeds would be needed."""
+    if sd is None or not half_width > 0:
+        return None
+    for n in range(2, most + 1):
+        if t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
+
+
 REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "inconclusive"
 
 

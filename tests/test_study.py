@@ -97,6 +97,18 @@ def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
     assert R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
 
 
+def test_seeds_needed_by_hand_from_a_t_table():
+    # t(0.975, n - 1) / sqrt(n) from a printed table, n = 2..7: 12.706/1.414, 4.303/1.732, 3.182/2,
+    # 2.776/2.236, 2.571/2.449, 2.447/2.646 = 8.98, 2.48, 1.59, 1.24, 1.05, 0.925.
+    assert stats.seeds_needed(1.0, 1.0) == 7
+    assert stats.seeds_needed(1.0, 1.06) == 6
+    assert stats.seeds_needed(2.0, 5.0) == 3  # 2.48 * 2 = 4.97
+    assert stats.seeds_needed(2.0, 4.9) == 4
+    assert stats.seeds_needed(0.0, 1.0) == 2  # no spread: the fewest seeds with an interval at all
+    assert stats.seeds_needed(None, 1.0) is None and stats.seeds_needed(1.0, 0.0) is None
+    assert stats.seeds_needed(100.0, 0.1, most=50) is None  # more seeds than anyone would run
+
+
 @pytest.mark.parametrize("low,high,sign,expected", [
     (0.5, 2.0, +1, "reproduced"), (-2.0, -0.5, +1, "opposite"), (-0.5, 2.0, +1, "inconclusive"),
     (-2.0, -0.5, -1, "reproduced"), (0.0, 1.0, +1, "inconclusive")])
@@ -144,7 +156,19 @@ def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
     half = 4.302652729911275 * statistics.stdev(diffs) / math.sqrt(3)  # t(0.975, 2)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((statistics.fmean(diffs) - half, statistics.fmean(diffs) + half))
     assert row["verdict"] == "reproduced" and row["paper_effect"] is None
+    assert row["seeds_for_paper_effect"] is None  # no published value to measure the spread against
     assert row["paper_source"] == "Sun and Li, sections 2.1 (Figure 1) and 2.4: a direction, no value"
+
+
+def test_a_claim_with_a_published_effect_says_how_many_seeds_resolve_one_that_large():
+    study = load_study("study-geometries")
+    shapes = {"euclip": {0: 30.0, 1: 34.0, 2: 38.0}, "euclip-ln": {0: 30.0, 1: 30.0, 2: 30.0}}  # paired: 0, 4, 8
+    by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
+    (row,) = [r for r in R.evaluate_claims(study, load_claims(), by_config) if r["n_seeds"]]
+    assert row["claim"] == "no-final-ln-helps-euclip" and row["paper_effect"] == pytest.approx(6.75)
+    # sd 4: three seeds give ± 4.303 * 4 / sqrt(3) = 9.94, four ± 3.182 * 4 / 2 = 6.36, within 6.75.
+    assert row["seeds_for_paper_effect"] == 4
+    assert "| 4 |" in R.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2]})
 
 
 def test_an_unusable_study_folder_is_refused_before_any_world_is_generated(tmp_path, monkeypatch):

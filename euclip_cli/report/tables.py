@@ -300,10 +300,12 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
     shown = []
     for _, c in claims.iterrows():
+        seeds = c.get("seeds_for_paper_effect")  # absent from studies summarised before the column existed
         shown.append({"claim": c["statement"], "metric": c["metric"],
                       "effect here [95%]": _interval(c["effect"], c["ci_low"], c["ci_high"], claim_digits(c["metric"])),
                       "seeds": int(c["n_seeds"]), "verdict": c["verdict"],
-                      "paper": paper_cell(c["paper_effect"], c["paper_source"])})
+                      "paper": paper_cell(c["paper_effect"], c["paper_source"]),
+                      "seeds for ± the paper's effect": "–" if pd.isna(seeds) else str(int(seeds))})
     return pd.DataFrame(table), pd.DataFrame(shown)
 
 

@@ -378,11 +378,15 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
             effect = stats.estimate(values, study.interval) if values else None
             metric = claim.measure
         published, source = paper_effect(claim)
+        # The paper's effect as a yardstick: with fewer seeds than this, at the spread measured here,
+        # an interval is wider than ± the effect the paper found, and cannot resolve one that large.
+        seeds = stats.seeds_needed(effect.sd if effect else None, abs(published)) if published is not None else None
         out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
                     "configs": " vs ".join(claim.configs), "n_seeds": effect.n if effect else 0,
                     "effect": effect.mean if effect else None, "ci_low": effect.low if effect else None,
                     "ci_high": effect.high if effect else None, "verdict": stats.verdict(effect, +1),
-                    "paper_effect": published, "paper_source": source, "interval": study.interval})
+                    "paper_effect": published, "paper_source": source, "seeds_for_paper_effect": seeds,
+                    "interval": study.interval})
     return out
 
 
@@ -425,13 +429,19 @@ def to_markdown(study: Study, summary: dict) -> str:
                          (f"{r['diff_mean']:+.1f} [{_fmt(r.get('diff_low'))}, {_fmt(r.get('diff_high'))}]"
                           if r.get("diff_mean") is not None else "–"))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Claims", "", "| claim | effect here [95% interval] | verdict | the paper |", "|---|---|---|---|"]
+    lines += ["", "## Claims", "",
+              "The last column: the seeds an interval needs, at the spread measured here, to be no wider than "
+              "± the paper's effect (a yardstick: the paper's effects are ImageNet points at DataComp scale).", "",
+              "| claim | effect here [95% interval] | verdict | the paper | seeds for ± the paper's effect |",
+              "|---|---|---|---|---|"]
     for c in summary["claims"]:
         digits = stats.claim_digits(c["metric"])
         effect = "no runs" if c["effect"] is None else (f"{c['effect']:+.{digits}f} [{_fmt(c['ci_low'], digits)}, "
                                                         f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
         paper = stats.paper_cell(c["paper_effect"], c["paper_source"])
-        lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} |")
+        seeds = c["seeds_for_paper_effect"]
+        lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} | "
+                     f"{'–' if seeds is None else seeds} |")
     lines += temperature_section(study, rows)
     if summary["noise"]:
         lines += ["", "## Noise floor", "",
