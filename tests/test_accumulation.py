@@ -27,9 +27,11 @@ def gradients(cfg, images, tokens, k):
 
 @pytest.mark.parametrize("variant", list(RECIPES))
 @pytest.mark.parametrize("k", [2, 4])
-def test_accumulated_step_equals_full_batch(variant, k):
-    # The ViT tower (the paper's): BatchNorm in the tiny ResNet makes micro-batch statistics differ.
-    cfg = C.load_config("tiny-clip", RECIPES[variant] + ["data.batch_size=8", "model.arch=tiny-vit"])
+@pytest.mark.parametrize("arch", ["tiny-vit", "tiny-vit-c16"])
+def test_accumulated_step_equals_full_batch(variant, k, arch):
+    # ViT towers (the paper's family; tiny-vit-c16 with its conv stem): BatchNorm in the tiny ResNet
+    # makes micro-batch statistics differ.
+    cfg = C.load_config("tiny-clip", RECIPES[variant] + ["data.batch_size=8", f"model.arch={arch}"])
     torch.manual_seed(1)
     images = torch.randn(8, 3, 64, 64, dtype=torch.float64)
     tokens = torch.randint(1, 400, (8, 32))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.model import EuclipModel, build_clip, remove_final_layernorm
+from euclip_cli.model import CONV_STEMS, EuclipModel, batchnorm_statistics, build_clip, remove_final_layernorm
 
 
 def test_removing_the_final_layernorm_removes_exactly_ln_post_and_ln_final():
@@ -23,6 +23,21 @@ def test_final_ln_flag_builds_the_model_without_them():
     names = {n for n, _ in model.named_parameters()}
     assert not any("ln_post" in n or "ln_final" in n for n in names)
     assert any("ln_pre" in n for n in names)  # everything else stays
+
+
+@pytest.mark.parametrize("arch", list(CONV_STEMS))
+def test_a_conv_stem_feeds_the_vit_its_token_grid_and_keeps_images_independent(arch):
+    clip = build_clip(arch).double()  # training mode, where a BatchNorm would use batch statistics
+    torch.manual_seed(0)
+    images = torch.randn(3, 3, 64, 64, dtype=torch.float64)
+    # open_clip's position embedding has one row per patch plus the class token: the stem must tile
+    # the image into exactly that many tokens, or the ViT would fail (or broadcast) on them.
+    tokens = clip.visual.conv1(images)
+    assert tokens.shape[2] * tokens.shape[3] + 1 == clip.visual.positional_embedding.shape[0]
+    assert not batchnorm_statistics(clip.visual)
+    # No statistic is taken over the batch, which is what keeps gradient accumulation exact.
+    alone = torch.cat([clip.encode_image(images[i:i + 1]) for i in range(3)])
+    torch.testing.assert_close(clip.encode_image(images), alone, rtol=1e-10, atol=1e-12)
 
 
 def test_hyperbolic_scalars_start_as_the_paper_says():
