@@ -33,8 +33,8 @@ LOCAL_ARCHS: dict[str, dict] = {
     # step of 128 on 2 cores) and a 4-layer text transformer. Measured on the world: after 440 steps
     # of 128 it classifies shapes at 74% (chance 8%), where the 8 x 8-token ViTs below stay near chance
     # in CLIP within tiny-clip's budget (the conv-stem ViT learns shapes in four times that budget, too
-    # slow for the study). tiny-vit-c16 learns shapes within the budget in CLIP at lr 5e-4, where the
-    # distance geometries collapse (docs/embedded-world.md). The world's captions name colours, sizes
+    # slow for the study). tiny-vit-c16 learns shapes within the budget in every study configuration at
+    # lr 2.5e-4 with 100 warm-up steps (docs/embedded-world.md). The world's captions name colours, sizes
     # and fills beside shapes, and towers without batch statistics learn those first and shapes only slowly
     # (feature suppression): with GroupNorm for its BatchNorm this tower scored 10-13% on shapes over
     # three seeds. Batch statistics also make gradient accumulation inexact; the paper's ViTs have none.
