@@ -50,9 +50,9 @@ LOCAL_ARCHS: dict[str, dict] = {
     "tiny-vit-32": dict(embed_dim=128, vision_cfg=dict(image_size=32, patch_size=4, width=128, layers=4, head_width=64),
                         text_cfg=_TINY_TEXT),
     # A ViT on a 4 x 4 grid of tokens, each from a four-stage conv stem (16 px of the image): a
-    # quarter of tiny-vit-conv's tokens and a third of its image-tower time, about the ResNet's. In
-    # CLIP it learns shapes within tiny-clip's budget where the 8 x 8 ViTs need four times it
-    # (docs/embedded-world.md).
+    # quarter of tiny-vit-conv's tokens and a third of its image-tower time, a little under the
+    # ResNet's. In CLIP it learns shapes within tiny-clip's budget (at lr 5e-4 or 2.5e-4, not the
+    # recipe's 1e-3) where the 8 x 8 ViTs need four times it (docs/embedded-world.md).
     "tiny-vit-c16": dict(embed_dim=128, vision_cfg=dict(image_size=64, patch_size=16, width=128, layers=4,
                                                         head_width=64), text_cfg=_TINY_TEXT),
     # The speed benchmark's model (``euclip bench train``): the one OpenCLIP's trainer was first timed
