@@ -111,7 +111,7 @@ def test_devices_a_machine_cannot_use_are_one_line_usage_errors(monkeypatch):
 def test_checkpoint_metadata_describes_the_model_without_a_directory_name():
     cfg = C.to_dict(C.load_config("tiny-euclip"))
     meta = rundir.checkpoint_meta(cfg, "d2", 64)
-    assert meta == {"arch": "tiny", "final_ln": False, "geometry": "euclidean", "logit": "d2",
+    assert meta == {"arch": "tiny-vit-c16", "final_ln": False, "geometry": "euclidean", "logit": "d2",
                     "blocks": cfg["geometry"]["blocks"], "embed_dim": 64}
 
 

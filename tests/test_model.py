@@ -51,7 +51,7 @@ def test_hyperbolic_scalars_start_as_the_paper_says():
 
 
 def test_resnet_tower_has_no_final_layernorm_to_remove():
-    model = EuclipModel(C.load_config("tiny-euclip"))  # the tiny default tower is a ResNet
+    model = EuclipModel(C.load_config("tiny-euclip", ["model.arch=tiny"]))  # the ResNet tower
     names = {n for n, _ in model.named_parameters()}
     assert not any("ln_final" in n for n in names) and not any("ln_post" in n for n in names)
     assert model.encode_image(torch.randn(2, 3, 64, 64)).shape == (2, 128)

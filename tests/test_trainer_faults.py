@@ -134,7 +134,7 @@ def test_wandb_gets_every_logged_record_and_resumes_the_same_wandb_run(world, tm
     assert [step for step, _ in fake.logged] == [1, 2] and fake.finished == 1
     assert fake.logged[0][1]["train/loss"] > 0 and "train/logit_scale" in fake.logged[0][1]
     assert fake.inits[0]["project"] == "geom" and fake.inits[0]["resume"] == "allow"
-    assert fake.inits[0]["config"]["model"]["arch"] == "tiny"
+    assert fake.inits[0]["config"]["model"]["arch"] == "tiny-vit-c16"
     start_wandb(RunDir(tmp_path / "run"), "geom", C.to_dict(cfg))  # what a resumed run does: it continues the same W&B run
     assert fake.inits[1]["id"] == fake.inits[0]["id"] == (tmp_path / "run" / "wandb_id").read_text()
 
