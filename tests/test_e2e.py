@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 from euclip_cli import config as C
 from euclip_cli.cli import app
 
+from tests.conftest import SMALL_WORLD
+
 runner = CliRunner()
 
 # A few steps of a small batch in fp32: fast, and deterministic on a CPU.
@@ -33,6 +35,9 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     assert {"config.json", "meta.json", "metrics.jsonl", "checkpoints"} <= {p.name for p in run.iterdir()}
     meta = json.loads((run / "meta.json").read_text())
     assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta and meta["precision"] == "fp32"
+    # The world trained on, from its manifest, not the recipe's data.world_* keys (50,000 samples).
+    assert meta["data"] == {"source": "world", "generator_version": 1, "seed": SMALL_WORLD.seed,
+                            "samples": SMALL_WORLD.samples, "mismatch": SMALL_WORLD.mismatch, "eval_size": SMALL_WORLD.eval_size}
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3, 4] and all("contrastive" in l and "logit_scale" in l for l in lines)
 

@@ -97,6 +97,14 @@ def _checkpointed_run(rel: str, drop_key: bool = False):
     return setup
 
 
+def _copy_world(world: Path, tmp: Path) -> None:
+    """The test world where every world recipe looks for its data, as `euclip download world` with
+    other settings than the recipe's would leave it."""
+    import shutil
+
+    shutil.copytree(world, tmp / "data" / "world")
+
+
 def _pictures(tmp: Path, world: Path) -> None:
     """A folder of one real image and one text file named as a JPEG, and a caption list."""
     pics = tmp / "pics"
@@ -155,6 +163,12 @@ CASES = [
     Case("a file given as the training data folder", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
                                                       "data.train_dir={tmp}/shard.tar"], 2,
          ["{tmp}/shard.tar is a file", "folder that holds the shards"], _write("shard.tar", b"x")),
+    Case("the shared world generated with other settings", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs"],
+         2, ["data/world holds a world generated with other settings", "samples=1500, not 50000 (data.world_samples)",
+             "delete data/world", "euclip download --recipe tiny-clip"], lambda tmp, world: _copy_world(world, tmp)),
+    Case("a study on a shared world of other settings", ["study", "--recipe", "study-geometries", "--out", "{tmp}/st"],
+         2, ["data/world holds a world generated with other settings", "data.world_samples", "configuration clip",
+             "delete data/world"], lambda tmp, world: _copy_world(world, tmp)),
     Case("a file given as the runs folder", [*TRAIN[:3], "--runs-dir", "{tmp}/file", TRAIN[-1]], 2,
          ["{tmp}/file is a file where a folder is needed", "give a folder path"], _write("file", "x")),
     Case("training resumed from a checkpoint that does not fit", [*TRAIN, "--name", "misfit"], 1,

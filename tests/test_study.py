@@ -337,6 +337,7 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
     assert result.exit_code == 0, result.output
     unwrapped = result.output.replace("\n", "")  # rich folds long paths at 80 columns, inside words too
     assert "generating the embedded world of frozen-noisy" in unwrapped and "world-mismatch-40" in unwrapped
+    assert "2 configurations x 1 seed = 2 runs; 0 already finished" in unwrapped
     manifest = json.loads((noisy / "manifest.json").read_text())
     assert manifest["mismatch"] == 0.4 and manifest["samples"] == 300 and manifest["eval_size"] == 50
     rows = {(r["config"], r["metric"]): r for r in csv.DictReader((out / "study.csv").open())}

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,6 +49,56 @@ class WorldSettings:
 
 class WorldExistsError(UsageError):
     """The output folder holds another world or other files; nothing is overwritten."""
+
+
+# The configuration key that sets each of WorldSettings' fields, for messages that say what to change.
+CONFIG_KEYS = {"seed": "data.world_seed", "samples": "data.world_samples", "mismatch": "data.world_mismatch",
+               "eval_size": "data.world_eval_size"}
+
+
+def settings_for(data) -> WorldSettings:
+    """The world a ``DataConfig`` asks for."""
+    return WorldSettings(seed=data.world_seed, samples=data.world_samples, mismatch=data.world_mismatch,
+                         eval_size=data.world_eval_size)
+
+
+def recorded(out: Path) -> Optional[dict]:
+    """The manifest of the world in ``out``; None when ``out`` holds no finished world."""
+    path = out / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def recorded_settings(found: dict) -> dict:
+    """The generator version and settings a manifest records, without its timings and task list."""
+    return {k: found.get(k) for k in ("generator_version", *WorldSettings.__dataclass_fields__)}
+
+
+def differences(found: dict, settings: WorldSettings) -> dict[str, tuple]:
+    """``{field: (recorded, wanted)}`` for every setting (and the generator version) that differs."""
+    wanted = {"generator_version": GENERATOR_VERSION, **asdict(settings)}
+    return {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
+
+
+def check_shared_world(data, out: Path, remedy: str) -> None:
+    """``check_world`` for a ``DataConfig`` whose world is ``out``, when that is the shared default
+    folder (``data.train_dir`` unset): every world recipe trains there, so one generated with other
+    settings (by ``euclip download world``, say) would silently change a run's data. A folder the
+    user names with ``data.train_dir`` is taken as it is.
+    """
+    if not data.train_dir:
+        check_world(out, settings_for(data), remedy)
+
+
+def check_world(out: Path, settings: WorldSettings, remedy: str) -> None:
+    """Raise WorldExistsError when ``out`` holds a world generated with other settings than ``settings``.
+
+    A run on a world of other settings would train on other data than its configuration records.
+    """
+    found = recorded(out)
+    differ = differences(found, settings) if found is not None else {}
+    if differ:
+        what = ", ".join(f"{k}={old}, not {new} ({CONFIG_KEYS.get(k, k)})" for k, (old, new) in differ.items())
+        raise WorldExistsError(f"{out} holds a world generated with other settings ({what}); {remedy}")
 
 
 def _rng(*parts) -> random.Random:
@@ -142,13 +193,10 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
     """
     manifest_path = out / "manifest.json"
     wanted = {"generator_version": GENERATOR_VERSION, **asdict(settings)}
-    if manifest_path.exists():
-        found = json.loads(manifest_path.read_text())
-        if {k: found.get(k) for k in wanted} == wanted:
-            return found | {"skipped": True}
-        raise WorldExistsError(f"{out} holds a world generated with other settings "
-                               f"({', '.join(f'{k}={found.get(k)}' for k, v in wanted.items() if found.get(k) != v)}); "
-                               f"choose another --out or delete {out}")
+    found = recorded(out)
+    if found is not None:
+        check_world(out, settings, f"choose another --out or delete {out}")
+        return found | {"skipped": True}
     if out.exists() and any(out.iterdir()):
         raise WorldExistsError(f"{out} exists and is not an embedded world (no manifest.json); "
                                f"choose another --out or delete it")

@@ -101,19 +101,25 @@ def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
 
 def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Path]:
     """Generate the embedded worlds the configurations train on and that do not exist yet (e.g. one
-    per caption-noise level), one after the other, before any run starts; returns those written."""
-    from euclip_cli.data.world_files import WorldSettings, generate
+    per caption-noise level), one after the other, before any run starts; returns those written.
+
+    The shared world folder, when it exists, must have the configurations' settings (WorldExistsError
+    otherwise, before any run starts).
+    """
+    from euclip_cli.data.world_files import check_shared_world, generate, settings_for
 
     written = []
     for name, spec in study.configs.items():
         cfg = C.load_config(spec.recipe, study.overrides(name, 0))
         folder = C.train_dir(cfg).parent
-        if cfg.data.dataset != "world" or C.train_dir(cfg).exists() or folder in written:
+        if cfg.data.dataset != "world":
+            continue
+        check_shared_world(cfg.data, folder, f"configuration {name} needs another world there: delete {folder} "
+                                             f"(the study regenerates it) or point data.train_dir elsewhere")
+        if C.train_dir(cfg).exists() or folder in written:
             continue
         say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")
-        generate(folder, WorldSettings(seed=cfg.data.world_seed, samples=cfg.data.world_samples,
-                                       mismatch=cfg.data.world_mismatch, eval_size=cfg.data.world_eval_size),
-                 workers=os.cpu_count() or 1)
+        generate(folder, settings_for(cfg.data), workers=os.cpu_count() or 1)
         written.append(folder)
     return written
 
@@ -128,8 +134,8 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if todo:
         prepare_worlds(study, say)
-    say(f"study {study.name}: {len(study.configs)} configurations x {len(study.seeds)} seeds = {len(plans)} runs; "
-        f"{len(plans) - len(todo)} already finished")
+    say(f"study {study.name}: {_count(len(study.configs), 'configuration')} x {_count(len(study.seeds), 'seed')} = "
+        f"{_count(len(plans), 'run')}; {len(plans) - len(todo)} already finished")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     failures, durations, started = [], [], time.time()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -158,6 +164,10 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
         raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:\n"
                       + "\n".join(failures))
     return summarize(study, plans, claims, world)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _duration(seconds: float) -> str:

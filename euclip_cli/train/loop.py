@@ -24,6 +24,7 @@ import torch
 from euclip_cli import config as C
 from euclip_cli.data.loader import TrainBatches, list_shards
 from euclip_cli.data.webshards import training_record
+from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
 from euclip_cli.model import EuclipModel, batchnorm_statistics, load_run_weights, tokenizer_for, transforms_for
@@ -111,8 +112,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
-    downloaded = training_record(C.train_dir(cfg))
-    hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
+    downloaded = training_record(C.train_dir(cfg)) or world_record(cfg)
+    hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     shards = list_shards(C.train_dir(cfg), hint)
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
@@ -127,6 +128,18 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
             directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded},
                             complete=lambda stored: C.to_dict(C.from_dict(stored)))
         return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
+
+
+def world_record(cfg: C.Config) -> Optional[dict]:
+    """The settings of the embedded world a run trains on, for its metadata; None for other data.
+    Raises UsageError when the shared world folder holds a world of other settings than the run's."""
+    world = C.train_dir(cfg).parent
+    found = recorded(world) if cfg.data.dataset == "world" else None
+    if found is None:
+        return None
+    download = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
+    check_shared_world(cfg.data, world, f"delete {world} and run '{download}', or set those keys to its values")
+    return {"source": "world", **recorded_settings(found)}
 
 
 def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
