@@ -29,15 +29,15 @@ from euclip_cli.loss import at_least_fp32
 # In-code configs for runs that fit a CPU: open_clip CLIP(embed_dim, vision_cfg, text_cfg) arguments.
 _TINY_TEXT = dict(context_length=32, vocab_size=49408, width=128, heads=2, layers=4)
 LOCAL_ARCHS: dict[str, dict] = {
-    # The embedded world's default: open_clip's ModifiedResNet image tower (width 16, ~0.5 s per
-    # step of 128 on 2 cores) and a 4-layer text transformer. Measured on the world: after 440 steps
-    # of 128 it classifies shapes at 74% (chance 8%), where the 8 x 8-token ViTs below stay near chance
-    # in CLIP within tiny-clip's budget (the conv-stem ViT learns shapes in four times that budget, too
-    # slow for the study). tiny-vit-c16 learns shapes within the budget in every study configuration at
-    # lr 2.5e-4 with 100 warm-up steps (docs/embedded-world.md). The world's captions name colours, sizes
-    # and fills beside shapes, and towers without batch statistics learn those first and shapes only slowly
-    # (feature suppression): with GroupNorm for its BatchNorm this tower scored 10-13% on shapes over
-    # three seeds. Batch statistics also make gradient accumulation inexact; the paper's ViTs have none.
+    # open_clip's ModifiedResNet image tower (width 16, ~0.5 s per step of 128 on 2 cores) and a
+    # 4-layer text transformer; the tiny recipes' tower until tiny-vit-c16 (below) replaced it, and
+    # still the tower of the temperature studies. Measured on the world: after 440 steps of 128 it
+    # classifies shapes at 74% (chance 8%), where the 8 x 8-token ViTs below stay near chance in CLIP
+    # within tiny-clip's budget (the conv-stem ViT learns shapes in four times that budget). The
+    # world's captions name colours, sizes and fills beside shapes, and towers without batch
+    # statistics learn those first and shapes only slowly (feature suppression): with GroupNorm for
+    # its BatchNorm this tower scored 10-13% on shapes over three seeds. Its batch statistics also
+    # make gradient accumulation inexact; the paper's ViTs have none.
     "tiny": dict(embed_dim=128, vision_cfg=dict(image_size=64, layers=[1, 1, 1, 1], width=16, head_width=32),
                  text_cfg=_TINY_TEXT),
     # The same shapes as a ViT (64 px, patch 8, width 128, 4 layers): the paper's tower family.
@@ -49,10 +49,11 @@ LOCAL_ARCHS: dict[str, dict] = {
     # A ViT on 32 px images with 4 px patches: as many tokens as tiny-vit, each seeing a quarter of the area.
     "tiny-vit-32": dict(embed_dim=128, vision_cfg=dict(image_size=32, patch_size=4, width=128, layers=4, head_width=64),
                         text_cfg=_TINY_TEXT),
-    # A ViT on a 4 x 4 grid of tokens, each from a four-stage conv stem (16 px of the image): a
-    # quarter of tiny-vit-conv's tokens and a third of its image-tower time, a little under the
-    # ResNet's. In CLIP it learns shapes within tiny-clip's budget (at lr 5e-4 or 2.5e-4, not the
-    # recipe's 1e-3) where the 8 x 8 ViTs need four times it (docs/embedded-world.md).
+    # The tiny recipes' tower: a ViT on a 4 x 4 grid of tokens, each from a four-stage conv stem
+    # (16 px of the image): a quarter of tiny-vit-conv's tokens and a third of its image-tower time,
+    # a little under the ResNet's. It learns shapes within tiny-clip's budget in every geometry of the
+    # study at lr 2.5e-4 with 100 warm-up steps, where the 8 x 8 ViTs need four times the budget in
+    # CLIP; at 5e-4 the distance geometries collapse with it (docs/embedded-world.md).
     "tiny-vit-c16": dict(embed_dim=128, vision_cfg=dict(image_size=64, patch_size=16, width=128, layers=4,
                                                         head_width=64), text_cfg=_TINY_TEXT),
     # The speed benchmark's model (``euclip bench train``): the one OpenCLIP's trainer was first timed
