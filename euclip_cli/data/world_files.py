@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import webdataset as wds
 
+from euclip_cli.config import DataConfig
 from euclip_cli.data import world as w
 from euclip_cli.data.world_tasks import WORLD_TASKS
 from euclip_cli.errors import UsageError
@@ -56,7 +57,7 @@ CONFIG_KEYS = {"seed": "data.world_seed", "samples": "data.world_samples", "mism
                "eval_size": "data.world_eval_size"}
 
 
-def settings_for(data) -> WorldSettings:
+def settings_for(data: DataConfig) -> WorldSettings:
     """The world a ``DataConfig`` asks for."""
     return WorldSettings(seed=data.world_seed, samples=data.world_samples, mismatch=data.world_mismatch,
                          eval_size=data.world_eval_size)
@@ -79,7 +80,7 @@ def differences(found: dict, settings: WorldSettings) -> dict[str, tuple]:
     return {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
 
 
-def check_shared_world(data, out: Path, remedy: str) -> None:
+def check_shared_world(data: DataConfig, out: Path, remedy: str) -> None:
     """``check_world`` for a ``DataConfig`` whose world is ``out``, when that is the shared default
     folder (``data.train_dir`` unset): every world recipe trains there, so one generated with other
     settings (by ``euclip download world``, say) would silently change a run's data. A folder the
