@@ -80,7 +80,9 @@ def test_recipes_list_show_validate():
 def test_missing_training_data_names_the_download_command(tmp_path):
     result = invoke("train", "--recipe", "tiny-clip", f"data.train_dir={tmp_path / 'nothing'}",
                     "--runs-dir", str(tmp_path / "runs"))
-    assert result.exit_code == 2 and "euclip download world" in result.output
+    # The recipe's download, which writes the world with the recipe's settings where it trains:
+    # `euclip download world` has other defaults (100,000 pairs), which the trainer would refuse.
+    assert result.exit_code == 2 and "euclip download --recipe tiny-clip" in result.output
 
 
 def test_missing_run_exits_2(tmp_path):
