@@ -99,7 +99,7 @@ def check_world(out: Path, settings: WorldSettings, remedy: str) -> None:
     differ = differences(found, settings) if found is not None else {}
     if differ:
         what = ", ".join(f"{k}={old}, not {new} ({CONFIG_KEYS.get(k, k)})" for k, (old, new) in differ.items())
-        raise WorldExistsError(f"{out} holds a world generated with other settings ({what}); {remedy}")
+        raise WorldExistsError(f"{out} holds a world generated with other settings: {what}; {remedy}")
 
 
 def _rng(*parts) -> random.Random:
