@@ -38,7 +38,8 @@ demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write
 
 study: $(STAMP)  ## The embedded study: every configuration of recipes/study-geometries.toml over seeds, with intervals.
 	$(EUCLIP) download --recipe tiny-clip
-	@# Two runs at once with one thread each: on 2 cores they train 390 samples/s together, one run with two 310.
+	@# Two runs at once with one thread each: on 2 AMD EPYC cores they train 370-400 samples/s together, one run
+	@# with two threads 256-300 (make demo).
 	$(EUCLIP) study --recipe study-geometries --jobs 2
 	@echo "study: results/studies/geometries/study.md and claims.csv"
 
