@@ -69,34 +69,32 @@ def recorded(out: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _wanted(settings: WorldSettings) -> dict:
+    """What a manifest records of the world ``settings`` describe: the generator version and settings."""
+    return {"generator_version": GENERATOR_VERSION, **asdict(settings)}
+
+
 def recorded_settings(found: dict) -> dict:
     """The generator version and settings a manifest records, without its timings and task list."""
-    return {k: found.get(k) for k in ("generator_version", *WorldSettings.__dataclass_fields__)}
+    return {k: found.get(k) for k in _wanted(WorldSettings())}
 
 
-def differences(found: dict, settings: WorldSettings) -> dict[str, tuple]:
-    """``{field: (recorded, wanted)}`` for every setting (and the generator version) that differs."""
-    wanted = {"generator_version": GENERATOR_VERSION, **asdict(settings)}
-    return {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
-
-
-def check_shared_world(data: DataConfig, out: Path, remedy: str) -> None:
-    """``check_world`` for a ``DataConfig`` whose world is ``out``, when that is the shared default
-    folder (``data.train_dir`` unset): every world recipe trains there, so one generated with other
-    settings (by ``euclip download world``, say) would silently change a run's data. A folder the
-    user names with ``data.train_dir`` is taken as it is.
+def check_shared_world(data: DataConfig, out: Path, found: dict, remedy: str) -> None:
+    """``check_world`` for a ``DataConfig`` whose world is ``out`` (manifest ``found``), when that is
+    the shared default folder (``data.train_dir`` unset): every world recipe trains there, so one
+    generated with other settings (by ``euclip download world``, say) would silently change a run's
+    data. A folder the user names with ``data.train_dir`` is taken as it is.
     """
     if not data.train_dir:
-        check_world(out, settings_for(data), remedy)
+        check_world(out, found, settings_for(data), remedy)
 
 
-def check_world(out: Path, settings: WorldSettings, remedy: str) -> None:
-    """Raise WorldExistsError when ``out`` holds a world generated with other settings than ``settings``.
-
-    A run on a world of other settings would train on other data than its configuration records.
+def check_world(out: Path, found: dict, settings: WorldSettings, remedy: str) -> None:
+    """Raise WorldExistsError when the world in ``out``, whose manifest is ``found``, was generated
+    with other settings than ``settings``: a run on it would train on other data than its
+    configuration records.
     """
-    found = recorded(out)
-    differ = differences(found, settings) if found is not None else {}
+    differ = {k: (found.get(k), v) for k, v in _wanted(settings).items() if found.get(k) != v}
     if differ:
         what = ", ".join(f"{k}={old}, not {new} ({CONFIG_KEYS.get(k, k)})" for k, (old, new) in differ.items())
         raise WorldExistsError(f"{out} holds a world generated with other settings: {what}; {remedy}")
@@ -192,11 +190,9 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
     Raises WorldExistsError when ``out`` holds anything else, so nothing is overwritten.
     ``progress(done, total)`` is called after each shard or task.
     """
-    manifest_path = out / "manifest.json"
-    wanted = {"generator_version": GENERATOR_VERSION, **asdict(settings)}
     found = recorded(out)
     if found is not None:
-        check_world(out, settings, f"choose another --out or delete {out}")
+        check_world(out, found, settings, f"choose another --out or delete {out}")
         return found | {"skipped": True}
     if out.exists() and any(out.iterdir()):
         raise WorldExistsError(f"{out} exists and is not an embedded world (no manifest.json); "
@@ -214,8 +210,8 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
             if progress:
                 progress(done, total)
     _write_hierarchy(out / "eval")
-    manifest = wanted | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
+    manifest = _wanted(settings) | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
                          "seconds": round(time.time() - start, 1)}
     # Written last: its presence means the world is complete.
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -106,7 +106,7 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
     The shared world folder, when it exists, must have the configurations' settings (WorldExistsError
     otherwise, before any run starts).
     """
-    from euclip_cli.data.world_files import check_shared_world, generate, settings_for
+    from euclip_cli.data.world_files import check_shared_world, generate, recorded, settings_for
 
     written = []
     for name, spec in study.configs.items():
@@ -114,8 +114,10 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
         folder = C.train_dir(cfg).parent
         if cfg.data.dataset != "world":
             continue
-        check_shared_world(cfg.data, folder, f"configuration {name} needs another world there: delete {folder} "
-                                             f"(the study regenerates it) or point data.train_dir elsewhere")
+        found = recorded(folder)
+        if found is not None:
+            check_shared_world(cfg.data, folder, found, f"configuration {name} needs another world there: delete "
+                                                        f"{folder} (the study regenerates it) or point data.train_dir elsewhere")
         if C.train_dir(cfg).exists() or folder in written:
             continue
         say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")

@@ -112,8 +112,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
-    downloaded = training_record(C.train_dir(cfg)) or world_record(cfg)
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
+    downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
@@ -130,15 +130,15 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
 
 
-def world_record(cfg: C.Config) -> Optional[dict]:
+def world_record(cfg: C.Config, download: str) -> Optional[dict]:
     """The settings of the embedded world a run trains on, for its metadata; None for other data.
-    Raises UsageError when the shared world folder holds a world of other settings than the run's."""
+    Raises UsageError when the shared world folder holds a world of other settings than the run's
+    (``download`` is the command that writes the run's own)."""
     world = C.train_dir(cfg).parent
     found = recorded(world) if cfg.data.dataset == "world" else None
     if found is None:
         return None
-    download = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
-    check_shared_world(cfg.data, world, f"delete {world} and run '{download}', or set those keys to its values")
+    check_shared_world(cfg.data, world, found, f"delete {world} and run '{download}', or set those keys to its values")
     return {"source": "world", **recorded_settings(found)}
 
 
