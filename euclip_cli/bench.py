@@ -346,6 +346,36 @@ def shard_captions(shards: Path, count: int) -> list[str]:
     return captions
 
 
+# Web alt-text of DataComp's kind, as lengths: Li et al. 2024 ("What If We Recaption Billions of Web
+# Images with LLaMA-3?", arXiv:2406.08478) report DataComp-1B's original captions at about ten words
+# on average. No published distribution was found, so the shape is an assumption, stated: word
+# counts log-normal with this log-space spread (median about three quarters of the mean; one caption
+# in a thousand over 7.5x the mean).
+CAPTION_WORDS_SIGMA = 0.75
+# Words that are each one token of open_clip's BPE, so a caption of n words is n + 2 tokens with its
+# start and end tokens: the lengths drawn are the lengths the tower sees (up to the context).
+ONE_TOKEN_WORDS = ("a the of in on at with and photo image picture dog cat bird car house tree street city beach "
+                   "sunset red blue green white black old new small big man woman girl boy water sky road flower "
+                   "garden table chair food view room wall door window light night day art design style home "
+                   "vintage wedding dress shirt").split()
+
+
+def synthetic_captions(mean_words: float, count: int, seed: int = 0) -> list[str]:
+    """``count`` captions whose word counts are log-normal with mean ``mean_words`` and log-space spread
+    ``CAPTION_WORDS_SIGMA`` (at least one word each), made of one-token words.
+
+    For timing the text tower on a caption-length distribution no shard on this machine has: only
+    the lengths matter to the timing (and to trimming), not the words.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    # The log-normal's mean is exp(mu + sigma^2 / 2); mu is chosen so that it is mean_words.
+    mu = float(np.log(mean_words)) - CAPTION_WORDS_SIGMA ** 2 / 2
+    counts = np.maximum(1, np.rint(rng.lognormal(mu, CAPTION_WORDS_SIGMA, size=count))).astype(int)
+    return [" ".join(rng.choice(ONE_TOKEN_WORDS, size=n)) for n in counts]
+
+
 def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, precision: str) -> dict:
     """The text tower's forward and backward, open_clip's full context against euclip's exact trimming.
 
@@ -357,6 +387,7 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
     import torch
 
     from euclip_cli.model import build_clip, context_groups, text_features, tokenizer_for
+    from euclip_cli.multitoken import end_positions
 
     torch.manual_seed(0)
     clip = build_clip(arch)
@@ -384,8 +415,11 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
     ratios = [f / t for f, t in zip(times["full"], times["trimmed"])]
     lengths = [length for tokens in batches for rows, length in (context_groups(clip, tokens) or [])
                for _ in range(len(rows))]
+    # A caption's tokens with its start and end tokens: its end-of-text position plus one.
+    caption_tokens = torch.cat([end_positions(clip, tokens) for tokens in batches]).float() + 1
     return {"arch": arch, "batch_size": batch_size, "batches": len(batches), "rounds": rounds,
             "precision": precision, "context": batches[0].shape[1],
+            "mean_caption_tokens": float(caption_tokens.mean()),
             "mean_trimmed_context": sum(lengths) / len(lengths) if lengths else None,
             "seconds_per_batch": {k: statistics.median(v) for k, v in times.items()},
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}

@@ -187,6 +187,41 @@ def test_bench_text_reads_the_captions_of_any_shard_folder(tmp_path):
     assert missing.exit_code == 2 and "--shards" in missing.output and "Traceback" not in missing.output
 
 
+def test_synthetic_captions_have_the_asked_mean_word_count_and_one_token_per_word():
+    """Against open_clip's own tokenizer: each caption is its word count plus start and end tokens,
+    and the word counts' mean is the one asked for (20,000 draws: the log-normal's standard error
+    of the mean is about 0.06 words at a mean of 10)."""
+    import numpy as np
+    import open_clip
+
+    from euclip_cli.bench import synthetic_captions
+
+    captions = synthetic_captions(10, 20_000)
+    words = np.array([len(c.split()) for c in captions])
+    assert words.mean() == pytest.approx(10, abs=0.3) and words.min() >= 1
+    assert np.median(words) < words.mean()  # right-skewed, as web alt-text lengths are
+    tokens = open_clip.get_tokenizer("ViT-B-32")(captions[:500])
+    ends = tokens.argmax(dim=-1)  # end-of-text has the largest id
+    assert ends.tolist() == [min(len(c.split()) + 1, 76) for c in captions[:500]]
+    assert synthetic_captions(10, 50) == synthetic_captions(10, 50)  # seeded: a rerun times the same captions
+
+
+def test_bench_text_on_a_datacomp_like_length_distribution(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "text", "--caption-words", "10", "--batch-size", "16", "--batches", "2",
+                                      "--rounds", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = json.loads(next(tmp_path.glob("text-*.json")).read_text())
+    assert written["captions_from"].startswith("synthetic captions, word counts log-normal with mean 10")
+    # 32 captions of about 12 tokens on a 32-token context: trimmed to about 16 on average.
+    assert 8 < written["mean_caption_tokens"] < 20 and written["mean_trimmed_context"] < written["context"]
+    assert not (tmp_path / "scratch").exists()  # no world generated for synthetic captions
+    both = CliRunner().invoke(app, ["bench", "text", "--caption-words", "10", "--shards", str(tmp_path),
+                                    "--out", str(tmp_path)])
+    assert both.exit_code == 2 and "--shards and --caption-words" in both.output
+    unknown = CliRunner().invoke(app, ["bench", "text", "--arch", "ViT-Q-99", "--out", str(tmp_path)])
+    assert unknown.exit_code == 2 and "--arch: 'ViT-Q-99'" in " ".join(unknown.output.split())
+
+
 @pytest.mark.parametrize("command", ["train", "text"])
 def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
     result = CliRunner().invoke(app, ["bench", command, "--precision", "fp8", "--out", str(tmp_path)])

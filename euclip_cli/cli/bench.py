@@ -190,8 +190,9 @@ def summary_lines(result: dict) -> list[str]:
 
 
 @app.command("text")
-def text_bench(arch: str = typer.Option("tiny", help="Model (euclip_cli.model.LOCAL_ARCHS); tiny is the "
-                                                      "embedded study's."),
+def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.model.LOCAL_ARCHS (tiny is the "
+                                                      "embedded study's) or an open_clip model (ViT-B-32, "
+                                                      "DataComp's small and medium tower, context 77)."),
                batch_size: int = typer.Option(128, min=2, help="Captions per batch."),
                batches: int = typer.Option(8, min=1, help="Batches of the world's captions timed per round."),
                rounds: int = typer.Option(5, min=1, help="Interleaved rounds (full context, then trimmed)."),
@@ -199,43 +200,60 @@ def text_bench(arch: str = typer.Option("tiny", help="Model (euclip_cli.model.LO
                                                           "train.precision=auto picks on this CPU."),
                shards: Optional[Path] = typer.Option(None, help="Time on the captions of these img2dataset shards "
                                                                 "(e.g. DataComp's) instead of the world's."),
+               caption_words: Optional[float] = typer.Option(
+                   None, help="Time on synthetic captions whose word counts are log-normal with this mean "
+                              "(10: DataComp-1B's captions, as Li et al. 2024 report them) instead of the world's."),
                out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
                ) -> None:
     """The text tower with open_clip's full context against euclip's exact trimming, on the world's
-    captions or on those of any shard folder.
+    captions, on those of any shard folder, or on a DataComp-like length distribution.
 
     Examples:
       euclip bench text --rounds 5
       euclip bench text --shards data/datacomp/small/shards --arch bench-vit
+      euclip bench text --arch ViT-B-32 --caption-words 10 --batch-size 64 --batches 4 --rounds 3
     """
-    from euclip_cli.bench import BenchError, bench_text, ensure_world, shard_captions
+    from euclip_cli.bench import CAPTION_WORDS_SIGMA, BenchError, bench_text, ensure_world, shard_captions, synthetic_captions
 
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
     import torch
+
+    from open_clip import list_models
 
     from euclip_cli.device import resolve_precision
     from euclip_cli.model import LOCAL_ARCHS
 
     precision = resolve_precision(precision, torch.device("cpu"))
 
-    if arch not in LOCAL_ARCHS:
-        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    if arch not in LOCAL_ARCHS and arch not in list_models():
+        common.fail(f"--arch: '{arch}' is neither one of {', '.join(LOCAL_ARCHS)} nor an open_clip model "
+                    "(open_clip.list_models())")
+    if shards is not None and caption_words is not None:
+        common.fail("--shards and --caption-words both name the captions: give one")
+    if caption_words is not None and not caption_words >= 1:
+        common.fail(f"--caption-words: {caption_words} is not a mean of at least one word")
     with common.errors():
         try:
             with common.console.status("timing the text tower, full context and trimmed, interleaved"):
                 if shards is not None and not shards.is_dir():
                     raise UsageError(f"--shards {shards} is not a folder of .tar shards")
-                source = shards if shards is not None else ensure_world(out / "scratch")
-                captions = shard_captions(source, batch_size * batches)
+                if caption_words is not None:
+                    captions = synthetic_captions(caption_words, batch_size * batches)
+                    source_name = (f"synthetic captions, word counts log-normal with mean {caption_words:g} "
+                                   f"(log-space spread {CAPTION_WORDS_SIGMA})")
+                else:
+                    source = shards if shards is not None else ensure_world(out / "scratch")
+                    captions = shard_captions(source, batch_size * batches)
+                    source_name = str(shards) if shards is not None else "the embedded world"
                 result = bench_text(captions, arch, batch_size, rounds, precision)
         except BenchError as err:
             common.fail(str(err), 1)
     seconds = result["seconds_per_batch"]
-    result["captions_from"] = str(shards) if shards is not None else "the embedded world"
+    result["captions_from"] = source_name
     common.console.print(
         f"text tower forward+backward, {arch}, captions of {result['captions_from']}, batch {batch_size}, {precision}, {result['batches']} batches x "
-        f"{rounds} rounds: full context {result['context']} tokens {1000 * seconds['full']:.1f} ms/batch, trimmed "
+        f"{rounds} rounds, mean caption {result['mean_caption_tokens']:.1f} tokens: full context {result['context']} tokens {1000 * seconds['full']:.1f} ms/batch, trimmed "
         f"(mean context {result['mean_trimmed_context']:.1f}) {1000 * seconds['trimmed']:.1f} ms/batch; "
         f"median ratio {result['ratio_median']:.2f}x (rounds {result['ratio_min']:.2f}-{result['ratio_max']:.2f}x)",
         highlight=False)
