@@ -19,6 +19,7 @@ numbers from the same run, whatever the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -250,6 +251,7 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
     euclip really does, so that its fraction of peak does not count the padding it skips.
     """
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     from euclip_cli.model import LOCAL_ARCHS, build_clip, text_features, tokenizer_for
@@ -258,11 +260,13 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
     size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
     ctx = LOCAL_ARCHS[arch]["text_cfg"]["context_length"]
     # An image's count does not depend on its pixels; a caption's depends on its length only when trimmed.
+    # The math attention kernel runs the attention products as bmm, which the counter counts; it has no
+    # formula for the CPU's fused attention kernel and would leave the attention products out.
     images = 2
-    with FlopCounterMode(display=False) as image_counter:
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as image_counter:
         clip.encode_image(torch.randn(images, 3, size, size)).sum().backward()
     tokens = tokenizer_for(arch)(captions) if captions else torch.randint(1, 1000, (2, ctx))
-    with FlopCounterMode(display=False) as text_counter:
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as text_counter:
         (text_features(clip, tokens) if captions else clip.encode_text(tokens)).sum().backward()
     return image_counter.get_total_flops() / images + text_counter.get_total_flops() / len(tokens)
 
@@ -423,3 +427,120 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
             "mean_trimmed_context": sum(lengths) / len(lengths) if lengths else None,
             "seconds_per_batch": {k: statistics.median(v) for k, v in times.items()},
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+# The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to
+# the first kind it matches, so nested ops are not counted twice; the rest is element-wise work,
+# copies, the loss and dispatch. On a CPU, math attention runs its products as bmm, the layers as mm.
+PROFILE_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("linear layers (mm, addmm)", lambda op: op in ("aten::mm", "aten::addmm")),
+    ("attention products (bmm)", lambda op: op in ("aten::bmm", "aten::baddbmm")),
+    ("convolutions", lambda op: "conv" in op),
+    ("softmax", lambda op: "softmax" in op),
+    ("layer norm", lambda op: "layer_norm" in op),
+    ("GELU", lambda op: "gelu" in op),
+    ("optimizer (fused AdamW)", lambda op: "fused_adam" in op),
+)
+MATRIX_KINDS = ("linear layers (mm, addmm)", "attention products (bmm)")
+
+
+def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: str, compile: bool) -> dict:
+    """The trainer's optimizer step (``train.step.forward_backward``, the fused AdamW, the clip and
+    clamps of ``tiny-clip`` with ``arch`` and ``batch_size``) under torch's profiler, on random images
+    and the world's captions (so that trimming sees real lengths), after two untimed steps.
+
+    Data loading is not in it: the trainer logs its wait for data as ``data_wait_share``. Returns the
+    median step time (timed apart, without the profiler), the self time of each kind of op per step, the matrix products' FLOP/s (torch's own count) and the
+    device's 2048^3 matrix-product peak on as many threads, measured in the same run (a child, as
+    ``bench train`` measures it), and writes a Chrome trace.
+    """
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from euclip_cli import config as C
+    from euclip_cli.device import autocast_factory
+    from euclip_cli.model import EuclipModel, image_size, tokenizer_for
+    from euclip_cli.train.optim import build_optimizer
+    from euclip_cli.train.step import forward_backward
+
+    cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={batch_size}",
+                                       f"train.precision={precision}", f"train.compile={str(compile).lower()}"])
+    torch.manual_seed(0)
+    model = EuclipModel(cfg)
+    if compile:
+        model.clip.visual.compile()
+        model.clip.transformer.compile()
+    optimizer = build_optimizer(model, cfg.optim)
+    params = [p for p in model.parameters() if p.requires_grad]
+    autocast = autocast_factory(precision, torch.device("cpu"))
+    size = image_size(model.clip)
+    images = torch.randn(batch_size, 3, size, size)
+    tokens = tokenizer_for(arch)(shard_captions(ensure_world(work), batch_size))
+
+    def step() -> tuple[float, float]:
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
+                         cfg.loss.entail_min_radius, autocast)
+        middle = time.perf_counter()
+        if cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+        optimizer.step()
+        model.clamp_scalars_()
+        return middle - start, time.perf_counter() - middle
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model.train()
+    with sdpa_kernel([SDPBackend.MATH]) if cfg.train.sdpa_math else contextlib.nullcontext():
+        step(), step()  # untimed: allocator, kernel choices (and compiling)
+        # Timed without the profiler first: its bookkeeping lengthens the steps it records.
+        phases = [step() for _ in range(steps)]
+        with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+            profiled = [sum(step()) for _ in range(steps)]
+    trace = work / "profile-trace.json"
+    prof.export_chrome_trace(str(trace))
+
+    kinds = {label: {"ms": 0.0, "flops": 0} for label, _ in PROFILE_KINDS}
+    other = 0.0
+    for event in prof.key_averages():
+        label = next((label for label, match in PROFILE_KINDS if match(event.key)), None)
+        self_ms = event.self_cpu_time_total / 1000 / steps
+        if label is None:
+            other += self_ms
+        else:
+            kinds[label]["ms"] += self_ms
+            kinds[label]["flops"] += event.flops / steps
+    forward_backward_s = statistics.median(p[0] for p in phases)
+    optimizer_s = statistics.median(p[1] for p in phases)
+    matrix_ms = sum(kinds[k]["ms"] for k in MATRIX_KINDS)
+    matrix_flops = sum(kinds[k]["flops"] for k in MATRIX_KINDS)
+    threads = torch.get_num_threads()
+    peak = matmul_peak_tflops(work, Settings(threads=threads, precision=precision))
+    return {"arch": arch, "batch_size": batch_size, "steps": steps, "precision": precision, "compile": compile,
+            "threads": threads, "step_ms": 1000 * (forward_backward_s + optimizer_s),
+            "forward_backward_ms": 1000 * forward_backward_s, "optimizer_ms": 1000 * optimizer_s,
+            "profiled_step_ms": 1000 * statistics.median(profiled),
+            "kinds_ms": {label: v["ms"] for label, v in kinds.items()} | {"other (element-wise, copies, loss)": other},
+            "kinds_gflop": {label: v["flops"] / 1e9 for label, v in kinds.items() if v["flops"]},
+            "matrix_tflops": matrix_flops / (matrix_ms / 1000) / 1e12 if matrix_ms else None,
+            "kinds_tflops": {k: kinds[k]["flops"] / (kinds[k]["ms"] / 1000) / 1e12 for k in MATRIX_KINDS
+                             if kinds[k]["ms"]},
+            "peak_tflops": peak, "trace": str(trace)}
+
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """File descriptor 2 to /dev/null: torch's profiler (kineto) prints start and stop lines, and on a
+    machine without a GPU an error about counting GPUs, from C++, whatever its log level is set to."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

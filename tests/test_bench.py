@@ -1,6 +1,7 @@
 """``euclip bench train`` runs both trainers and reports ratios computed from their own logs (no timing asserted)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -222,7 +223,38 @@ def test_bench_text_on_a_datacomp_like_length_distribution(tmp_path):
     assert unknown.exit_code == 2 and "--arch: 'ViT-Q-99'" in " ".join(unknown.output.split())
 
 
-@pytest.mark.parametrize("command", ["train", "text"])
+def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
+    """The profile's matrix-product FLOPs (torch's profiler counts them per op) against an independent
+    count of the same step's products (torch's FlopCounterMode over both encoders' forward and
+    backward on the same trimmed captions, attention as the trainer runs it on a CPU)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from euclip_cli.bench import ensure_world, shard_captions
+    from euclip_cli.model import build_clip, text_features, tokenizer_for
+
+    result = CliRunner().invoke(app, ["bench", "profile", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "1",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "linear layers (mm, addmm)" in text and "of the step at" in text and "USDT" not in text
+    written = json.loads(next(tmp_path.glob("profile-*.json")).read_text())
+
+    clip = build_clip("tiny-vit")
+    tokens = tokenizer_for("tiny-vit")(shard_captions(ensure_world(tmp_path / "scratch"), 16))
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as counter:
+        (clip.encode_image(torch.randn(16, 3, 64, 64)).sum() + text_features(clip, tokens).sum()).backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    linear, attention = counts["aten.mm"] + counts["aten.addmm"], counts["aten.bmm"]
+    # The loss's 16 x 16 logits are a few products more in the profile: under 0.1%.
+    assert written["kinds_gflop"]["linear layers (mm, addmm)"] == pytest.approx(linear / 1e9, rel=1e-3)
+    assert written["kinds_gflop"]["attention products (bmm)"] == pytest.approx(attention / 1e9, rel=1e-3)
+    assert 0 < written["matrix_tflops"] and 0 < written["peak_tflops"]
+    assert json.loads(Path(written["trace"]).read_text())["traceEvents"]  # a trace chrome://tracing opens
+
+
+@pytest.mark.parametrize("command", ["train", "text", "profile"])
 def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
     result = CliRunner().invoke(app, ["bench", command, "--precision", "fp8", "--out", str(tmp_path)])
     assert result.exit_code == 2

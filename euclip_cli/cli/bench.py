@@ -261,3 +261,63 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
     path = out / f"text-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
     common.console.print(f"written: {path}")
+
+
+@app.command("profile")
+def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.model.LOCAL_ARCHS)."),
+                  batch_size: int = typer.Option(256, min=2, help="Batch (bench train's default)."),
+                  steps: int = typer.Option(3, min=1, help="Profiled steps, after two untimed ones."),
+                  threads: int = typer.Option(0, min=0, help="Torch threads; 0 = every core of this machine."),
+                  precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16; auto is what "
+                                                             "train.precision=auto picks on this CPU."),
+                  compile: bool = typer.Option(False, help="Compile the encoders as train.compile=true does."),
+                  out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and trace go.")
+                  ) -> None:
+    """Where a CPU training step goes: the trainer's step under torch's profiler, by kind of op, with
+    the matrix products' FLOP/s beside the matrix-product peak measured in the same run.
+
+    Example: euclip bench profile --steps 3
+    """
+    from rich.table import Table
+
+    from euclip_cli.bench import MATRIX_KINDS, BenchError, profile_step
+
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    import torch
+
+    from euclip_cli.device import resolve_precision
+    from euclip_cli.model import LOCAL_ARCHS
+
+    if arch not in LOCAL_ARCHS:
+        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    precision = resolve_precision(precision, torch.device("cpu"))
+    work = out / "scratch"
+    work.mkdir(parents=True, exist_ok=True)
+    with common.errors():
+        try:
+            with common.console.status(f"profiling {steps} training steps of {arch}, batch {batch_size}"):
+                result = profile_step(work, arch, batch_size, steps, precision, compile)
+        except BenchError as err:
+            common.fail(str(err), 1)
+    kinds = result["kinds_ms"]
+    profiled = sum(kinds.values())
+    table = Table(title=f"one step of {arch}, batch {batch_size}, {precision}, {result['threads']} threads, "
+                        f"{'compiled' if compile else 'eager'}: self time by kind of op (under the profiler)")
+    for column in ("kind of op", "ms per step", "share", "TFLOP/s"):
+        table.add_column(column, justify="left" if column == "kind of op" else "right")
+    for label, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        rate = result["kinds_tflops"].get(label)
+        table.add_row(label, f"{ms:.1f}", f"{ms / profiled:.0%}", f"{rate:.3f}" if rate else "")
+    common.console.print(table)
+    matrix_share = sum(kinds[k] for k in MATRIX_KINDS) / profiled
+    common.console.print(
+        f"step {result['step_ms']:.0f} ms without the profiler ({batch_size * 1000 / result['step_ms']:.1f} samples/s; "
+        f"forward and backward {result['forward_backward_ms']:.0f} ms, optimizer {result['optimizer_ms']:.0f} ms), "
+        f"{result['profiled_step_ms']:.0f} ms under it. Matrix products: {matrix_share:.0%} of the step at "
+        f"{result['matrix_tflops']:.3f} TFLOP/s, {result['matrix_tflops'] / result['peak_tflops']:.0%} of the "
+        f"{result['peak_tflops']:.3f} TFLOP/s a 2048^3 product reached in the same run", highlight=False)
+    path = out / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    common.console.print(f"written: {path} (Chrome trace: {result['trace']})")
