@@ -442,6 +442,7 @@ PROFILE_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("optimizer (fused AdamW)", lambda op: "fused_adam" in op),
 )
 MATRIX_KINDS = ("linear layers (mm, addmm)", "attention products (bmm)")
+OTHER_OPS_SHOWN = 8
 
 
 def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: str, compile: bool) -> dict:
@@ -504,12 +505,12 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     prof.export_chrome_trace(str(trace))
 
     kinds = {label: {"ms": 0.0, "flops": 0} for label, _ in PROFILE_KINDS}
-    other = 0.0
+    other: dict[str, float] = {}
     for event in prof.key_averages():
         label = next((label for label, match in PROFILE_KINDS if match(event.key)), None)
         self_ms = event.self_cpu_time_total / 1000 / steps
         if label is None:
-            other += self_ms
+            other[event.key] = other.get(event.key, 0.0) + self_ms
         else:
             kinds[label]["ms"] += self_ms
             kinds[label]["flops"] += event.flops / steps
@@ -523,7 +524,10 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
             "threads": threads, "step_ms": 1000 * (forward_backward_s + optimizer_s),
             "forward_backward_ms": 1000 * forward_backward_s, "optimizer_ms": 1000 * optimizer_s,
             "profiled_step_ms": 1000 * statistics.median(profiled),
-            "kinds_ms": {label: v["ms"] for label, v in kinds.items()} | {"other (element-wise, copies, loss)": other},
+            "kinds_ms": {label: v["ms"] for label, v in kinds.items()}
+            | {"other (element-wise, copies, loss)": sum(other.values())},
+            # What "other" is made of, the largest first: the candidates for fusing.
+            "other_ops_ms": dict(sorted(other.items(), key=lambda kv: -kv[1])[:OTHER_OPS_SHOWN]),
             "kinds_gflop": {label: v["flops"] / 1e9 for label, v in kinds.items() if v["flops"]},
             "matrix_tflops": matrix_flops / (matrix_ms / 1000) / 1e12 if matrix_ms else None,
             "kinds_tflops": {k: kinds[k]["flops"] / (kinds[k]["ms"] / 1000) / 1e12 for k in MATRIX_KINDS

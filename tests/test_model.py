@@ -169,3 +169,77 @@ def test_trimming_is_refused_where_it_would_not_be_exact():
     clip.text_pool_type = "argmax"
     clip.attn_mask = None
     assert context_groups(clip, tokens) is None  # bidirectional attention: padding is seen
+
+
+@pytest.mark.parametrize("mask", ["none", "additive", "causal", "per_head", "boolean"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_attention_equals_torchs_multihead_attention(mask, batch_first):
+    """Outputs and every gradient equal to ``nn.MultiheadAttention``'s on the same parameters (fp64)."""
+    import copy
+
+    from torch import nn
+
+    from euclip_cli.model import PackedSelfAttention
+
+    torch.manual_seed(0)
+    batch, length, width, heads = 3, 7, 32, 4
+    mha = nn.MultiheadAttention(width, heads, batch_first=batch_first).double()
+    packed = PackedSelfAttention(copy.deepcopy(mha))
+    masks = {"none": None, "additive": torch.randn(length, length),
+             "causal": torch.full((length, length), float("-inf")).triu(1),
+             "per_head": torch.randn(batch * heads, length, length),
+             "boolean": torch.rand(length, length) > 0.6}  # True: not attended, torch's convention
+    attn_mask = masks[mask]
+    if mask == "boolean":
+        attn_mask[:, 0] = False  # every query attends to something
+    elif attn_mask is not None:
+        attn_mask = attn_mask.double()
+    shape = (batch, length, width) if batch_first else (length, batch, width)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    def run(module):
+        out = module(x, x, x, need_weights=False, attn_mask=attn_mask)[0]
+        return out, torch.autograd.grad(out.sin().sum(), [x, *module.parameters()])
+
+    (reference, reference_grads), (out, grads) = run(mha), run(packed)
+    torch.testing.assert_close(out, reference, atol=1e-12, rtol=0)
+    assert len(grads) == len(reference_grads) == 5  # the input, in_proj weight and bias, out_proj weight and bias
+    for grad, expected in zip(grads, reference_grads):
+        torch.testing.assert_close(grad, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["tiny-vit-c16", "bench-vit"])
+def test_built_towers_load_open_clips_weights_and_compute_what_open_clip_computes(arch):
+    """build_clip's towers (packed attention) against open_clip's own, built from the same config and
+    weights: the same state-dict keys and parameter order (checkpoints and optimizer states load
+    either way), and the same embeddings and gradients (fp64)."""
+    import open_clip
+
+    from euclip_cli.model import LOCAL_ARCHS, PackedSelfAttention, tokenizer_for
+
+    torch.manual_seed(0)
+    ours, theirs = build_clip(arch).double(), open_clip.CLIP(**LOCAL_ARCHS[arch]).double()
+    if arch in CONV_STEMS:
+        theirs.visual.conv1 = ours.visual.conv1.__class__(LOCAL_ARCHS[arch]["vision_cfg"]["width"], CONV_STEMS[arch]).double()
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    theirs.load_state_dict(ours.state_dict())
+    assert any(isinstance(m, PackedSelfAttention) for m in ours.modules())
+    assert not any(isinstance(m, PackedSelfAttention) for m in theirs.modules())
+    size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
+    images = torch.randn(2, 3, size, size, dtype=torch.float64)
+    tokens = tokenizer_for(arch)(["a red circle", "a picture of a small blue square on a green field"])
+
+    def run(clip):
+        clip.zero_grad()
+        out = torch.cat([clip.encode_image(images), clip.encode_text(tokens)])
+        out.sin().sum().backward()
+        # The logit scale is not in the encoders: it has no gradient here, in both.
+        return out.detach(), [None if p.grad is None else p.grad.clone() for p in clip.parameters()]
+
+    (out, grads), (reference, reference_grads) = run(ours), run(theirs)
+    torch.testing.assert_close(out, reference, atol=1e-10, rtol=0)
+    assert sum(g is not None for g in grads) > len(grads) - 3
+    for (name, _), grad, expected in zip(ours.named_parameters(), grads, reference_grads):
+        assert (grad is None) == (expected is None), name
+        if grad is not None:
+            torch.testing.assert_close(grad, expected, atol=1e-10, rtol=0, msg=name)

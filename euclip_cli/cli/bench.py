@@ -311,6 +311,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
         rate = result["kinds_tflops"].get(label)
         table.add_row(label, f"{ms:.1f}", f"{ms / profiled:.0%}", f"{rate:.3f}" if rate else "")
     common.console.print(table)
+    common.console.print("largest in other: " + ", ".join(f"{op} {ms:.0f} ms" for op, ms in result["other_ops_ms"].items()),
+                         highlight=False)
     matrix_share = sum(kinds[k] for k in MATRIX_KINDS) / profiled
     common.console.print(
         f"step {result['step_ms']:.0f} ms without the profiler ({batch_size * 1000 / result['step_ms']:.1f} samples/s; "
