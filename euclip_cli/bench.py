@@ -446,7 +446,7 @@ OTHER_OPS_SHOWN = 8
 
 
 def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: str, compile: bool) -> dict:
-    """The trainer's optimizer step (``train.step.forward_backward``, the fused AdamW, the clip and
+    """The trainer's optimizer step (``step.forward_backward``, the fused AdamW, the clip and
     clamps of ``tiny-clip`` with ``arch`` and ``batch_size``) under torch's profiler, on random images
     and the world's captions (so that trimming sees real lengths), after two untimed steps.
 
@@ -463,8 +463,8 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     from euclip_cli import config as C
     from euclip_cli.device import autocast_factory
     from euclip_cli.model import EuclipModel, image_size, tokenizer_for
-    from euclip_cli.train.optim import build_optimizer
-    from euclip_cli.train.step import forward_backward
+    from euclip_cli.optim import build_optimizer
+    from euclip_cli.step import forward_backward
 
     cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={batch_size}",
                                        f"train.precision={precision}", f"train.compile={str(compile).lower()}"])

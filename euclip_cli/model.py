@@ -442,7 +442,7 @@ class EuclipModel(nn.Module):
 
     def loss_scalars(self) -> list[nn.Parameter]:
         """The learnable parameters that enter only the loss, not an encoder (t, and log c where
-        learned): under several ranks they are live on rank 0 alone (``euclip_cli.train.step``)."""
+        learned): under several ranks they are live on rank 0 alone (``euclip_cli.step``)."""
         found = [self.clip.logit_scale] + ([self.log_curv] if self.geometry.has_curvature else [])
         return [q for q in found if q.requires_grad]
 

@@ -7,7 +7,7 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
-from euclip_cli.train.step import forward_backward
+from euclip_cli.step import forward_backward
 
 RECIPES = {
     "clip": [],

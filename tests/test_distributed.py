@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
 from euclip_cli.train.distributed import BUCKET_BYTES, Dist, GradientReducer
-from euclip_cli.train.step import forward_backward
+from euclip_cli.step import forward_backward
 from tests.test_accumulation import RECIPES
 
 CASES = [(variant, k) for variant in RECIPES for k in (1, 2)]

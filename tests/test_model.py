@@ -84,7 +84,7 @@ def test_frozen_logit_scale_gets_no_gradient():
 
 
 def test_weight_decay_spares_gains_biases_and_scalars():
-    from euclip_cli.train.optim import param_groups
+    from euclip_cli.optim import param_groups
 
     model = EuclipModel(C.load_config("tiny-meru", ["model.arch=tiny-vit"]))
     no_decay, decay = param_groups(model, 0.2)

@@ -135,7 +135,7 @@ def test_gradients_reach_every_class_token(arch):
 
 
 def test_extra_image_class_tokens_are_exempt_from_weight_decay_like_the_first():
-    from euclip_cli.train.optim import param_groups
+    from euclip_cli.optim import param_groups
 
     model = EuclipModel(C.load_config("tiny-multi", ["model.arch=tiny-vit"]))
     no_decay, decay = param_groups(model, 0.2)

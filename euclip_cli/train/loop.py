@@ -31,8 +31,8 @@ from euclip_cli.model import EuclipModel, batchnorm_statistics, load_run_weights
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
-from euclip_cli.train.optim import build_optimizer, cosine_lr
-from euclip_cli.train.step import forward_backward
+from euclip_cli.optim import build_optimizer, cosine_lr
+from euclip_cli.step import forward_backward
 
 # Consecutive skipped (non-finite) steps after which the run stops.
 MAX_NONFINITE = 5
