@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from euclip_cli.errors import Failure
+from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir
 
 BENCH_ARCH = "bench-vit"
@@ -113,12 +113,35 @@ def child_env(threads: int) -> dict:
             "PYTHONUNBUFFERED": "1"}
 
 
+# The bench's world: one full shard. OpenCLIP's webdataset pipeline (open_clip_train 3.3 with the
+# pinned webdataset) fails with KeyError 'fname' at the end of a shard, where webdataset yields an
+# empty sample that open_clip's grouping cannot read. Its 5,000-sample shuffle buffer reads up to
+# two samples per sample it yields until it is full, so a stream that yields at most
+# OPENCLIP_STREAM_SAMPLES (prefetched batches included) never reaches the end of a 10,000-sample shard.
+BENCH_WORLD_SAMPLES = 10_000
+OPENCLIP_STREAM_SAMPLES = 4_096
+OPENCLIP_PREFETCH_BATCHES = 2  # per loader worker, torch's DataLoader default
+
+
 def ensure_world(work: Path) -> Path:
     from euclip_cli.data.world_files import WorldSettings, generate
 
-    out = work / "world"
-    generate(out, WorldSettings(seed=0, samples=4096, eval_size=16), workers=2)
+    out = work / f"world-{BENCH_WORLD_SAMPLES}"
+    generate(out, WorldSettings(seed=0, samples=BENCH_WORLD_SAMPLES, eval_size=16), workers=2)
     return out / "train"
+
+
+def check_openclip_length(s: Settings) -> None:
+    """Refuse settings whose OpenCLIP run would read one of its streams past ``OPENCLIP_STREAM_SAMPLES``."""
+    streams = max(1, s.workers)
+    batches = -(-(s.steps + s.warmup) // streams) + (OPENCLIP_PREFETCH_BATCHES if s.workers else 0)
+    if batches * s.batch_size > OPENCLIP_STREAM_SAMPLES:
+        most = OPENCLIP_STREAM_SAMPLES // s.batch_size - (OPENCLIP_PREFETCH_BATCHES if s.workers else 0)
+        raise UsageError(f"--steps {s.steps} with --warmup {s.warmup}, --batch-size {s.batch_size} and {s.workers} "
+                         f"loader workers would read {batches * s.batch_size:,} samples through one of OpenCLIP's "
+                         f"streams, past the {OPENCLIP_STREAM_SAMPLES:,} its pipeline can read from the bench's "
+                         f"world; use at most {most * streams} steps in all (warm-up included), more --workers, or "
+                         f"--no-openclip")
 
 
 def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
@@ -273,6 +296,8 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
                 on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+    if openclip:
+        check_openclip_length(s)
     work = work.resolve()  # the children run inside it
     work.mkdir(parents=True, exist_ok=True)
     with (work / ".lock").open("w") as lock:
@@ -451,9 +476,10 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     and the world's captions (so that trimming sees real lengths), after two untimed steps.
 
     Data loading is not in it: the trainer logs its wait for data as ``data_wait_share``. Returns the
-    median step time (timed apart, without the profiler), the self time of each kind of op per step, the matrix products' FLOP/s (torch's own count) and the
-    device's 2048^3 matrix-product peak on as many threads, measured in the same run (a child, as
-    ``bench train`` measures it), and writes a Chrome trace.
+    median step time (timed apart, without the profiler), the self time of each kind of op per step,
+    the matrix products' FLOP/s (torch's own count) and the device's 2048^3 matrix-product peak on
+    as many threads, measured in the same run (a child, as ``bench train`` measures it), and writes
+    a Chrome trace.
     """
     import time
 
@@ -533,7 +559,6 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
             "kinds_tflops": {k: kinds[k]["flops"] / (kinds[k]["ms"] / 1000) / 1e12 for k in MATRIX_KINDS
                              if kinds[k]["ms"]},
             "peak_tflops": peak, "trace": str(trace)}
-
 
 
 @contextlib.contextmanager

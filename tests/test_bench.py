@@ -151,6 +151,29 @@ def test_a_second_bench_in_the_same_folder_is_refused(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == [".lock"]  # nothing of the running bench touched
 
 
+def test_a_bench_longer_than_openclips_pipeline_can_read_is_refused_before_it_starts(tmp_path):
+    """OpenCLIP's webdataset pipeline fails at a shard's end: 20 steps of 256 in one stream would get
+    there, so the bench says which option to change instead of failing in OpenCLIP's traceback."""
+    result = CliRunner().invoke(app, ["bench", "train", "--steps", "20", "--batch-size", "256", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "--steps 20" in text and "use at most 16 steps in all" in text and "Traceback" not in text
+    assert not any(tmp_path.iterdir())  # refused before the scratch world was generated
+
+
+def test_openclips_stream_length_check_counts_workers_and_their_prefetched_batches():
+    from euclip_cli.bench import OPENCLIP_STREAM_SAMPLES, Settings, check_openclip_length
+    from euclip_cli.errors import UsageError
+
+    check_openclip_length(Settings(batch_size=256, steps=14, warmup=2, workers=0))  # 16 x 256 = 4,096: fits
+    with pytest.raises(UsageError):
+        check_openclip_length(Settings(batch_size=256, steps=15, warmup=2, workers=0))
+    # 8 workers: 22 steps are 3 batches a stream, plus 2 prefetched: 5 x 256 = 1,280.
+    check_openclip_length(Settings(batch_size=256, steps=20, warmup=2, workers=8))
+    with pytest.raises(UsageError):
+        check_openclip_length(Settings(batch_size=OPENCLIP_STREAM_SAMPLES // 2, steps=1, warmup=0, workers=1))
+
+
 def test_bench_text_times_full_and_trimmed_contexts_on_the_worlds_captions(tmp_path):
     result = CliRunner().invoke(app, ["bench", "text", "--batch-size", "16", "--batches", "2", "--rounds", "2",
                                       "--out", str(tmp_path)])

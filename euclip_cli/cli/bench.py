@@ -213,7 +213,8 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
       euclip bench text --shards data/datacomp/small/shards --arch bench-vit
       euclip bench text --arch ViT-B-32 --caption-words 10 --batch-size 64 --batches 4 --rounds 3
     """
-    from euclip_cli.bench import CAPTION_WORDS_SIGMA, BenchError, bench_text, ensure_world, shard_captions, synthetic_captions
+    from euclip_cli.bench import (CAPTION_WORDS_SIGMA, BenchError, bench_text, ensure_world, shard_captions,
+                                  synthetic_captions)
 
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
@@ -311,8 +312,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
         rate = result["kinds_tflops"].get(label)
         table.add_row(label, f"{ms:.1f}", f"{ms / profiled:.0%}", f"{rate:.3f}" if rate else "")
     common.console.print(table)
-    common.console.print("largest in other: " + ", ".join(f"{op} {ms:.0f} ms" for op, ms in result["other_ops_ms"].items()),
-                         highlight=False)
+    largest = ", ".join(f"{op} {ms:.0f} ms" for op, ms in result["other_ops_ms"].items())
+    common.console.print(f"largest in other: {largest}", highlight=False)
     matrix_share = sum(kinds[k] for k in MATRIX_KINDS) / profiled
     common.console.print(
         f"step {result['step_ms']:.0f} ms without the profiler ({batch_size * 1000 / result['step_ms']:.1f} samples/s; "
