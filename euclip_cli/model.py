@@ -186,11 +186,13 @@ class PackedSelfAttention(nn.Module):
 
 def pack_attention(clip: nn.Module) -> None:
     """Every open_clip residual block's ``nn.MultiheadAttention`` becomes a ``PackedSelfAttention`` on
-    the same parameters (blocks with dropout or separate q, k, v projections keep torch's)."""
+    the same parameters (blocks that attend across modalities, as CoCa's decoder does, or with
+    dropout or separate q, k, v projections keep torch's)."""
     for block in clip.modules():
         attn = getattr(block, "attn", None)
-        if (isinstance(block, open_clip.transformer.ResidualAttentionBlock) and isinstance(attn, nn.MultiheadAttention)
-                and attn._qkv_same_embed_dim and attn.dropout == 0 and attn.in_proj_bias is not None):
+        if (isinstance(block, open_clip.transformer.ResidualAttentionBlock) and not hasattr(block, "ln_1_kv")
+                and isinstance(attn, nn.MultiheadAttention) and attn._qkv_same_embed_dim and attn.dropout == 0
+                and attn.in_proj_bias is not None):
             block.attn = PackedSelfAttention(attn)
 
 

@@ -277,6 +277,17 @@ def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
     assert json.loads(Path(written["trace"]).read_text())["traceEvents"]  # a trace chrome://tracing opens
 
 
+@pytest.mark.parametrize("args, named", [
+    (["text", "--caption-words", "0"], "--caption-words: 0.0 is not a mean of at least one word"),
+    (["profile", "--arch", "ViT-Q-99"], "--arch: 'ViT-Q-99' is not one of"),
+    (["train", "--arch", "ViT-Q-99"], "--arch: 'ViT-Q-99' is not one of"),
+])
+def test_a_bad_bench_option_is_one_line_naming_it(tmp_path, args, named):
+    result = CliRunner().invoke(app, ["bench", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 2 and named in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output and not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("command", ["train", "text", "profile"])
 def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
     result = CliRunner().invoke(app, ["bench", command, "--precision", "fp8", "--out", str(tmp_path)])

@@ -19,6 +19,21 @@ app = typer.Typer(help="Speed benchmarks (targets live here, never in tests).", 
 KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        common.fail(f"--precision: '{precision}' is not one of {', '.join(PRECISIONS)}")
+
+
+def _check_local_arch(arch: str) -> None:
+    from euclip_cli.model import LOCAL_ARCHS
+
+    if arch not in LOCAL_ARCHS:
+        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+
+
 @app.command("train")
 def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.model.LOCAL_ARCHS); the default is "
                                                              "the one OpenCLIP was measured with on this CPU."),
@@ -55,8 +70,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
 
     from euclip_cli.bench import BenchError, Settings, bench_train
 
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    _check_precision(precision)
     import torch
 
     from euclip_cli.device import resolve_precision
@@ -68,10 +82,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
         # A GPU consumes batches faster than one process decodes them (measured on an H100's machine:
         # 1,216 world samples/s in-process against 6,142 with 8 workers, docs/training.md).
         workers = 8 if device.startswith("cuda") else 0
-    from euclip_cli.model import LOCAL_ARCHS
-
-    if arch not in LOCAL_ARCHS:
-        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    _check_local_arch(arch)
     settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
                         precision=precision, device=device, workers=workers, compile=compile, rounds=rounds)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -216,8 +227,7 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
     from euclip_cli.bench import (CAPTION_WORDS_SIGMA, BenchError, bench_text, ensure_world, shard_captions,
                                   synthetic_captions)
 
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    _check_precision(precision)
     import torch
 
     from open_clip import list_models
@@ -283,15 +293,12 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
 
     from euclip_cli.bench import MATRIX_KINDS, BenchError, profile_step
 
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        common.fail(f"--precision: '{precision}' is not one of auto, fp32, bf16, fp16")
+    _check_precision(precision)
     import torch
 
     from euclip_cli.device import resolve_precision
-    from euclip_cli.model import LOCAL_ARCHS
 
-    if arch not in LOCAL_ARCHS:
-        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    _check_local_arch(arch)
     torch.set_num_threads(threads or os.cpu_count() or 1)
     precision = resolve_precision(precision, torch.device("cpu"))
     work = out / "scratch"
