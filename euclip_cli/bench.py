@@ -484,6 +484,7 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     import time
 
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
 
     from euclip_cli import config as C
@@ -497,8 +498,7 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     torch.manual_seed(0)
     model = EuclipModel(cfg)
     if compile:
-        model.clip.visual.compile()
-        model.clip.transformer.compile()
+        model.compile_encoders()
     optimizer = build_optimizer(model, cfg.optim)
     params = [p for p in model.parameters() if p.requires_grad]
     autocast = autocast_factory(precision, torch.device("cpu"))
@@ -517,8 +517,6 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
         optimizer.step()
         model.clamp_scalars_()
         return middle - start, time.perf_counter() - middle
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model.train()
     with sdpa_kernel([SDPBackend.MATH]) if cfg.train.sdpa_math else contextlib.nullcontext():

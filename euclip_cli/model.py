@@ -448,6 +448,11 @@ class EuclipModel(nn.Module):
         found = [self.clip.logit_scale] + ([self.log_curv] if self.geometry.has_curvature else [])
         return [q for q in found if q.requires_grad]
 
+    def compile_encoders(self) -> None:
+        """torch.compile both towers in place (``train.compile``): the state dict keeps its keys."""
+        self.clip.visual.compile()
+        self.clip.transformer.compile()
+
     @torch.no_grad()
     def clamp_scalars_(self) -> None:
         """Clamp t to [min, ln max] and log c to its interval, on the parameters themselves.

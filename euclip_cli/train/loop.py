@@ -202,8 +202,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
             for name, buffer in batchnorm_statistics(model).items():
                 buffer.copy_(own[name])
     if cfg.train.compile:
-        model.clip.visual.compile()
-        model.clip.transformer.compile()
+        model.compile_encoders()
 
     def summary(branch: str, ckpt: Optional[Path], interrupted: bool, skipped: int, nonfinite: int) -> dict:
         return {"branch": branch, "steps": step, "total_steps": total, "checkpoint": str(ckpt),
