@@ -66,15 +66,25 @@ class Measurement:
     peak_gpu_mib: Optional[float] = None
     # The median share of a step spent waiting for the next batch: near 1, the loader is the bottleneck.
     data_wait_share: Optional[float] = None
+    # euclip's own loaders (the trainer's records): what they could deliver, and their CPU share.
+    loader_samples_per_s: Optional[float] = None
+    loader_cpu_share: Optional[float] = None
 
 
 def over_rounds(rounds: list[Measurement]) -> Measurement:
     """One trainer's measurements of every round as one: median rate, every round's rate, largest memory."""
     rates = [m.samples_per_s for m in rounds]
     gpu = max((m.peak_gpu_mib or 0.0 for m in rounds), default=0.0) or None
-    waits = [m.data_wait_share for m in rounds if m.data_wait_share is not None]
     return Measurement(rounds[0].name, statistics.median(rates), rates, sum(m.steps_timed for m in rounds),
-                       max(m.peak_rss_mib for m in rounds), gpu, statistics.median(waits) if waits else None)
+                       max(m.peak_rss_mib for m in rounds), gpu, _median_of(rounds, "data_wait_share"),
+                       _median_of(rounds, "loader_samples_per_s"), _median_of(rounds, "loader_cpu_share"))
+
+
+def _median_of(items: list, field: str) -> Optional[float]:
+    """The median of ``field`` over the items (objects or dicts) that have it; None where none has."""
+    values = [v for v in (item.get(field) if isinstance(item, dict) else getattr(item, field) for item in items)
+              if v is not None]
+    return statistics.median(values) if values else None
 
 
 def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
@@ -172,8 +182,8 @@ def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
         raise BenchError(f"{name}: no training records after the {warmup} warm-up steps in {run}")
     rate = statistics.median(r["samples_per_s"] for r in records)
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
-    return Measurement(name, rate, [rate], len(records), rss, gpu,
-                       statistics.median(r["data_wait_share"] for r in records))
+    return Measurement(name, rate, [rate], len(records), rss, gpu, _median_of(records, "data_wait_share"),
+                       _median_of(records, "loader_samples_per_s"), _median_of(records, "loader_cpu_share"))
 
 
 def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
@@ -466,6 +476,69 @@ PROFILE_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("GELU", lambda op: "gelu" in op),
     ("optimizer (fused AdamW)", lambda op: "fused_adam" in op),
 )
+# The loader's ways of stacking a batch: euclip's (straight into shared memory in a worker) and the
+# reference, a plain torch.stack whose result the worker's handover copies into shared memory.
+LOADER_STACKS = ("shared", "plain")
+
+
+def loader_batches_timed(workers: int) -> int:
+    """Batches a loader measurement times by default: a worker's batches arrive in clumps of about
+    ``workers``, so a rate over a few clumps is off by up to one clump; four or more keep it within 25%."""
+    return max(8, 4 * workers)
+
+
+def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, batches: int, warmup: int,
+                 rounds: int, pin_memory: bool) -> dict:
+    """The training loader alone (``TrainBatches`` as the trainer builds it: ``arch``'s training
+    transforms and tokenizer, the default shuffle buffer), euclip's stacking against a plain stack,
+    interleaved in rounds; each measurement starts fresh workers, waits out ``warmup`` batches,
+    then times ``batches``.
+    """
+    import time
+
+    import torch
+
+    from euclip_cli.config import DataConfig
+    from euclip_cli.data.loader import TrainBatches, list_shards
+    from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+
+    transform, _ = transforms_for(build_clip(arch))
+    tokenizer = tokenizer_for(arch)
+    shards = list_shards(world_train, "euclip bench loader")
+    stacks = {"shared": torch.utils.data.default_collate, "plain": torch.stack}
+
+    def measure(stack) -> dict:
+        stream = TrainBatches(shards, batch_size, transform, tokenizer, seed=0,
+                              # One segment: a stream restarts only at a run's checkpoints, rare in a long run.
+                              shuffle_buffer=DataConfig().shuffle_buffer, segment_steps=sys.maxsize,
+                              workers=workers, pin_memory=pin_memory, stack=stack)
+        try:
+            for _ in range(warmup):
+                next(stream)
+            stream.take_work()
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(stream)
+            elapsed = time.perf_counter() - start
+            work = stream.take_work()
+        finally:
+            stream.close()
+        return {"samples_per_s": batches * batch_size / elapsed, **work.record(max(1, workers), batch_size)}
+
+    per_round = {kind: [] for kind in LOADER_STACKS}
+    for _ in range(rounds):
+        for kind in LOADER_STACKS:
+            per_round[kind].append(measure(stacks[kind]))
+    measurements = {kind: {"per_round": [m["samples_per_s"] for m in ms],
+                           **{field: statistics.median(m[field] for m in ms)
+                              for field in ("samples_per_s", "loader_samples_per_s", "loader_cpu_share")}}
+                    for kind, ms in per_round.items()}
+    return {"settings": {"arch": arch, "batch_size": batch_size, "workers": workers, "batches": batches,
+                         "warmup": warmup, "rounds": rounds, "pin_memory": pin_memory},
+            "measurements": measurements,
+            "shared_vs_plain": ratio_over_rounds(measurements["shared"]["per_round"], measurements["plain"]["per_round"])}
+
+
 MATRIX_KINDS = ("linear layers (mm, addmm)", "attention products (bmm)")
 OTHER_OPS_SHOWN = 8
 

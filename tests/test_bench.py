@@ -36,6 +36,8 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
         assert len(v["per_round"]) == 1 and v["per_round"][0] > 0 and v["peak_rss_mib"] > 100
         assert v["steps_timed"] == 2
         assert 0.0 <= v["data_wait_share"] <= 1.0  # every trainer's, OpenCLIP's read from its own log
+        # euclip's loaders report what they could deliver; OpenCLIP's log does not say.
+        assert (v["loader_samples_per_s"] is not None) == v["name"].startswith(("euclip", "tiny"))
     assert report["speedup_vs_openclip"]["median"] == pytest.approx(m["euclip"]["per_round"][0] / m["openclip"]["per_round"][0])
     peaks = report["peak_tflops"]["per_round"]
     assert len(peaks) == 1 and 0.001 < peaks[0] < 10_000
@@ -314,3 +316,54 @@ def test_euclip_flops_count_each_caption_on_its_trimmed_context(monkeypatch):
     long_caption = " ".join(["star"] * 40)  # truncated to the context: nothing to trim
     assert bench.flops_per_sample(arch, [long_caption] * 2) == pytest.approx(full)
     assert bench.flops_per_sample(arch, ["a star", long_caption]) == pytest.approx((eight + full) / 2)
+
+
+def test_euclip_runs_are_measured_from_their_records_after_the_warm_up(tmp_path):
+    from euclip_cli import bench
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"step": 1, "samples_per_s": 5.0, "data_wait_share": 0.9, "loader_samples_per_s": 10.0,
+                "loader_cpu_share": 0.1},  # warm-up: dropped
+               {"step": 2, "samples_per_s": 40.0, "data_wait_share": 0.2, "loader_samples_per_s": 300.0,
+                "loader_cpu_share": 0.9},
+               {"step": 3, "samples_per_s": 50.0, "data_wait_share": 0.1, "loader_samples_per_s": 100.0,
+                "loader_cpu_share": 0.7},
+               {"step": 4, "samples_per_s": 60.0, "data_wait_share": 0.3, "loader_samples_per_s": 200.0,
+                "loader_cpu_share": 0.8}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    measured = bench._from_records("euclip-accum1", run, warmup=1, rss=100.0)
+    assert (measured.samples_per_s, measured.steps_timed) == (50.0, 3)
+    assert measured.data_wait_share == pytest.approx(0.2)
+    assert measured.loader_samples_per_s == 200.0 and measured.loader_cpu_share == pytest.approx(0.8)
+    rounds = bench.over_rounds([measured, bench.Measurement("euclip-accum1", 70.0, [70.0], 3, 90.0, None, 0.4, 400.0,
+                                                            0.6)])
+    assert rounds.loader_samples_per_s == pytest.approx(300.0) and rounds.loader_cpu_share == pytest.approx(0.7)
+
+
+def test_bench_loader_times_both_stackings_interleaved_and_reports_them(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "loader", "--arch", "tiny", "--batch-size", "8", "--workers", "1",
+                                      "--batches", "3", "--warmup", "1", "--rounds", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "into shared memory (euclip)" in text and "plain torch.stack (reference)" in text
+    report = json.loads(next(tmp_path.glob("loader-*.json")).read_text())
+    assert report["settings"] == {"arch": "tiny", "batch_size": 8, "workers": 1, "batches": 3, "warmup": 1,
+                                  "rounds": 2, "pin_memory": False}
+    m = report["measurements"]
+    for kind in ("shared", "plain"):
+        assert len(m[kind]["per_round"]) == 2 and all(r > 0 for r in m[kind]["per_round"])
+        assert m[kind]["loader_samples_per_s"] > 0 and 0 < m[kind]["loader_cpu_share"] <= 1.5
+    ratios = [a / b for a, b in zip(m["shared"]["per_round"], m["plain"]["per_round"])]
+    assert report["shared_vs_plain"]["per_round"] == pytest.approx(ratios)
+    assert f"euclip / reference: {report['shared_vs_plain']['median']:.2f}x" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", "nope"], "--arch: 'nope' is neither"),
+    (["--pin-memory"], "--pin-memory: this machine has no GPU"),
+])
+def test_bench_loader_refuses_bad_options_in_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["bench", "loader", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -1,7 +1,8 @@
-"""The training loader: shapes, exact resume positions, per-rank streams, skip counts from workers."""
+"""The training loader: shapes, exact resume positions, per-rank streams, skip counts and costs from workers."""
 
 import io
 import tarfile
+import time
 
 import pytest
 import torch
@@ -94,3 +95,40 @@ def test_a_script_that_never_closes_its_loader_still_exits(world, tmp_path):
         "print('read one batch')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "read one batch" in done.stdout, done.stderr[-2000:]
+
+
+SAMPLE_SECONDS = 0.004
+
+
+def sleeping(transform):
+    """A transform that keeps its loader off the CPU for a while per sample, as a blocked read would."""
+    def slow(image):
+        time.sleep(SAMPLE_SECONDS)
+        return transform(image)
+    return slow
+
+
+def computing(transform):
+    """A transform that keeps its loader busy on the CPU for a while per sample, as decoding would."""
+    def slow(image):
+        end = time.thread_time() + SAMPLE_SECONDS
+        while time.thread_time() < end:
+            pass
+        return transform(image)
+    return slow
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind, busy", [(sleeping, False), (computing, True)])
+def test_each_batch_reports_what_making_it_cost_its_loader(world, pipeline_parts, workers, kind, busy):
+    stream = batches(world, (kind(pipeline_parts[0]), pipeline_parts[1]), workers=workers, shuffle_buffer=0)
+    for _ in range(3):
+        next(stream)
+    work = stream.take_work()
+    assert work.batches == 3
+    assert work.wall_s >= 3 * 8 * SAMPLE_SECONDS  # 8 samples a batch, each at least that long
+    # Only busy loaders show CPU time near their wall time (the bound leaves room for a loaded machine).
+    assert (work.cpu_s / work.wall_s > 0.5) == busy
+    assert stream.take_work().batches == 0  # taking the work starts a new count
+    next(stream)
+    assert stream.take_work().batches == 1

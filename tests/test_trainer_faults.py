@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from euclip_cli import config as C
+from euclip_cli.data.loader import LoaderWork
 from euclip_cli.errors import Failure
 from euclip_cli.rundir import RunDir, load_checkpoint
 from euclip_cli.train.metrics import start_wandb
@@ -360,7 +361,8 @@ def test_the_one_sync_finite_check_agrees_with_an_element_by_element_check():
 
 def test_the_log_says_how_much_of_a_step_went_to_waiting_for_data(world, tmp_path, monkeypatch):
     """On a clock that moves only when the loader (0.3 s a batch) or the step (0.1 s) spends time,
-    each logged window has waited 0.3 of every 0.4 s for data, whatever the machine's real speed."""
+    each logged window has waited 0.3 of every 0.4 s for data, whatever the machine's real speed;
+    and what the loader reports its batches cost becomes the window's loader fields."""
     import time
     import types
 
@@ -377,8 +379,14 @@ def test_the_log_says_how_much_of_a_step_went_to_waiting_for_data(world, tmp_pat
 
     monkeypatch.setattr(loop.TrainBatches, "__next__", taking(0.3, loop.TrainBatches.__next__))
     monkeypatch.setattr(loop, "forward_backward", taking(0.1, loop.forward_backward))
-    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", *TINY])
+    # Two batches in 0.5 s of a loader's time, 0.2 s of it on the CPU.
+    monkeypatch.setattr(loop.TrainBatches, "take_work", lambda self: LoaderWork(2, 0.5, 0.2))
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", "data.workers=2",
+                                      *TINY])
     loop.run(cfg, tmp_path / "run")
     records = RunDir(tmp_path / "run").training_records()
     assert [r["data_wait_share"] for r in records] == pytest.approx([0.75] * 4)
     assert [r["samples_per_s"] for r in records] == pytest.approx([16 / 0.4] * 4)
+    assert [r["loader_batch_s"] for r in records] == pytest.approx([0.25] * 4)
+    assert [r["loader_samples_per_s"] for r in records] == pytest.approx([2 * 16 / 0.25] * 4)  # two workers
+    assert [r["loader_cpu_share"] for r in records] == pytest.approx([0.4] * 4)

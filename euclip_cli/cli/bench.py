@@ -34,6 +34,17 @@ def _check_local_arch(arch: str) -> None:
         common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
 
 
+def _check_model_arch(arch: str) -> None:
+    """One of euclip's local models or an open_clip model, as ``model.arch`` takes."""
+    from open_clip import list_models
+
+    from euclip_cli.model import LOCAL_ARCHS
+
+    if arch not in LOCAL_ARCHS and arch not in list_models():
+        common.fail(f"--arch: '{arch}' is neither one of {', '.join(LOCAL_ARCHS)} nor an open_clip model "
+                    "(open_clip.list_models())")
+
+
 @app.command("train")
 def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.model.LOCAL_ARCHS); the default is "
                                                              "the one OpenCLIP was measured with on this CPU."),
@@ -107,11 +118,14 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
     gpu = any(m["peak_gpu_mib"] for m in result["measurements"].values())
     # The trainer's name never wraps or is cut: two OpenCLIP rows differ only at its end.
     table.add_column("trainer", no_wrap=True)
-    for column in ("samples/s (median)", "per round", "waiting for data", "peak RSS MiB") + (("peak GPU MiB",) * gpu):
+    for column in ("samples/s (median)", "per round", "waiting for data", "loaders could give (CPU)",
+                   "peak RSS MiB") + (("peak GPU MiB",) * gpu):
         table.add_column(column, justify="right")
     for m in result["measurements"].values():
         wait = f"{m['data_wait_share']:.0%}" if m.get("data_wait_share") is not None else "-"
-        row = [m["name"], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]), wait,
+        loaders = (f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})"
+                   if m.get("loader_samples_per_s") is not None else "-")
+        row = [m["name"], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]), wait, loaders,
                f"{m['peak_rss_mib']:.0f}"]
         table.add_row(*row, *([f"{m['peak_gpu_mib']:.0f}" if m["peak_gpu_mib"] else "-"] * gpu))
     common.console.print(table)
@@ -230,16 +244,10 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
     _check_precision(precision)
     import torch
 
-    from open_clip import list_models
-
     from euclip_cli.device import resolve_precision
-    from euclip_cli.model import LOCAL_ARCHS
 
     precision = resolve_precision(precision, torch.device("cpu"))
-
-    if arch not in LOCAL_ARCHS and arch not in list_models():
-        common.fail(f"--arch: '{arch}' is neither one of {', '.join(LOCAL_ARCHS)} nor an open_clip model "
-                    "(open_clip.list_models())")
+    _check_model_arch(arch)
     if shards is not None and caption_words is not None:
         common.fail("--shards and --caption-words both name the captions: give one")
     if caption_words is not None and not caption_words >= 1:
@@ -270,6 +278,69 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
         highlight=False)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"text-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    common.console.print(f"written: {path}")
+
+
+@app.command("loader")
+def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose training transforms and tokenizer the "
+                                                            "loader runs: 224 px for ViT-B-32 (DataComp's small "
+                                                            "and medium tower), 64 for the local models."),
+                 batch_size: int = typer.Option(256, min=1, help="Samples per batch."),
+                 workers: int = typer.Option(2, min=0, help="Loader worker processes (data.workers)."),
+                 batches: int = typer.Option(0, min=0, help="Batches timed per measurement; 0: four per worker, "
+                                                            "at least 8."),
+                 warmup: int = typer.Option(2, min=1, help="Batches taken before the clock starts (each "
+                                                           "measurement starts fresh workers)."),
+                 rounds: int = typer.Option(3, min=1, help="Interleaved rounds (euclip's stacking, then the "
+                                                           "plain stack)."),
+                 pin_memory: Optional[bool] = typer.Option(None, "--pin-memory/--no-pin-memory",
+                                                           help="Pin batches for a GPU, as the trainer does on "
+                                                                "one; default: pin where a GPU is."),
+                 out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
+                 ) -> None:
+    """The training loader alone on the embedded world: samples/s, what its loaders could give and
+    their CPU share, euclip's batches stacked straight into shared memory against a plain stack.
+    Beside a training run's records (`data_wait_share`, `loader_samples_per_s`) it tells a loader
+    too slow for the trainer from a trainer that loses time between its loader and its step.
+
+    Examples:
+      euclip bench loader
+      euclip bench loader --workers 8 --pin-memory      # on a GPU machine, as the GPU checklist runs it
+    """
+    from rich.table import Table
+
+    from euclip_cli.bench import LOADER_STACKS, BenchError, bench_loader, ensure_world, loader_batches_timed
+
+    _check_model_arch(arch)
+    import torch
+
+    if pin_memory and not torch.cuda.is_available():
+        common.fail("--pin-memory: this machine has no GPU to pin batches for; leave it out")
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    batches = batches or loader_batches_timed(workers)
+    with common.errors():
+        try:
+            with common.console.status(f"timing the loader: {arch}'s transforms, batch {batch_size}, {workers} "
+                                       f"workers, {rounds} rounds"):
+                result = bench_loader(ensure_world(out / "scratch"), arch, batch_size, workers, batches, warmup,
+                                      rounds, pin)
+        except BenchError as err:
+            common.fail(str(err), 1)
+    table = Table(title=f"the training loader alone: {arch}'s transforms, batch {batch_size}, {workers} workers, "
+                        f"{batches} batches timed, {'pinned' if pin else 'not pinned'}, {rounds} interleaved rounds")
+    table.add_column("stacking", no_wrap=True)
+    for column in ("samples/s (median)", "per round", "loaders could give (CPU)"):
+        table.add_column(column, justify="right")
+    names = {"shared": "into shared memory (euclip)", "plain": "plain torch.stack (reference)"}
+    for kind in LOADER_STACKS:
+        m = result["measurements"][kind]
+        table.add_row(names[kind], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]),
+                      f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})")
+    common.console.print(table)
+    common.console.print(f"euclip / reference: {_spread(result['shared_vs_plain'])}", highlight=False)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"loader-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
     common.console.print(f"written: {path}")
 

@@ -82,6 +82,9 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
             info += f"  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
             if record["data_wait_share"] >= LOADER_BOUND:
                 info += f"  waiting for data {record['data_wait_share']:.0%}"
+                if "loader_samples_per_s" in record:
+                    info += (f" (loaders {record['loader_samples_per_s']:.0f}/s, "
+                             f"{record['loader_cpu_share']:.0%} CPU)")
             if "curvature" in record:
                 info += f"  c {record['curvature']:.3f}"
             progress.update(bar, completed=step, info=info)

@@ -14,6 +14,9 @@ from its checkpoint sees the very batches an uninterrupted run sees:
   checkpoint keeps that, and a resume mid-segment re-reads (without decoding) that many
   samples. Augmentation is seeded per batch, so skipped samples cost no RNG state.
 
+Every batch also reports what it cost the loader that made it (``LoaderWork``), so a trainer
+waiting for data can tell loaders that are too few or too slow from loaders starved of CPU.
+
 webdataset supplies the shard resampling, tar reading and shuffle buffer; decoding and
 batching are written here because webdataset's stages do not expose the raw-sample count
 the position needs.
@@ -25,6 +28,7 @@ import hashlib
 import io
 import random
 import signal
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +37,7 @@ from typing import Callable, Iterator
 import torch
 import webdataset as wds
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from euclip_cli.errors import UsageError
 
@@ -102,16 +106,48 @@ class _Counter:
         self.in_a_row = 0
 
 
-class TrainStream(IterableDataset):
-    """Yields ``(images (B, 3, H, W), tokens (B, L), info (4,))`` for one rank, from global batch ``start`` on.
+@dataclass(frozen=True)
+class LoaderWork:
+    """What making a number of batches cost the loaders that made them.
 
-    ``info`` is ``[logical worker, segment, raw samples drawn in segment, skipped so far]``.
+    ``wall_s`` is the time from a loader starting on a batch to handing it over, summed over the
+    batches: a worker's time spent waiting to be asked for its next batch is not in it, nor the
+    handing over itself (the batch is already in shared memory; its handles go through a queue).
+    ``cpu_s`` is the CPU time its loading thread used in those spans: well below ``wall_s``, the
+    loader was kept from the CPU (by other processes, or its own blocking reads).
+    """
+
+    batches: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def plus(self, wall_s: float, cpu_s: float) -> "LoaderWork":
+        return LoaderWork(self.batches + 1, self.wall_s + wall_s, self.cpu_s + cpu_s)
+
+    def record(self, streams: int, batch_size: int) -> dict:
+        """The fields a training record carries: the mean time a loader took to make a batch of
+        ``batch_size``, the rate ``streams`` loaders at that pace would deliver if never kept waiting
+        to be asked, and their CPU share. ``{}`` when no batch was made."""
+        if not self.batches or self.wall_s <= 0:
+            return {}
+        batch_s = self.wall_s / self.batches
+        return {"loader_batch_s": batch_s, "loader_samples_per_s": streams * batch_size / batch_s,
+                "loader_cpu_share": self.cpu_s / self.wall_s}
+
+
+class TrainStream(IterableDataset):
+    """Yields ``(images (B, 3, H, W), tokens (B, L), info (6,))`` for one rank, from global batch ``start`` on.
+
+    ``info`` is ``[logical worker, segment, raw samples drawn in segment, skipped so far, wall µs, CPU µs]``,
+    the last two what making the batch cost (``LoaderWork``). One tensor: each tensor a worker
+    hands over costs a round trip between the processes.
     """
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
-                 positions: dict[int, WorkerPosition]):
+                 positions: dict[int, WorkerPosition], stack: Callable[[list[torch.Tensor]], torch.Tensor]):
         super().__init__()
+        self.stack = stack
         self.shards, self.batch_size, self.transform, self.tokenizer = shards, batch_size, transform, tokenizer
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
         self.segment_steps, self.workers, self.start, self.positions = segment_steps, max(1, workers), start, positions
@@ -129,8 +165,8 @@ class TrainStream(IterableDataset):
             while True:
                 segment = n // self.segment_steps
                 resume_raw = position.raw if position.segment == segment else 0
-                for images, tokens, raw in self._segment(segment, logical, resume_raw, skips):
-                    yield images, tokens, torch.tensor([logical, segment, raw, skips.count])
+                for images, tokens, raw, wall_us, cpu_us in self._segment(segment, logical, resume_raw, skips):
+                    yield images, tokens, torch.tensor([logical, segment, raw, skips.count, wall_us, cpu_us])
                     n += self.workers
                     if n // self.segment_steps != segment:
                         break
@@ -148,6 +184,8 @@ class TrainStream(IterableDataset):
         )
         batch_start, rng_state = resume_raw, None
         images, tokens = [], []
+        # The thread's own CPU clock: a worker's other threads (torch's file-descriptor sharing) are idle.
+        started, cpu_started = time.perf_counter(), time.thread_time()
         for raw, sample in enumerate(raw_samples, start=1):
             if raw <= resume_raw:
                 continue
@@ -171,7 +209,11 @@ class TrainStream(IterableDataset):
             tokens.append(text)
             if len(images) == self.batch_size:
                 torch.set_rng_state(rng_state)
-                yield torch.stack(images), torch.stack(tokens), raw
+                batch = self.stack(images), self.stack(tokens)
+                wall_us = round((time.perf_counter() - started) * 1e6)
+                cpu_us = round((time.thread_time() - cpu_started) * 1e6)
+                yield *batch, raw, wall_us, cpu_us
+                started, cpu_started = time.perf_counter(), time.thread_time()
                 batch_start, rng_state = raw, None
                 images, tokens = [], []
 
@@ -190,17 +232,24 @@ class TrainBatches:
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
-                 start: int = 0, state: dict | None = None, pin_memory: bool = False):
+                 start: int = 0, state: dict | None = None, pin_memory: bool = False,
+                 stack: Callable[[list[torch.Tensor]], torch.Tensor] = default_collate):
         """``pin_memory``: workers' batches land in page-locked memory (a background thread copies
-        them), so the trainer's ``non_blocking`` copies to a GPU overlap with compute."""
+        them), so the trainer's ``non_blocking`` copies to a GPU overlap with compute. ``stack``
+        makes a batch of the samples' tensors (``euclip bench loader`` times a plain ``torch.stack``
+        beside the default as its reference)."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
+        # In a worker, default_collate stacks straight into the shared memory that hands the batch
+        # over, where a plain stack is copied there once more: 1.19x the loader's rate at 224 px
+        # (euclip bench loader; docs/training.md).
         usable = state is not None and state.get("signature") == self.signature
         self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}
         self.resumed_exactly = usable or start == 0
+        self.work = LoaderWork()
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
-                              shuffle_buffer, segment_steps, workers, start, dict(self.positions))
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), stack)
         self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)
@@ -226,9 +275,15 @@ class TrainBatches:
             raise DataError(f"the training shards in {self.folder} look unusable: {item}; check them (or download "
                             f"them again) and rerun")
         images, tokens, info = item
-        logical, segment, raw, skipped = (int(v) for v in info)
+        logical, segment, raw, skipped, wall_us, cpu_us = (int(v) for v in info)
         self.positions[logical] = WorkerPosition(segment, raw, skipped)
+        self.work = self.work.plus(wall_us / 1e6, cpu_us / 1e6)
         return images, tokens
+
+    def take_work(self) -> LoaderWork:
+        """What the batches taken since the last call cost their loaders; starts a new count."""
+        work, self.work = self.work, LoaderWork()
+        return work
 
     @property
     def skipped(self) -> int:

@@ -329,6 +329,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                               # The share of the window the trainer spent waiting for its next batch
                               # (OpenCLIP logs the same as data time): near 1, the loader is the bottleneck.
                               "data_wait_share": min(1.0, window_wait / max(elapsed, 1e-9)),
+                              # What the window's batches cost their loaders (every rank's taken as alike).
+                              **batches.take_work().record(max(1, cfg.data.workers), cfg.data.batch_size),
                               "skipped_samples": skipped, "nonfinite_steps": nonfinite_total}
                     if scaler.is_enabled():
                         record["loss_scale"] = scaler.get_scale()

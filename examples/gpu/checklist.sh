@@ -10,6 +10,8 @@
 #   eval          the bf16 run's zero-shot evaluation on the GPU
 #   vit-b32       ViT-B/32 at 224 px on the world's shards with loader workers: samples/s and peak GPU memory
 #   bench         euclip bench train on the GPU: euclip against OpenCLIP on the same shards, and the MFU
+#   loader        euclip bench loader with the workers, pinned: what the loader alone delivers there
+#   handover      examples/gpu/handover.py: whether handing batches over holds the trainer back
 # OUT/summary.md collects the device, the versions and every figure.
 set -uo pipefail
 
@@ -82,13 +84,20 @@ check vit-b32 e train --recipe tiny-clip --runs-dir "$runs" --name gpu-vit-b32 d
     model.arch=ViT-B-32 data.batch_size=512 optim.samples=30720 optim.warmup_steps=10 train.device=cuda \
     train.precision=bf16 data.workers="$workers" train.log_every=5 train.checkpoints=1
 check bench e bench train --device cuda --workers "$workers" --steps 20 --rounds 2 --out "$out/bench"
+check loader e bench loader --workers "$workers" --pin-memory --out "$out/bench"
+check handover python "$(dirname "$0")/handover.py" --workers "$workers" --batches $((4 * workers)) \
+    --scratch "$out/bench/scratch"
+for log in loader handover; do
+    printf '\n```\n' >>"$summary"; tail -n 12 "$out/logs/$log.log" >>"$summary"; printf '```\n' >>"$summary"
+done
 
 python - "$runs" "$summary" <<'EOF'
 import json, sys
 from pathlib import Path
 runs, summary = Path(sys.argv[1]), Path(sys.argv[2])
-lines = ["", "| run | steps | last loss | samples/s (median of logged windows) | waiting for data (median) | peak GPU MiB "
-         "| loss scale |", "|---|---|---|---|---|---|---|"]
+lines = ["", "| run | steps | last loss | samples/s (median of logged windows) | waiting for data (median) "
+         "| loaders could give, samples/s (their CPU share) | peak GPU MiB | loss scale |",
+         "|---|---|---|---|---|---|---|---|"]
 for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if not records:
@@ -96,9 +105,11 @@ for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
     timed = records[1:] or records
     rates = sorted(r["samples_per_s"] for r in timed)
     waits = sorted(r["data_wait_share"] for r in timed)
+    loaders = sorted((r["loader_samples_per_s"], r["loader_cpu_share"]) for r in timed if "loader_samples_per_s" in r)
+    loader = f"{loaders[len(loaders) // 2][0]:.0f} ({loaders[len(loaders) // 2][1]:.0%})" if loaders else "-"
     last = records[-1]
     lines.append(f"| {run.name} | {last['step']} | {last['loss']:.3f} | {rates[len(rates) // 2]:.0f} | "
-                 f"{waits[len(waits) // 2]:.0%} | {max(r.get('gpu_peak_mib', 0) for r in records):.0f} | "
+                 f"{waits[len(waits) // 2]:.0%} | {loader} | {max(r.get('gpu_peak_mib', 0) for r in records):.0f} | "
                  f"{last.get('loss_scale', '-')} |")
 with summary.open("a") as f:
     f.write("\n".join(lines) + "\n")
