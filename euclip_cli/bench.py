@@ -464,18 +464,6 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-# The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to
-# the first kind it matches, so nested ops are not counted twice; the rest is element-wise work,
-# copies, the loss and dispatch. On a CPU, math attention runs its products as bmm, the layers as mm.
-PROFILE_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
-    ("linear layers (mm, addmm)", lambda op: op in ("aten::mm", "aten::addmm")),
-    ("attention products (bmm)", lambda op: op in ("aten::bmm", "aten::baddbmm")),
-    ("convolutions", lambda op: "conv" in op),
-    ("softmax", lambda op: "softmax" in op),
-    ("layer norm", lambda op: "layer_norm" in op),
-    ("GELU", lambda op: "gelu" in op),
-    ("optimizer (fused AdamW)", lambda op: "fused_adam" in op),
-)
 # The loader's ways of stacking a batch: euclip's (straight into shared memory in a worker) and the
 # reference, a plain torch.stack whose result the worker's handover copies into shared memory.
 LOADER_STACKS = ("shared", "plain")
@@ -539,6 +527,18 @@ def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, ba
             "shared_vs_plain": ratio_over_rounds(measurements["shared"]["per_round"], measurements["plain"]["per_round"])}
 
 
+# The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to
+# the first kind it matches, so nested ops are not counted twice; the rest is element-wise work,
+# copies, the loss and dispatch. On a CPU, math attention runs its products as bmm, the layers as mm.
+PROFILE_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("linear layers (mm, addmm)", lambda op: op in ("aten::mm", "aten::addmm")),
+    ("attention products (bmm)", lambda op: op in ("aten::bmm", "aten::baddbmm")),
+    ("convolutions", lambda op: "conv" in op),
+    ("softmax", lambda op: "softmax" in op),
+    ("layer norm", lambda op: "layer_norm" in op),
+    ("GELU", lambda op: "gelu" in op),
+    ("optimizer (fused AdamW)", lambda op: "fused_adam" in op),
+)
 MATRIX_KINDS = ("linear layers (mm, addmm)", "attention products (bmm)")
 OTHER_OPS_SHOWN = 8
 
