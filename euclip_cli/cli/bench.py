@@ -22,6 +22,14 @@ KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
+def write_result(out: Path, kind: str, result: dict, stamp: Optional[str] = None) -> Path:
+    """A bench's JSON result, ``out/KIND-STAMP.json`` (stamp: now, to the second); returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{kind}-{stamp or time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         common.fail(f"--precision: '{precision}' is not one of {', '.join(PRECISIONS)}")
@@ -131,10 +139,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.mo
     common.console.print(table)
     for line in summary_lines(result):
         common.console.print(line, highlight=False)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"train-{stamp}.json"
-    path.write_text(json.dumps(result, indent=2))
-    common.console.print(f"written: {path}")
+    common.console.print(f"written: {write_result(out, 'train', result, stamp)}")
 
 
 # The study ``make study`` runs, whose training time the tiny recipe's rate predicts.
@@ -276,10 +281,7 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
         f"(mean context {result['mean_trimmed_context']:.1f}) {1000 * seconds['trimmed']:.1f} ms/batch; "
         f"median ratio {result['ratio_median']:.2f}x (rounds {result['ratio_min']:.2f}-{result['ratio_max']:.2f}x)",
         highlight=False)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"text-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    common.console.print(f"written: {path}")
+    common.console.print(f"written: {write_result(out, 'text', result)}")
 
 
 @app.command("loader")
@@ -339,10 +341,7 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
                       f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})")
     common.console.print(table)
     common.console.print(f"euclip / reference: {_spread(result['shared_vs_plain'])}", highlight=False)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"loader-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    common.console.print(f"written: {path}")
+    common.console.print(f"written: {write_result(out, 'loader', result)}")
 
 
 @app.command("profile")
@@ -399,6 +398,4 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
         f"{result['profiled_step_ms']:.0f} ms under it. Matrix products: {matrix_share:.0%} of the step at "
         f"{result['matrix_tflops']:.3f} TFLOP/s, {result['matrix_tflops'] / result['peak_tflops']:.0%} of the "
         f"{result['peak_tflops']:.3f} TFLOP/s a 2048^3 product reached in the same run", highlight=False)
-    path = out / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    common.console.print(f"written: {path} (Chrome trace: {result['trace']})")
+    common.console.print(f"written: {write_result(out, 'profile', result)} (Chrome trace: {result['trace']})")
