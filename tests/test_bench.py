@@ -367,3 +367,17 @@ def test_bench_loader_refuses_bad_options_in_one_line(tmp_path, args, message):
     result = CliRunner().invoke(app, ["bench", "loader", *args, "--out", str(tmp_path)])
     assert result.exit_code == 2 and message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["loader", "--arch", "tiny", "--batch-size", "4", "--workers", "0", "--batches", "1", "--rounds", "1"],
+    ["text", "--caption-words", "5", "--batch-size", "4", "--batches", "1", "--rounds", "1"],  # no scratch: only the result
+    ["profile", "--arch", "tiny", "--batch-size", "4", "--steps", "1"],
+], ids=["loader", "text", "profile"])
+def test_a_bench_whose_out_is_a_file_says_so_in_one_line(tmp_path, args):
+    notes = tmp_path / "notes.md"
+    notes.write_text("mine")
+    result = CliRunner().invoke(app, ["bench", *args, "--out", str(notes)])
+    assert result.exit_code == 2, result.output
+    assert f"{notes} is a file where a folder is needed" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and notes.read_text() == "mine"

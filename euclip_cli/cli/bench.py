@@ -23,10 +23,12 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def write_result(out: Path, kind: str, result: dict, stamp: Optional[str] = None) -> Path:
-    """A bench's JSON result, ``out/KIND-STAMP.json`` (stamp: now, to the second); returns its path."""
-    out.mkdir(parents=True, exist_ok=True)
+    """A bench's JSON result, ``out/KIND-STAMP.json`` (stamp: now, to the second); returns its path.
+    A folder or disk that cannot take it ends the command with one line."""
     path = out / f"{kind}-{stamp or time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    with common.errors():
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
     return path
 
 
@@ -372,8 +374,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
     torch.set_num_threads(threads or os.cpu_count() or 1)
     precision = resolve_precision(precision, torch.device("cpu"))
     work = out / "scratch"
-    work.mkdir(parents=True, exist_ok=True)
     with common.errors():
+        work.mkdir(parents=True, exist_ok=True)
         try:
             with common.console.status(f"profiling {steps} training steps of {arch}, batch {batch_size}"):
                 result = profile_step(work, arch, batch_size, steps, precision, compile)
