@@ -26,7 +26,8 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
     for line in ("euclip / OpenCLIP as its users run it", "euclip / OpenCLIP with euclip's attention kernel",
                  "accumulation overhead", "measured in the same run", "euclip / measured peak",
                  "OpenCLIP as its users run it / measured peak", "at 100% of the measured peak",
-                 "the embedded study's recipe (tiny-clip as shipped)", "study-geometries (30 runs"):
+                 "the embedded study's recipe (tiny-clip as shipped)", "study-geometries (30 runs",
+                 "euclip waited for data", "its loaders could give"):
         assert line in text, line
     report = json.loads(next(tmp_path.glob("train-*.json")).read_text())
     m = report["measurements"]

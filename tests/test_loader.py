@@ -132,3 +132,15 @@ def test_each_batch_reports_what_making_it_cost_its_loader(world, pipeline_parts
     assert stream.take_work().batches == 0  # taking the work starts a new count
     next(stream)
     assert stream.take_work().batches == 1
+
+
+@pytest.mark.parametrize("rate, wait, could, cpu, reading", [
+    (600.0, 0.05, 650.0, 0.99, "keep up"),  # barely waiting: whatever the loaders could give
+    (650.0, 0.72, 6100.0, 0.99, "lost between the loaders and the step"),  # the GPU gap's pattern
+    (650.0, 0.72, 700.0, 0.40, "kept from the CPU"),
+    (650.0, 0.72, 700.0, 0.98, "more data.workers"),
+])
+def test_a_trainers_loader_fields_read_as_one_of_four_causes(rate, wait, could, cpu, reading):
+    from euclip_cli.data.loader import loader_reading
+
+    assert reading in loader_reading(rate, wait, could, cpu)

@@ -169,6 +169,7 @@ def _spread(ratio: dict) -> str:
 def summary_lines(result: dict) -> list[str]:
     """The bench's verdict lines: each ratio with its spread over rounds and its target."""
     from euclip_cli.bench import STUDY_RECIPE
+    from euclip_cli.data.loader import loader_reading
     from euclip_cli.bench import TARGET_ACCUM_OVERHEAD as overhead
     from euclip_cli.bench import TARGET_FRACTION_OF_PEAK as fraction
     from euclip_cli.bench import TARGET_SPEEDUP as speedup
@@ -212,6 +213,12 @@ def summary_lines(result: dict) -> list[str]:
         ratio = result["accumulation_overhead"]
         lines.append(f"accumulation overhead (2 vs 1, same global batch): {_spread(ratio)} "
                      f"(target <= {overhead}x: {verdict(ratio['median'] <= overhead)})")
+    euclip = result["measurements"]["euclip"]
+    if euclip.get("loader_samples_per_s") is not None:
+        lines.append(f"euclip waited for data {euclip['data_wait_share']:.0%} of its time; its loaders could give "
+                     f"{euclip['loader_samples_per_s']:.1f} samples/s at {euclip['loader_cpu_share']:.0%} CPU: "
+                     + loader_reading(euclip["samples_per_s"], euclip["data_wait_share"],
+                                      euclip["loader_samples_per_s"], euclip["loader_cpu_share"]))
     if "tiny_recipe" in result["measurements"]:
         study = result["study_training"]
         lines.append(f"the embedded study's recipe ({STUDY_RECIPE} as shipped): "

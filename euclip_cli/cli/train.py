@@ -17,8 +17,6 @@ from euclip_cli.rundir import RUNS_DIR
 # checkpoint before it kills them: its own default (30 s) is shorter than writing a large
 # checkpoint, and SLURM's usual warning (``--signal=TERM@120``) leaves 120 s.
 SHUTDOWN_GRACE_S = 110
-# The share of a logged window spent waiting for data from which the progress bar says so.
-LOADER_BOUND = 0.2
 
 
 def default_run_name(recipe: str, overrides: list[str]) -> str:
@@ -68,6 +66,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from euclip_cli.data.loader import WAIT_BOUND
     from euclip_cli.train.loop import run
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -80,7 +79,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
             if "entailment" in record:
                 info += f" (contrastive {record['contrastive']:.3f}, entailment {record['entailment']:.3f})"
             info += f"  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
-            if record["data_wait_share"] >= LOADER_BOUND:
+            if record["data_wait_share"] >= WAIT_BOUND:
                 info += f"  waiting for data {record['data_wait_share']:.0%}"
                 if "loader_samples_per_s" in record:
                     info += (f" (loaders {record['loader_samples_per_s']:.0f}/s, "

@@ -135,6 +135,24 @@ class LoaderWork:
                 "loader_cpu_share": self.cpu_s / self.wall_s}
 
 
+# Where a trainer waits for data at least this share of its time, the loaders are read as its limit;
+# loaders that could give this many times its rate are fast enough, and a CPU share below this
+# means they were kept from the CPU. Judgement, not measurement: the readings in between are mixed.
+WAIT_BOUND, FAST_ENOUGH, STARVED_BELOW = 0.2, 2.0, 0.7
+
+
+def loader_reading(samples_per_s: float, data_wait_share: float, loader_samples_per_s: float,
+                   loader_cpu_share: float) -> str:
+    """What a trainer's rate, its wait for data and its loaders' ``LoaderWork`` fields say, in words."""
+    if data_wait_share < WAIT_BOUND:
+        return "the loaders keep up"
+    if loader_samples_per_s >= FAST_ENOUGH * samples_per_s:
+        return "the loaders could give more: batches are lost between the loaders and the step"
+    if loader_cpu_share < STARVED_BELOW:
+        return "the loaders are kept from the CPU (by other processes or threads, or blocking reads)"
+    return "the loaders are too few or too slow: more data.workers"
+
+
 class TrainStream(IterableDataset):
     """Yields ``(images (B, 3, H, W), tokens (B, L), info (6,))`` for one rank, from global batch ``start`` on.
 
