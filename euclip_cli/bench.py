@@ -76,15 +76,14 @@ def over_rounds(rounds: list[Measurement]) -> Measurement:
     rates = [m.samples_per_s for m in rounds]
     gpu = max((m.peak_gpu_mib or 0.0 for m in rounds), default=0.0) or None
     return Measurement(rounds[0].name, statistics.median(rates), rates, sum(m.steps_timed for m in rounds),
-                       max(m.peak_rss_mib for m in rounds), gpu, _median_of(rounds, "data_wait_share"),
-                       _median_of(rounds, "loader_samples_per_s"), _median_of(rounds, "loader_cpu_share"))
+                       max(m.peak_rss_mib for m in rounds), gpu, _median_of([m.data_wait_share for m in rounds]),
+                       _median_of([m.loader_samples_per_s for m in rounds]), _median_of([m.loader_cpu_share for m in rounds]))
 
 
-def _median_of(items: list, field: str) -> Optional[float]:
-    """The median of ``field`` over the items (objects or dicts) that have it; None where none has."""
-    values = [v for v in (item.get(field) if isinstance(item, dict) else getattr(item, field) for item in items)
-              if v is not None]
-    return statistics.median(values) if values else None
+def _median_of(values: list[Optional[float]]) -> Optional[float]:
+    """The median of the values that are not None; None where none is."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
@@ -182,8 +181,8 @@ def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
         raise BenchError(f"{name}: no training records after the {warmup} warm-up steps in {run}")
     rate = statistics.median(r["samples_per_s"] for r in records)
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
-    return Measurement(name, rate, [rate], len(records), rss, gpu, _median_of(records, "data_wait_share"),
-                       _median_of(records, "loader_samples_per_s"), _median_of(records, "loader_cpu_share"))
+    return Measurement(name, rate, [rate], len(records), rss, gpu, _median_of([r.get("data_wait_share") for r in records]),
+                       _median_of([r.get("loader_samples_per_s") for r in records]), _median_of([r.get("loader_cpu_share") for r in records]))
 
 
 def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
@@ -475,6 +474,36 @@ def loader_batches_timed(workers: int) -> int:
     return max(8, 4 * workers)
 
 
+def time_loader(shards: list[str], parts: tuple[Callable, Callable], batch_size: int, workers: int, batches: int,
+                warmup: int, pin_memory: bool = False, stack: Optional[Callable] = None,
+                segment_steps: int = sys.maxsize, while_timed: Callable = contextlib.nullcontext) -> dict:
+    """One measurement of the training loader alone: ``TrainBatches`` with ``parts`` (training
+    transform, tokenizer) and the default shuffle buffer, fresh workers, ``warmup`` batches taken,
+    then ``batches`` timed inside ``while_timed()``. Returns the samples/s delivered and the batches'
+    ``LoaderWork`` fields. By default one segment: a stream restarts only at a run's checkpoints."""
+    import time
+
+    from euclip_cli.config import DataConfig
+    from euclip_cli.data.loader import TrainBatches
+
+    options = {"stack": stack} if stack is not None else {}
+    stream = TrainBatches(shards, batch_size, parts[0], parts[1], seed=0, shuffle_buffer=DataConfig().shuffle_buffer,
+                          segment_steps=segment_steps, workers=workers, pin_memory=pin_memory, **options)
+    try:
+        for _ in range(warmup):
+            next(stream)
+        stream.take_work()
+        with while_timed():
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(stream)
+            elapsed = time.perf_counter() - start
+        work = stream.take_work()
+    finally:
+        stream.close()
+    return {"samples_per_s": batches * batch_size / elapsed, **work.record(max(1, workers), batch_size)}
+
+
 def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, batches: int, warmup: int,
                  rounds: int, pin_memory: bool) -> dict:
     """The training loader alone (``TrainBatches`` as the trainer builds it: ``arch``'s training
@@ -482,41 +511,19 @@ def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, ba
     interleaved in rounds; each measurement starts fresh workers, waits out ``warmup`` batches,
     then times ``batches``.
     """
-    import time
-
     import torch
 
-    from euclip_cli.config import DataConfig
-    from euclip_cli.data.loader import TrainBatches, list_shards
+    from euclip_cli.data.loader import list_shards
     from euclip_cli.model import build_clip, tokenizer_for, transforms_for
 
-    transform, _ = transforms_for(build_clip(arch))
-    tokenizer = tokenizer_for(arch)
+    parts = transforms_for(build_clip(arch))[0], tokenizer_for(arch)
     shards = list_shards(world_train, "euclip bench loader")
     stacks = {"shared": torch.utils.data.default_collate, "plain": torch.stack}
-
-    def measure(stack) -> dict:
-        stream = TrainBatches(shards, batch_size, transform, tokenizer, seed=0,
-                              # One segment: a stream restarts only at a run's checkpoints, rare in a long run.
-                              shuffle_buffer=DataConfig().shuffle_buffer, segment_steps=sys.maxsize,
-                              workers=workers, pin_memory=pin_memory, stack=stack)
-        try:
-            for _ in range(warmup):
-                next(stream)
-            stream.take_work()
-            start = time.perf_counter()
-            for _ in range(batches):
-                next(stream)
-            elapsed = time.perf_counter() - start
-            work = stream.take_work()
-        finally:
-            stream.close()
-        return {"samples_per_s": batches * batch_size / elapsed, **work.record(max(1, workers), batch_size)}
-
     per_round = {kind: [] for kind in LOADER_STACKS}
     for _ in range(rounds):
         for kind in LOADER_STACKS:
-            per_round[kind].append(measure(stacks[kind]))
+            per_round[kind].append(time_loader(shards, parts, batch_size, workers, batches, warmup,
+                                               pin_memory=pin_memory, stack=stacks[kind]))
     measurements = {kind: {"per_round": [m["samples_per_s"] for m in ms],
                            **{field: statistics.median(m[field] for m in ms)
                               for field in ("samples_per_s", "loader_samples_per_s", "loader_cpu_share")}}

@@ -22,50 +22,45 @@ docs/training.md, not a benchmark with a target.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
-import time
 from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from euclip_cli.bench import ensure_world
-from euclip_cli.config import DataConfig
-from euclip_cli.data.loader import TrainBatches, list_shards
+from euclip_cli.bench import ensure_world, time_loader
+from euclip_cli.data.loader import list_shards
 from euclip_cli.model import build_clip, tokenizer_for, transforms_for
 
 STRATEGIES = ("file_descriptor", "file_system")
 CASES = ("steady", "segment", "busy")
 
 
-def spin(stop: threading.Event) -> None:
-    """Pure Python until told to stop: holds the interpreter lock but at forced switches."""
-    count = 0
-    while not stop.is_set():
-        count += 1
+@contextlib.contextmanager
+def python_running_beside():
+    """Another thread of this process running pure Python until the block ends: it holds the
+    interpreter lock but at forced switches."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+
+    threading.Thread(target=spin, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def measure(shards: list[str], parts: tuple, args: argparse.Namespace, case: str) -> tuple[float, float]:
     """(samples/s delivered, samples/s the loaders could give) over ``args.batches`` after the warm-up."""
     segment = args.warmup + args.batches if case == "segment" else sys.maxsize
-    stream = TrainBatches(shards, args.batch_size, parts[0], parts[1], seed=0,
-                          shuffle_buffer=DataConfig().shuffle_buffer, segment_steps=segment, workers=args.workers)
-    stop = threading.Event()
-    try:
-        for _ in range(args.warmup):
-            next(stream)
-        stream.take_work()
-        if case == "busy":
-            threading.Thread(target=spin, args=(stop,), daemon=True).start()
-        start = time.perf_counter()
-        for _ in range(args.batches):
-            next(stream)
-        elapsed = time.perf_counter() - start
-    finally:
-        stop.set()
-        stream.close()
-    could = stream.take_work().record(max(1, args.workers), args.batch_size)["loader_samples_per_s"]
-    return args.batches * args.batch_size / elapsed, could
+    timed = time_loader(shards, parts, args.batch_size, args.workers, args.batches, args.warmup, segment_steps=segment,
+                        while_timed=python_running_beside if case == "busy" else contextlib.nullcontext)
+    return timed["samples_per_s"], timed["loader_samples_per_s"]
 
 
 def main(argv: list[str] | None = None) -> None:
