@@ -39,6 +39,10 @@ class ModelConfig:
     # token's state projected to D/m and the m projections a point of the product sphere PS(D/m, m).
     # Needs geometry.name = "product-sphere" with geometry.blocks = m. 1 = open_clip's towers.
     class_tokens: int = 1
+    # The most groups of equal context length a batch of captions runs in through the text tower
+    # (exact trimming, ``euclip_cli.model.text_features``); 0: every length its own group; unset: by
+    # the device's kind, 0 on a CPU and 2 on a GPU, where each group launches the whole tower again.
+    text_groups: Optional[int] = None
 
 
 @dataclass
@@ -87,6 +91,16 @@ class DataConfig:
     # Training stops (after a checkpoint) once more than this share of the samples read could not
     # be decoded: a run on mostly broken shards is not the run its recipe describes. 1 = no limit.
     max_skipped_fraction: float = 0.5
+    # Where training batches come from: "euclip", euclip's loader (exact resume position, skip counts,
+    # one buffer a batch); "openclip", open_clip_train's own webdataset pipeline (an A/B for the data
+    # path: its streams restart at a resume; euclip_cli.data.openclip_pipeline); "repeat", the first
+    # batch again and again (the step's pace with the loaders taken out: for timing, never training).
+    pipeline: Literal["euclip", "openclip", "repeat"] = "euclip"
+    # How workers hand their batches over: torch.multiprocessing's sharing strategy (loader.TrainBatches).
+    sharing: Literal["file_descriptor", "file_system"] = "file_descriptor"
+    # Batches cross to the device through staging buffers allocated once (page-locked on a GPU,
+    # euclip_cli.data.feed); false moves them straight from shared memory, as OpenCLIP does (an A/B).
+    staging: bool = True
     # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
     # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
     order_seed: Optional[int] = None
@@ -139,6 +153,14 @@ class TrainConfig:
     # (Intel Xeon without AMX flags), torch 2.14.1's compiled bf16 backward of a 6-layer ViT gave
     # non-finite gradients where eager mode did not, so it stays off by default.
     compile: bool = False
+    # Compute threads of the training process (torch.set_num_threads); 0: every core on a CPU, where
+    # the step is the work; on a GPU, where the process only launches kernels and copies batches,
+    # the cores the loader workers leave, at most 4 (euclip_cli.train.loop.host_threads).
+    host_threads: int = 0
+    # For the data-path bench only (``euclip bench feed``): compute each step on the first this many
+    # samples of its batch, so that the step costs almost nothing and the loop runs at the speed its
+    # data path allows, as on a very fast accelerator. 0: the whole batch, as every real run does.
+    bench_step_samples: int = 0
     tensorboard: bool = True
     # Weights & Biases logging (rank 0), when the wandb package is installed.
     wandb: bool = False
@@ -422,6 +444,13 @@ def validate(cfg: Config) -> list[str]:
         problems.append("data.batch_size: a contrastive batch needs at least 2 pairs")
     elif cfg.data.batch_size % max(cfg.optim.accum_steps, 1):
         problems.append(f"optim.accum_steps: {cfg.optim.accum_steps} does not divide data.batch_size {cfg.data.batch_size}")
+    if cfg.model.text_groups is not None and cfg.model.text_groups < 0:
+        problems.append(f"model.text_groups: {cfg.model.text_groups} is not allowed; it must be >= 0 (0: every "
+                        f"length its own group) or none (by the device)")
+    slice_ = cfg.train.bench_step_samples
+    if slice_ and (slice_ < 2 or slice_ > cfg.data.batch_size or slice_ % max(cfg.optim.accum_steps, 1)):
+        problems.append(f"train.bench_step_samples: {slice_} must be 0 (the whole batch) or a slice of at least 2 "
+                        f"samples, at most data.batch_size and divisible by optim.accum_steps")
     if not (math.isfinite(cfg.optim.logit_scale_lr_scale) and cfg.optim.logit_scale_lr_scale > 0):
         problems.append("optim.logit_scale_lr_scale: must be a positive finite number")
     if cfg.optim.accum_steps < 1:
@@ -442,6 +471,8 @@ def validate(cfg: Config) -> list[str]:
                              ("optim.weight_decay", cfg.optim.weight_decay, ">= 0"),
                              ("optim.warmup_steps", cfg.optim.warmup_steps, ">= 0"),
                              ("data.workers", cfg.data.workers, ">= 0"),
+                             ("train.host_threads", cfg.train.host_threads, ">= 0"),
+                             ("train.bench_step_samples", cfg.train.bench_step_samples, ">= 0"),
                              ("data.shuffle_buffer", cfg.data.shuffle_buffer, ">= 0"),
                              ("train.log_every", cfg.train.log_every, ">= 1"),
                              ("eval.batch_size", cfg.eval.batch_size, ">= 1")):

@@ -51,10 +51,10 @@ def embed_images(model: EuclipModel, batches: Iterable, device: torch.device,
 
 
 @torch.no_grad()
-def embed_texts(model: EuclipModel, tokenizer, texts: list[str], device: torch.device,
-                batch_size: int = 256) -> torch.Tensor:
+def embed_texts(model: EuclipModel, tokenizer, texts: list[str], batch_size: int = 256) -> torch.Tensor:
     """``(len(texts), D)`` output-space text embeddings."""
-    return torch.cat([model.encode_text(tokenizer(texts[i:i + batch_size]).to(device))
+    # The tokens stay on the host: the text tower plans its groups there and copies them over itself.
+    return torch.cat([model.encode_text(tokenizer(texts[i:i + batch_size]))
                       for i in range(0, len(texts), batch_size)])
 
 

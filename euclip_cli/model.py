@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -61,6 +62,11 @@ LOCAL_ARCHS: dict[str, dict] = {
     # with by hand on this project's CPUs, ~2.9 GFLOP per training sample.
     "bench-vit": dict(embed_dim=256, vision_cfg=dict(image_size=64, patch_size=8, width=256, layers=6, head_width=64),
                       text_cfg=dict(context_length=32, vocab_size=49408, width=256, heads=4, layers=6)),
+    # The data-path bench's model (``euclip bench feed``): bench-vit's inputs (64 px, context 32, so the
+    # same loaders) through towers so small that a step costs the host next to nothing beside them,
+    # as on a very fast accelerator.
+    "bench-feed": dict(embed_dim=32, vision_cfg=dict(image_size=64, patch_size=16, width=32, layers=1, head_width=32),
+                       text_cfg=dict(context_length=32, vocab_size=49408, width=32, heads=1, layers=1)),
 }
 
 # MERU's released towers (facebookresearch/meru): a timm ViT-S/B/L/16 at 224 px (class-token
@@ -270,26 +276,95 @@ def transforms_for(clip: open_clip.CLIP):
 # Trimmed contexts are rounded up to a multiple of this: few distinct shapes for torch.compile to
 # specialise on, few groups per batch, and matrix sizes the kernels like.
 TRIM_MULTIPLE = 8
+# ``model.text_groups`` unset, by the kind of device the towers are on. A CPU is bound by arithmetic,
+# so every length gets its own group (0); a GPU running towers of these sizes is bound by launching
+# kernels, and each group launches the whole text tower again (``euclip bench ops`` counts the
+# operations; docs/training.md has the measurement behind the 2).
+TEXT_GROUPS_BY_DEVICE = {"cpu": 0, "cuda": 2}
 
 
-def context_groups(clip: nn.Module, tokens: torch.Tensor) -> Optional[list[tuple[torch.Tensor, int]]]:
-    """``[(sample indices, context length), ...]`` covering the batch, or None where trimming is not exact.
+def text_groups_for(setting: Optional[int], device: torch.device) -> int:
+    """The most length groups a batch of captions may run in (0: no limit) for ``model.text_groups``."""
+    return TEXT_GROUPS_BY_DEVICE.get(device.type, 0) if setting is None else setting
+
+
+def _merge_lengths(lengths: list[int], counts: list[int], most: int) -> list[int]:
+    """Which of the ascending ``lengths`` end a group when at most ``most`` groups may run: the cut that
+    computes the fewest padded tokens (a group runs every caption at its longest length), by dynamic
+    programming over the few distinct lengths. Returns the group lengths, ascending."""
+    n = len(lengths)
+    if most <= 0 or n <= most:
+        return lengths
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    # cost[g][i]: fewest tokens covering the first i lengths with g groups; cut[g][i]: where the last starts.
+    inf = float("inf")
+    cost = [[inf] * (n + 1) for _ in range(most + 1)]
+    cut = [[0] * (n + 1) for _ in range(most + 1)]
+    cost[0][0] = 0
+    for g in range(1, most + 1):
+        for i in range(1, n + 1):
+            for j in range(i):
+                tokens = cost[g - 1][j] + (starts[i] - starts[j]) * lengths[i - 1]
+                if tokens < cost[g][i]:
+                    cost[g][i], cut[g][i] = tokens, j
+    groups = min(range(1, most + 1), key=lambda g: cost[g][n])
+    ends, i = [], n
+    for g in range(groups, 0, -1):
+        ends.append(lengths[i - 1])
+        i = cut[g][i]
+    return ends[::-1]
+
+
+def _trimmable(clip: nn.Module) -> bool:
+    """Whether a tower's text features can be computed on trimmed contexts (``context_groups``)."""
+    if not isinstance(clip, open_clip.CLIP) or clip.attn_mask is None:
+        return False
+    return (clip.text_pool_type == "argmax"
+            or clip.text_pool_type == "eos" and getattr(clip, "text_eos_id", None) is not None)
+
+
+def context_groups(clip: nn.Module, tokens: torch.Tensor, max_groups: int = 0
+                   ) -> Optional[list[tuple[torch.Tensor, int]]]:
+    """``[(sample indices, context length), ...]`` covering the batch, ascending in length, or None
+    where trimming is not exact. ``tokens (B, L)`` on the host.
 
     Exact for open_clip's ``CLIP`` text tower with a causal mask and end-of-text pooling: no
     position attends to a later one, so the tokens after a caption's pooled token cannot change
     its pooled feature or its gradient; and the tower treats each caption on its own (no batch
     statistics), so captions can run in groups. Each caption goes to the group of its pooled
     position rounded up to ``TRIM_MULTIPLE``: a few long captions no longer make the whole batch
-    pay for the full context. Towers without a causal mask, or pooling another position, keep it.
+    pay for the full context. With ``max_groups`` > 0, neighbouring lengths merge into at most that
+    many groups (``_merge_lengths``). Towers without a causal mask, or pooling another position, keep it.
     """
-    if not isinstance(clip, open_clip.CLIP) or clip.attn_mask is None:
-        return None
-    if not (clip.text_pool_type == "argmax"
-            or clip.text_pool_type == "eos" and getattr(clip, "text_eos_id", None) is not None):
+    if not _trimmable(clip):
         return None
     ends = multitoken.end_positions(clip, tokens)
-    lengths = ((ends + TRIM_MULTIPLE) // TRIM_MULTIPLE * TRIM_MULTIPLE).clamp_max(tokens.shape[1])
-    return [((lengths == length).nonzero().squeeze(1), int(length)) for length in lengths.unique().tolist()]
+    rounded = ((ends + TRIM_MULTIPLE) // TRIM_MULTIPLE * TRIM_MULTIPLE).clamp_max(tokens.shape[1])
+    distinct, counts = rounded.unique(return_counts=True)
+    group_lengths = _merge_lengths(distinct.tolist(), counts.tolist(), max_groups)
+    group_of = torch.bucketize(rounded, torch.tensor(group_lengths))  # the first group long enough
+    return [((group_of == g).nonzero().squeeze(1), length) for g, length in enumerate(group_lengths)]
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """How one batch of captions runs through the text tower, decided on the host: the size and
+    context length of each group, ascending in length (``context_groups``). With it the towers
+    can run on a GPU without reading anything back: the device sorts its own copy of the tokens
+    by end-of-text position, which puts the same captions in the same groups."""
+
+    sizes: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+def text_plan(clip: nn.Module, tokens: torch.Tensor, max_groups: int = 0) -> Optional[TextPlan]:
+    """The plan for ``tokens (B, L)`` on the host, or None where trimming is not exact."""
+    groups = context_groups(clip, tokens, max_groups)
+    if groups is None:
+        return None
+    return TextPlan(tuple(len(rows) for rows, _ in groups), tuple(length for _, length in groups))
 
 
 def _prefix_features(clip: open_clip.CLIP, tokens: torch.Tensor, length: int,
@@ -325,31 +400,35 @@ def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device, non_blocking=True)
 
 
-def text_features(clip: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def text_features(clip: nn.Module, tokens: torch.Tensor, plan: Optional[TextPlan] = None,
+                  max_groups: int = 0) -> torch.Tensor:
     """``clip.encode_text(tokens)`` computed on each caption's shortest exact context (``context_groups``).
 
-    ``(B, L) -> (B, D)`` on the towers' device, rows in the input's order. ``tokens`` may be on the
-    host while the towers are on a GPU (the trainer passes them so): the groups are then decided
-    on the host, and a step needs no device-to-host synchronisation to learn the captions' lengths.
+    ``(B, L) -> (B, D)`` on the towers' device, rows in the input's order. ``plan``: the groups, decided
+    on the host from a host copy of the same tokens (the trainer passes one, so that a step never
+    reads a device tensor back); without it the plan is made here, from ``tokens`` (a GPU tensor is
+    read back for it, a synchronisation). The device sorts its own tokens by end-of-text position
+    (a stable sort), which puts each caption in its planned group with no index crossing over.
     """
     device = next(clip.parameters()).device
-    groups = context_groups(clip, tokens)
-    if groups is None or (len(groups) == 1 and groups[0][1] == tokens.shape[1]):  # nothing to trim
-        tokens = _to_device(tokens, device)
+    if plan is None and _trimmable(clip):
+        plan = text_plan(clip, tokens if tokens.device.type == "cpu" else tokens.cpu(), max_groups)
+    tokens = _to_device(tokens, device)
+    if plan is None or plan.lengths == (tokens.shape[1],):  # nothing to trim
         if multitoken.text_class_tokens(clip) > 1:
             return multitoken.multi_text_features(clip, tokens, tokens.shape[1])
         return clip.encode_text(tokens)
-    # One copy of the batch, its groups contiguous, and one of the order that puts the rows back.
-    order = torch.cat([rows for rows, _ in groups])
-    grouped, back = _to_device(tokens[order], device), _to_device(order.argsort(), device)
-    sizes = [len(rows) for rows, _ in groups]
+    if len(plan.sizes) == 1:  # one group: the batch cut to its longest caption, in its own order
+        return _prefix_features(clip, tokens, plan.lengths[0])
+    order = multitoken.end_positions(clip, tokens).argsort(stable=True)
+    grouped = tokens[order]
     # One lookup for the batch: the backward of each lookup fills a gradient the size of the whole
     # vocabulary table (49,408 rows), measured at 3% of a bench step when done once per group.
-    embedded = (clip.token_embedding(grouped).split(sizes) if multitoken.text_class_tokens(clip) == 1
-                else [None] * len(groups))
-    features = [_prefix_features(clip, part, length, part_embedded) for (_, length), part, part_embedded
-                in zip(groups, grouped.split(sizes), embedded)]
-    return torch.cat(features)[back]
+    embedded = (clip.token_embedding(grouped).split(plan.sizes) if multitoken.text_class_tokens(clip) == 1
+                else [None] * len(plan.sizes))
+    features = [_prefix_features(clip, part, length, part_embedded) for length, part, part_embedded
+                in zip(plan.lengths, grouped.split(plan.sizes), embedded)]
+    return torch.cat(features)[order.argsort()]
 
 
 def state_mismatch(model: nn.Module, state: dict) -> Optional[str]:
@@ -394,6 +473,7 @@ class EuclipModel(nn.Module):
         self.clip = clip if clip is not None else build_clip(cfg.model.arch, cfg.model.class_tokens)
         if not cfg.model.final_ln:
             remove_final_layernorm(self.clip)
+        self.text_groups = cfg.model.text_groups
         g = cfg.geometry
         self.geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
         # Multi(n, m) towers project each of their m class tokens to n = text_projection's width.
@@ -429,11 +509,18 @@ class EuclipModel(nn.Module):
             features = self.clip.encode_image(images)
         return self._embed(features, getattr(self, "log_alpha_img", None))
 
-    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``; the context is trimmed exactly."""
-        with autocast_factory(self.encoder_precision, next(self.clip.parameters()).device)():
-            features = text_features(self.clip, tokens)
+    def encode_text(self, tokens: torch.Tensor, plan: Optional[TextPlan] = None) -> torch.Tensor:
+        """Token ids to fp32 output-space embeddings. ``(B, L) -> (B, D)``; the context is trimmed exactly,
+        as ``plan`` says (``text_plans``) or as planned here from ``tokens``."""
+        device = next(self.clip.parameters()).device
+        with autocast_factory(self.encoder_precision, device)():
+            features = text_features(self.clip, tokens, plan, text_groups_for(self.text_groups, device))
         return self._embed(features, getattr(self, "log_alpha_txt", None))
+
+    def text_plans(self, tokens: torch.Tensor, chunks: int = 1) -> list[Optional[TextPlan]]:
+        """The text tower's plan for each of ``chunks`` micro-batches of ``tokens (B, L)``, on the host."""
+        most = text_groups_for(self.text_groups, next(self.clip.parameters()).device)
+        return [text_plan(self.clip, part, most) for part in tokens.chunk(chunks)]
 
     def logit_scale(self) -> torch.Tensor:
         """beta = exp(t), 0-dim. t is kept in range by ``clamp_scalars_`` after each step."""

@@ -15,12 +15,12 @@ Across ranks, ``gather`` turns the rank's batch into the global one (see
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from euclip_cli.loss import objective
-from euclip_cli.model import EuclipModel
+from euclip_cli.model import EuclipModel, TextPlan
 
 
 def _plain_backward(loss: torch.Tensor) -> None:
@@ -36,12 +36,16 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
                      autocast: Callable[[], contextlib.AbstractContextManager],
                      gather: Callable[[torch.Tensor], torch.Tensor] = _no_gather, owns_scalars: bool = True,
                      backward: Callable[[torch.Tensor], None] = _plain_backward,
-                     before_last_backward: Callable[[], None] = lambda: None) -> dict[str, torch.Tensor]:
+                     before_last_backward: Callable[[], None] = lambda: None,
+                     plans: Optional[list[Optional[TextPlan]]] = None) -> dict[str, torch.Tensor]:
     """Accumulate the gradient of the loss on the whole (global) batch; return the detached loss terms.
 
     ``backward`` lets a gradient scaler scale the loss first; ``before_last_backward`` runs before
-    the pass after which the gradients are final (a reducer arms its hooks there).
+    the pass after which the gradients are final (a reducer arms its hooks there). ``plans``: the
+    text tower's plan of each micro-batch (``EuclipModel.text_plans``), made on the host, so that
+    ``tokens`` may sit on the device and nothing is read back; without them each pass makes its own.
     """
+    plans = plans or [None] * accum_steps
     def loss(image_emb, text_emb, live_scalars: bool):
         scale, curv = model.logit_scale(), model.curvature()
         if not (live_scalars and owns_scalars):
@@ -51,7 +55,7 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
 
     if accum_steps == 1:
         with autocast():
-            out = loss(model.encode_image(images), model.encode_text(tokens), live_scalars=True)
+            out = loss(model.encode_image(images), model.encode_text(tokens, plans[0]), live_scalars=True)
         before_last_backward()
         backward(out["loss"])
         return {k: v.detach() for k, v in out.items()}
@@ -59,10 +63,10 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
     image_chunks, token_chunks = images.chunk(accum_steps), tokens.chunk(accum_steps)
     with torch.no_grad(), autocast():
         cached_images = [model.encode_image(x) for x in image_chunks]
-        cached_texts = [model.encode_text(t) for t in token_chunks]
+        cached_texts = [model.encode_text(t, plan) for t, plan in zip(token_chunks, plans)]
     for j in range(accum_steps):
         with autocast():
-            image_j, text_j = model.encode_image(image_chunks[j]), model.encode_text(token_chunks[j])
+            image_j, text_j = model.encode_image(image_chunks[j]), model.encode_text(token_chunks[j], plans[j])
             all_images = torch.cat(cached_images[:j] + [image_j] + cached_images[j + 1:])
             all_texts = torch.cat(cached_texts[:j] + [text_j] + cached_texts[j + 1:])
             out = loss(all_images, all_texts, live_scalars=(j == 0))
@@ -70,3 +74,58 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
             before_last_backward()
         backward(out["loss"])
     return {k: v.detach() for k, v in out.items()}
+
+
+class NonfiniteGuard:
+    """Non-finite steps, found and counted on the device: a step never waits for the device to say.
+
+    ``check`` turns the step's loss and gradients into a 0-dim flag that the optimizer reads on the
+    device (``apply_update``), as a gradient scaler hands its found-infinity flag to a fused
+    optimizer; the counts stay on the device until a logging or checkpoint step ``read``s them.
+    """
+
+    def __init__(self, device: torch.device):
+        def counter() -> torch.Tensor:
+            return torch.zeros((), dtype=torch.int64, device=device)
+
+        self.streak, self.longest, self.total = counter(), counter(), counter()
+
+    def check(self, loss: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+        """1.0 (float, 0-dim, on the device) where the loss or a gradient element is not finite, else 0.0."""
+        bad = nonfinite(loss, grads)
+        self.streak.add_(1).mul_(bad)  # one more in a row, or none
+        torch.maximum(self.longest, self.streak, out=self.longest)
+        self.total.add_(bad)
+        return bad.float()
+
+    def read(self) -> tuple[int, int]:
+        """``(non-finite steps so far, the longest run of them in a row since the last read)``: waits for the device."""
+        total, longest = int(self.total), int(self.longest)
+        self.longest.copy_(self.streak)
+        return total, longest
+
+
+def nonfinite(loss: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    """Whether the loss or any gradient element is not finite, as a 0-dim bool tensor on their device:
+    each tensor's largest magnitude (one fused kernel over all of them) is finite exactly when all
+    its elements are (max propagates NaN, and a max of finite numbers cannot overflow)."""
+    largest = torch._foreach_norm(grads, float("inf")) if grads else []
+    return ~torch.isfinite(torch.stack([loss.detach().float().reshape(()), *[m.float() for m in largest]])).all()
+
+
+def apply_update(model: EuclipModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 params: list[torch.nn.Parameter], grad_clip: Optional[float], skip: torch.Tensor) -> None:
+    """The optimizer step from unscaled gradients, skipped on the device where ``skip`` (0-dim float) is 1.
+
+    ``optimizer`` must be fused: its kernel leaves parameters, moments and step count untouched where
+    ``found_inf`` is set (``torch.optim.AdamW(fused=True)``; ``optim.build_optimizer`` makes it so).
+    """
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.found_inf = skip
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+    scaler.update()  # fp16: halves the scale after an overflow (its own flag, from unscale_), else grows it
+    model.clamp_scalars_()

@@ -87,8 +87,7 @@ def test_the_paper_root_of_clip_is_the_normalised_mean_of_training_embeddings(ru
     images = torch.stack([transform(Image.open(io.BytesIO(s["jpg"])).convert("RGB")) for s in samples.values()])
     with torch.no_grad():
         image = model.encode_image(images)
-        text = embed_texts(model, tokenizer_for(cfg.model.arch), [s["txt"].decode() for s in samples.values()],
-                           torch.device("cpu"))
+        text = embed_texts(model, tokenizer_for(cfg.model.arch), [s["txt"].decode() for s in samples.values()])
     mean = torch.cat([image, text]).mean(dim=0)
     torch.testing.assert_close(root, mean / mean.norm(), atol=1e-5, rtol=1e-5)
     assert len(reference) == 80

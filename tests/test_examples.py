@@ -121,17 +121,3 @@ def test_the_tower_probe_refuses_inconsistent_world_options_in_one_line(args, me
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_the_handover_aid_times_both_sharing_strategies_in_every_case(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "handover.py"
-    out = subprocess.run([sys.executable, str(script), "--arch", "tiny", "--batch-size", "4", "--workers", "1",
-                          "--batches", "2", "--warmup", "1", "--rounds", "1", "--scratch", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line.split() for line in out.stdout.splitlines()[1:]]
-    assert [row[:2] for row in rows] == [[case, strategy] for case in ("steady", "segment", "busy")
-                                         for strategy in ("file_descriptor", "file_system")]
-    for row in rows:
-        delivered, could = float(row[2]), float(row[3].strip("()"))
-        assert delivered > 0 and could > 0

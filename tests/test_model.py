@@ -112,8 +112,16 @@ def _captions(tokenizer) -> torch.Tensor:
     return tokens
 
 
-@pytest.mark.parametrize("final_ln", [True, False])
-def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
+@pytest.mark.parametrize("final_ln, max_groups, expected", [
+    # Three groups: the two short captions share one, the long one and the full one get theirs.
+    (True, 0, [([0, 3], 8), ([1], 16), ([2], 32)]),
+    (False, 0, [([0, 3], 8), ([1], 16), ([2], 32)]),
+    # At most two: the 16-token caption runs with the full one (8 x 2 + 32 x 2 = 80 tokens; 16 x 3 + 32
+    # ties, and the earlier cut wins).
+    (True, 2, [([0, 3], 8), ([1, 2], 32)]),
+    (True, 1, [([0, 1, 2, 3], 32)]),
+])
+def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln, max_groups, expected):
     """Padding after a caption's end-of-text token cannot matter under a causal mask (fp64)."""
     from euclip_cli.model import context_groups, text_features, tokenizer_for
 
@@ -122,9 +130,8 @@ def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
     if not final_ln:
         remove_final_layernorm(clip)
     tokens = _captions(tokenizer_for("tiny"))
-    groups = context_groups(clip, tokens)
-    # Three groups: the two short captions share one, the long one and the full one get theirs.
-    assert sorted((rows.tolist(), length) for rows, length in groups) == [([0, 3], 8), ([1], 16), ([2], 32)]
+    groups = context_groups(clip, tokens, max_groups)
+    assert [(rows.tolist(), length) for rows, length in groups] == expected
 
     def run(features):
         clip.zero_grad()
@@ -132,7 +139,7 @@ def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
         (out.sin().sum()).backward()  # a loss that weighs every feature differently
         return out.detach(), {n: p.grad.clone() for n, p in clip.named_parameters() if p.grad is not None}
 
-    trimmed, trimmed_grads = run(lambda t: text_features(clip, t))
+    trimmed, trimmed_grads = run(lambda t: text_features(clip, t, max_groups=max_groups))
     padded, padded_grads = run(clip.encode_text)  # open_clip's own computation on the full context
     torch.testing.assert_close(trimmed, padded, atol=1e-9, rtol=0)
     assert trimmed_grads.keys() == padded_grads.keys() and any("transformer" in n for n in padded_grads)
@@ -141,22 +148,54 @@ def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln):
 
 
 @pytest.mark.parametrize("recipe", ["tiny-clip", "tiny-multi"])
-def test_trimming_groups_host_tokens_for_towers_on_another_device(recipe):
-    """The trainer leaves the tokens on the host. The meta device stands in for a GPU: its tensors
-    have shapes but no values, so any host decision taken from a device tensor (the captions'
-    lengths) fails there, as it would synchronise a GPU."""
+@pytest.mark.parametrize("max_groups", [0, 1, 2])
+def test_trimming_runs_on_device_tokens_from_a_host_plan(recipe, max_groups):
+    """The trainer plans the groups from its host copy of the tokens and hands the towers the device
+    copy. The meta device stands in for a GPU: its tensors have shapes but no values, so any host
+    decision taken from a device tensor (the captions' lengths) fails there, as it would synchronise
+    a GPU."""
     from euclip_cli import multitoken
-    from euclip_cli.model import text_features, tokenizer_for
+    from euclip_cli.model import text_features, text_plan, tokenizer_for
 
     cfg = C.load_config(recipe)
     clip = build_clip(cfg.model.arch, cfg.model.class_tokens).to("meta")
     tokens = _captions(tokenizer_for(cfg.model.arch))
+    plan = text_plan(build_clip(cfg.model.arch, cfg.model.class_tokens), tokens, max_groups)
     seen = []  # the meta device lets some ops take host indices; a real GPU would not
     clip.token_embedding.register_forward_pre_hook(lambda module, args: seen.append(args[0].device.type))
-    out = text_features(clip, tokens)
+    out = text_features(clip, tokens.to("meta"), plan)
     assert seen and set(seen) == {"meta"}, seen
     width = clip.text_projection.shape[-1] * multitoken.text_class_tokens(clip)
     assert out.device.type == "meta" and out.shape == (4, width)
+
+
+def test_at_most_k_length_groups_compute_the_fewest_padded_tokens():
+    """The merge of lengths into groups against every way of cutting them (an independent search)."""
+    import itertools
+    import random
+
+    from euclip_cli.model import _merge_lengths
+
+    def tokens(lengths, counts, ends):
+        total, start = 0, 0
+        for end in ends:
+            stop = lengths.index(end) + 1
+            total += sum(counts[start:stop]) * end
+            start = stop
+        return total
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = sorted(rng.sample(range(8, 80, 8), rng.randint(1, 7)))
+        counts = [rng.randint(1, 40) for _ in lengths]
+        most = rng.randint(1, 4)
+        merged = _merge_lengths(lengths, counts, most)
+        assert merged[-1] == lengths[-1] and len(merged) <= most and merged == sorted(merged)
+        best = min(tokens(lengths, counts, list(cut) + [lengths[-1]])
+                   for k in range(min(most, len(lengths)))
+                   for cut in itertools.combinations(lengths[:-1], k))
+        assert tokens(lengths, counts, merged) == best
+    assert _merge_lengths([8, 16, 32], [5, 5, 5], 0) == [8, 16, 32]  # no limit: every length its own group
 
 
 def test_trimming_is_refused_where_it_would_not_be_exact():

@@ -44,27 +44,39 @@ def test_corrupt_samples_and_truncated_shards_are_skipped_and_counted(world, tmp
     assert result["steps"] == 4 and result["skipped_samples"] >= 3
 
 
-def test_a_nan_step_is_skipped_and_repeated_nans_stop_with_the_checkpoint_intact(world, tmp_path, monkeypatch):
-    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=128", "train.checkpoints=8", *TINY])
+@pytest.mark.parametrize("log_every, stop_at", [
+    (1, 10),  # read every step: the fifth NaN in a row (steps 6 to 10) stops the run at once
+    (4, 12),  # read at logging and checkpoint steps only (1, 4, 8, 12, 16): the steps between never wait
+])
+def test_a_nan_step_is_skipped_and_repeated_nans_stop_with_the_checkpoint_intact(world, tmp_path, monkeypatch,
+                                                                                 log_every, stop_at):
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=256", "train.checkpoints=2",
+                                      "train.keep_checkpoints=3", *TINY, f"train.log_every={log_every}"])
     real = loop.forward_backward
-    calls = {"n": 0}
+    calls, after_step_5 = {"n": 0}, {}
 
     def poisoned(model, *args, **kwargs):
         calls["n"] += 1
+        if calls["n"] == 6:
+            after_step_5.update({k: v.clone() for k, v in model.state_dict().items()})
         terms = real(model, *args, **kwargs)
         if calls["n"] == 3 or calls["n"] >= 6:  # one isolated NaN, then NaNs forever
             next(model.parameters()).grad.fill_(float("nan"))
         return terms
 
     monkeypatch.setattr(loop, "forward_backward", poisoned)
-    with pytest.raises(loop.RunError, match="non-finite steps in a row"):
+    with pytest.raises(loop.RunError, match=f"in a row by step {stop_at}"):
         loop.run(cfg, tmp_path / "run")
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert '"nonfinite_steps": 1' in lines[-1]  # the isolated NaN was skipped and counted, training went on
-    latest = RunDir(tmp_path / "run").latest_checkpoint()
-    state = load_checkpoint(latest)
-    assert state["step"] == 4  # calls 1, 2, 4, 5 were good steps; the last good checkpoint is step 4
-    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    assert calls["n"] == stop_at  # a step whose update was skipped still took its batch
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # The isolated NaN was skipped and counted, and training went on.
+    assert [r["nonfinite_steps"] for r in records if 3 <= r["step"] <= 5] == [1] * len([r for r in records
+                                                                                      if 3 <= r["step"] <= 5])
+    # A checkpoint every 8 steps: the one at step 8 (6 to 8 skipped) holds exactly the weights step 5 left.
+    state = load_checkpoint(RunDir(tmp_path / "run").latest_checkpoint())
+    assert state["step"] == 8 and state["model"].keys() == after_step_5.keys()
+    for name, value in after_step_5.items():
+        assert torch.equal(state["model"][name], value), name
 
 
 def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(world, tmp_path, monkeypatch):
@@ -339,8 +351,13 @@ def test_an_unwritable_runs_or_checkpoints_folder_is_one_line_naming_it(locked, 
     assert f"{folder}" in text and "permission denied" in text.lower() and "writable" in text
 
 
-def test_the_one_sync_finite_check_agrees_with_an_element_by_element_check():
-    from euclip_cli.train.loop import all_finite
+def test_the_fused_finite_check_agrees_with_an_element_by_element_check():
+    from euclip_cli.step import nonfinite
+
+    def all_finite(loss, grads):
+        flag = nonfinite(loss, grads)
+        assert flag.shape == () and flag.dtype == torch.bool  # a device flag, read here only to compare
+        return not bool(flag)
 
     torch.manual_seed(0)
     for trial in range(40):

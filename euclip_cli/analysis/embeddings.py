@@ -61,7 +61,7 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     loader = torch.utils.data.DataLoader(retrieval.batched(batch_size, collation_fn=image_captions_collate_fn),
                                          batch_size=None, num_workers=0)
     image, captions = cache.get("world/retrieval", lambda: embed_images(model, loader, device, lambda n: None))
-    text = embed_texts(model, tokenizer, [caps[0] for caps in captions], device)
+    text = embed_texts(model, tokenizer, [caps[0] for caps in captions])
 
     classes = {}
     for task in tasks:
@@ -69,10 +69,10 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
         loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
         images, labels = cache.get(task.key, lambda: embed_images(model, loader, device, lambda n: None))
         prompts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
-        templates = embed_texts(model, tokenizer, prompts, device).reshape(len(ds.classes), len(ds.templates), -1)
+        templates = embed_texts(model, tokenizer, prompts).reshape(len(ds.classes), len(ds.templates), -1)
         classes[task.key] = ClassTask(images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu())
     curv = model.curvature()
-    extra = embed_texts(model, tokenizer, vocabulary, device).cpu() if vocabulary else None
+    extra = embed_texts(model, tokenizer, vocabulary).cpu() if vocabulary else None
     return RunEmbeddings(model.geometry, None if curv is None else curv.detach().cpu(), image.cpu(), text.cpu(),
                          classes, model.logit_scale().item(), extra)
 
@@ -112,7 +112,7 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
         def flush() -> None:
             if images:
                 image_emb.append(model.encode_image(torch.stack(images).to(device)).cpu())
-                text_emb.append(embed_texts(model, tokenizer, texts, device).cpu())
+                text_emb.append(embed_texts(model, tokenizer, texts).cpu())
                 images.clear()
                 texts.clear()
 
@@ -174,7 +174,7 @@ def folder_embeddings(run_dir: Path, device: torch.device, image_dir: Path, capt
     for i in range(0, len(paths), batch_size):
         batch = torch.stack([transform(image(p)) for p in paths[i:i + batch_size]])
         embs.append(model.encode_image(batch.to(device)).cpu())
-    text = embed_texts(model, tokenizer_for(cfg.model.arch), captions, device).cpu()
+    text = embed_texts(model, tokenizer_for(cfg.model.arch), captions).cpu()
     curv = model.curvature()
     return (model.geometry, None if curv is None else curv.detach().cpu(), [p.name for p in paths], torch.cat(embs),
             text)

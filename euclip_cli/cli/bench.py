@@ -303,54 +303,57 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
                                                             "at least 8."),
                  warmup: int = typer.Option(2, min=1, help="Batches taken before the clock starts (each "
                                                            "measurement starts fresh workers)."),
-                 rounds: int = typer.Option(3, min=1, help="Interleaved rounds (euclip's stacking, then the "
-                                                           "plain stack)."),
-                 pin_memory: Optional[bool] = typer.Option(None, "--pin-memory/--no-pin-memory",
-                                                           help="Pin batches for a GPU, as the trainer does on "
-                                                                "one; default: pin where a GPU is."),
+                 rounds: int = typer.Option(3, min=1, help="Interleaved rounds (euclip's loader, then OpenCLIP's)."),
+                 device: str = typer.Option("auto", help="Where the batches go, as the trainer feeds them: cpu, "
+                                                         "cuda or auto."),
                  out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
                  ) -> None:
-    """The training loader alone on the embedded world: samples/s, what its loaders could give and
-    their CPU share, euclip's batches stacked straight into shared memory against a plain stack.
-    Beside a training run's records (`data_wait_share`, `loader_samples_per_s`) it tells a loader
-    too slow for the trainer from a trainer that loses time between its loader and its step.
+    """The training loaders alone on the embedded world, euclip's against OpenCLIP's pipeline: samples/s,
+    what euclip's loaders could give and their CPU share. Beside a training run's records
+    (`data_wait_share`, `loader_samples_per_s`) it tells a loader too slow for the trainer from a
+    trainer that loses time between its loader and its step.
 
     Examples:
       euclip bench loader
-      euclip bench loader --workers 8 --pin-memory      # on a GPU machine, as the GPU checklist runs it
+      euclip bench loader --workers 8 --device cuda      # on a GPU machine, as the GPU checklist runs it
     """
     from rich.table import Table
 
-    from euclip_cli.bench import LOADER_STACKS, BenchError, bench_loader, ensure_world, loader_batches_timed
+    from euclip_cli.bench import LOADERS, BenchError, bench_loader, ensure_world, loader_batches_timed
 
     _check_model_arch(arch)
-    import torch
-
-    if pin_memory and not torch.cuda.is_available():
-        common.fail("--pin-memory: this machine has no GPU to pin batches for; leave it out")
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    device = _bench_device(device)
     batches = batches or loader_batches_timed(workers)
     with common.errors():
         try:
-            with common.console.status(f"timing the loader: {arch}'s transforms, batch {batch_size}, {workers} "
+            with common.console.status(f"timing the loaders: {arch}'s transforms, batch {batch_size}, {workers} "
                                        f"workers, {rounds} rounds"):
                 result = bench_loader(ensure_world(out / "scratch"), arch, batch_size, workers, batches, warmup,
-                                      rounds, pin)
+                                      rounds, device)
         except BenchError as err:
             common.fail(str(err), 1)
-    table = Table(title=f"the training loader alone: {arch}'s transforms, batch {batch_size}, {workers} workers, "
-                        f"{batches} batches timed, {'pinned' if pin else 'not pinned'}, {rounds} interleaved rounds")
-    table.add_column("stacking", no_wrap=True)
+    table = Table(title=f"the training loaders alone: {arch}'s transforms, batch {batch_size}, {workers} workers, "
+                        f"{batches} batches timed, fed to {device}, {rounds} interleaved rounds")
+    table.add_column("loader", no_wrap=True)
     for column in ("samples/s (median)", "per round", "loaders could give (CPU)"):
         table.add_column(column, justify="right")
-    names = {"shared": "into shared memory (euclip)", "plain": "plain torch.stack (reference)"}
-    for kind in LOADER_STACKS:
+    names = {"euclip": "euclip (one buffer a batch)", "openclip": "OpenCLIP's pipeline (reference)"}
+    for kind in LOADERS:
         m = result["measurements"][kind]
-        table.add_row(names[kind], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]),
-                      f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})")
+        could = (f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})"
+                 if m["loader_samples_per_s"] is not None else "-")
+        table.add_row(names[kind], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]), could)
     common.console.print(table)
-    common.console.print(f"euclip / reference: {_spread(result['shared_vs_plain'])}", highlight=False)
+    common.console.print(f"euclip / OpenCLIP: {_spread(result['euclip_vs_openclip'])}", highlight=False)
     common.console.print(f"written: {write_result(out, 'loader', result)}")
+
+
+def _bench_device(device: str) -> str:
+    """``--device`` resolved: auto is a GPU where there is one; a GPU the machine lacks is one line."""
+    from euclip_cli.device import resolve_device
+
+    with common.errors():
+        return str(resolve_device(device))
 
 
 @app.command("profile")
@@ -408,3 +411,143 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
         f"{result['matrix_tflops']:.3f} TFLOP/s, {result['matrix_tflops'] / result['peak_tflops']:.0%} of the "
         f"{result['peak_tflops']:.3f} TFLOP/s a 2048^3 product reached in the same run", highlight=False)
     common.console.print(f"written: {write_result(out, 'profile', result)} (Chrome trace: {result['trace']})")
+
+
+@app.command("feed")
+def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.model.LOCAL_ARCHS): its image size and "
+                                                            "context set the loaders' work; the default's towers "
+                                                            "are tiny, so that a step costs next to nothing."),
+               batch_size: int = typer.Option(256, min=2, help="Samples per batch, as the loaders make them."),
+               steps: int = typer.Option(24, min=1, help="Timed steps per loop (and batches per loader alone)."),
+               warmup: int = typer.Option(4, min=1, help="Untimed first steps."),
+               workers: int = typer.Option(1, min=0, help="Loader workers (1 on 2 cores leaves the trainer a "
+                                                          "core, as a GPU machine's workers do)."),
+               threads: int = typer.Option(1, min=1, help="Compute threads of each trainer."),
+               step_samples: int = typer.Option(2, min=2, help="Samples of each batch the step computes on."),
+               rounds: int = typer.Option(3, min=1, help="Interleaved rounds; every ratio is taken within a round."),
+               out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
+               ) -> None:
+    """The data path as a very fast accelerator sees it: training loops with a nearly free step.
+
+    Each loop's efficiency is its samples/s over its own loader's alone, in the same round: euclip's
+    loop with staging slots and without, euclip's loop on OpenCLIP's pipeline, and OpenCLIP's trainer.
+
+    Example: euclip bench feed --rounds 3
+    """
+    from rich.table import Table
+
+    from euclip_cli.bench import BenchError
+    from euclip_cli.bench.feed import LOOPS, TARGET_EFFICIENCY, FeedSettings, bench_feed
+
+    _check_local_arch(arch)
+    if step_samples > batch_size:
+        common.fail(f"--step-samples: {step_samples} is more than the batch of {batch_size}")
+    settings = FeedSettings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, workers=workers,
+                            threads=threads, step_samples=step_samples, rounds=rounds)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with common.errors():
+        try:
+            with common.console.status("starting") as status:
+                result = bench_feed(out / "scratch", settings, on_stage=lambda stage: status.update(f"running: {stage}"))
+        except BenchError as err:
+            common.fail(str(err), 1)
+    table = Table(title=f"the data path with a nearly free step: {arch}, batch {batch_size} (steps on {step_samples}), "
+                        f"{workers} workers, {threads} thread(s), {rounds} interleaved rounds")
+    table.add_column("loop", no_wrap=True)
+    for column in ("samples/s", "per round", "waiting for data", "its loader alone", "efficiency"):
+        table.add_column(column, justify="right")
+    names = {"euclip_staged": "euclip, staged", "euclip_unstaged": "euclip, unstaged",
+             "euclip_on_openclip_pipeline": "euclip, OpenCLIP's data", "openclip_loop": "OpenCLIP"}
+    for key, loader in LOOPS.items():
+        m, e = result["loops"][key], result["efficiency"][key]
+        table.add_row(names[key], f"{m['overall_samples_per_s']:.0f}",
+                      ", ".join(f"{r:.0f}" for r in m["overall_per_round"]), f"{m['data_wait_share']:.0%}",
+                      f"{result['loaders'][loader]['samples_per_s']:.0f}", f"{e['median']:.2f}")
+    common.console.print(table)
+    for line in feed_summary(result, TARGET_EFFICIENCY):
+        common.console.print(line, highlight=False)
+    common.console.print(f"written: {write_result(out, 'feed', result, stamp)}")
+
+
+def feed_summary(result: dict, target: float) -> list[str]:
+    """The feed bench's verdicts: each euclip loop's efficiency against the target and OpenCLIP's loop."""
+    lines = []
+    for key, name in (("euclip_staged", "staged"), ("euclip_unstaged", "not staged")):
+        efficiency, versus = result["efficiency"][key], result["vs_openclip_loop"][key]
+        met = efficiency["median"] >= target and versus["median"] >= 1.0
+        lines.append(f"euclip's loop, {name}: efficiency {_spread(efficiency)} (target >= {target}), "
+                     f"{_spread(versus)} OpenCLIP's loop's (target >= 1.00x): {'met' if met else 'missed'}")
+    return lines
+
+
+@app.command("ops")
+def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.model.LOCAL_ARCHS or an open_clip "
+                                                          "model (ViT-B-32, DataComp's small and medium tower)."),
+              batch_size: int = typer.Option(256, min=2, help="Captions (and images) in the step."),
+              shards: Optional[Path] = typer.Option(None, help="Captions of these img2dataset shards (e.g. DataComp's) "
+                                                               "instead of the world's."),
+              caption_words: Optional[float] = typer.Option(
+                  None, help="Synthetic captions whose word counts are log-normal with this mean (10: DataComp-1B's "
+                             "captions, as Li et al. 2024 report them) instead of the world's."),
+              out: Path = typer.Option(Path("results") / "bench", help="Where the JSON result and scratch go.")
+              ) -> None:
+    """Operations one training step dispatches, euclip's trainer against OpenCLIP's.
+
+    On the same model and captions: on a GPU that computes faster than the host launches, the host's
+    time follows this count. euclip's rows are its text tower's groupings (model.text_groups): one, the GPU's default of two,
+    three, and every length its own (the CPU's default), each with the share of trimming's saving
+    on the text tower's FLOPs it keeps.
+
+    Examples:
+      euclip bench ops
+      euclip bench ops --arch ViT-B-32 --caption-words 10 --batch-size 128
+    """
+    from rich.table import Table
+
+    from euclip_cli.bench import ensure_world, shard_captions, synthetic_captions
+    from euclip_cli.bench.ops import bench_ops
+
+    _check_model_arch(arch)
+    if shards is not None and caption_words is not None:
+        common.fail("--shards and --caption-words both name the captions: give one")
+    if caption_words is not None and not caption_words >= 1:
+        common.fail(f"--caption-words: {caption_words} is not a mean of at least one word")
+    with common.errors():
+        if shards is not None and not shards.is_dir():
+            raise UsageError(f"--shards {shards} is not a folder of .tar shards")
+        with common.console.status(f"counting the operations of a step of {arch}, batch {batch_size}"):
+            if caption_words is not None:
+                captions = synthetic_captions(caption_words, batch_size)
+                source = f"synthetic captions, mean {caption_words:g} words"
+            else:
+                captions = shard_captions(shards if shards is not None else ensure_world(out / "scratch"), batch_size)
+                source = str(shards) if shards is not None else "the embedded world's captions"
+            if len(captions) < 2:
+                raise UsageError(f"--shards {shards} holds {len(captions)} caption(s): a step needs at least 2")
+            result = bench_ops(arch, captions, batch_size)
+    result["captions_from"] = source
+    theirs = result["openclip"]
+    table = Table(title=f"operations in one training step: {arch}, {result['batch_size']} pairs of {source}, "
+                        f"context {result['context']}, bf16 autocast (views not counted)")
+    table.add_column("trainer (text groups)", no_wrap=True)
+    for column in ("plan", "step", "ratio", "update", "waits", "text", "kept"):
+        table.add_column(column, justify="right")
+    table.add_row("OpenCLIP (full context)", "-", str(theirs["step"]["ops"]), "1.00", str(theirs["update"]["ops"]),
+                  str(theirs["step"]["reads"]), "1.00", "-")
+    names = {0: "euclip, each length (CPU)", 1: "euclip, 1", 2: "euclip, 2 (GPU)"}
+    for row in result["euclip"]:
+        phases = row["phases"]
+        kept = f"{row['saving_kept']:.0%}" if row["saving_kept"] is not None else "-"
+        table.add_row(names.get(row["text_groups"], f"euclip, {row['text_groups']}"), str(phases["plan"]["ops"]),
+                      str(phases["step"]["ops"]), f"{row['step_vs_openclip']:.2f}", str(phases["update"]["ops"]),
+                      str(phases["step"]["reads"] + phases["update"]["reads"]),
+                      f"{row['text_flops'] / row['full_text_flops']:.2f}", kept)
+    common.console.print(table)
+    common.console.print(
+        "plan: operations on the host's copy of the tokens (the text groups); step: forward and backward, and "
+        "its ratio to OpenCLIP's; update: the optimizer step (euclip: the non-finite guard, the fused AdamW, the "
+        "clamps; OpenCLIP: AdamW on the multi-tensor path a GPU takes, which reads its step counts from host memory); "
+        "waits: operations after which a GPU's host would wait for the device; text: the text tower's forward "
+        "and backward FLOPs against the full context's; kept: the share of trimming's saving (every length its own "
+        "group) kept", highlight=False)
+    common.console.print(f"written: {write_result(out, 'ops', result)}")

@@ -17,6 +17,14 @@ from its checkpoint sees the very batches an uninterrupted run sees:
 Every batch also reports what it cost the loader that made it (``LoaderWork``), so a trainer
 waiting for data can tell loaders that are too few or too slow from loaders starved of CPU.
 
+A batch crosses from its worker as one buffer (``BatchLayout``): a header, the images and the
+tokens, stacked straight into one block of shared memory. Each tensor a worker hands over is one
+round trip with it for the trainer's process (a file descriptor fetched from the worker, which
+must interrupt its decoding to answer), so one buffer is one such trip a batch; the trainer then
+copies it to the device in one copy (``euclip_cli.data.feed``). Nothing in the trainer's process
+receives batches but its main thread: torch's ``pin_memory`` thread, which would, contends with
+a busy main thread for the interpreter lock (pytorch/pytorch#77139).
+
 webdataset supplies the shard resampling, tar reading and shuffle buffer; decoding and
 batching are written here because webdataset's stages do not expose the raw-sample count
 the position needs.
@@ -24,20 +32,22 @@ the position needs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
+import math
 import random
 import signal
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import webdataset as wds
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from euclip_cli.errors import UsageError
 
@@ -153,19 +163,98 @@ def loader_reading(samples_per_s: float, data_wait_share: float, loader_samples_
     return "the loaders are too few or too slow: more data.workers"
 
 
-class TrainStream(IterableDataset):
-    """Yields ``(images (B, 3, H, W), tokens (B, L), info (6,))`` for one rank, from global batch ``start`` on.
+class Batch(NamedTuple):
+    """One training batch on the host: ``images (B, 3, H, W)`` float32 and ``tokens (B, L)`` int64, and,
+    where both are views of one buffer (euclip's loader), that buffer, which crosses to a device whole."""
 
-    ``info`` is ``[logical worker, segment, raw samples drawn in segment, skipped so far, wall µs, CPU µs]``,
-    the last two what making the batch cost (``LoaderWork``). One tensor: each tensor a worker
-    hands over costs a round trip between the processes.
-    """
+    images: torch.Tensor
+    tokens: torch.Tensor
+    flat: Optional[torch.Tensor] = None
+
+
+# int64 words before the images in a batch's buffer: the layout (B, C, H, W, L) and the batch's info.
+HEADER_WORDS = 16
+LAYOUT_WORDS = 5
+ALIGN = 64  # bytes: each part starts on a cache line, so every view is aligned for its dtype
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where the parts of a batch lie in its one buffer (``uint8``): the header (int64 words: the
+    layout, then the batch's info), the images (float32, ``(B, C, H, W)``), the tokens (int64, ``(B, L)``)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    context: int
+
+    @property
+    def image_bytes(self) -> int:
+        return 4 * self.batch * self.channels * self.height * self.width
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * HEADER_WORDS + _aligned(self.image_bytes) + 8 * self.batch * self.context
+
+    def views(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(header (HEADER_WORDS,), images, tokens)``, views of ``flat`` (on any device)."""
+        start = 8 * HEADER_WORDS
+        images_end = start + self.image_bytes
+        tokens_start = start + _aligned(self.image_bytes)
+        return (flat[:start].view(torch.int64),
+                flat[start:images_end].view(torch.float32).view(self.batch, self.channels, self.height, self.width),
+                flat[tokens_start:self.nbytes].view(torch.int64).view(self.batch, self.context))
+
+    @classmethod
+    def of(cls, flat: torch.Tensor) -> "BatchLayout":
+        """The layout a host buffer's header records."""
+        return cls(*(int(v) for v in flat[:8 * LAYOUT_WORDS].view(torch.int64)))
+
+
+def pack(images: list[torch.Tensor], tokens: list[torch.Tensor], shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples' tensors stacked into one new buffer (in shared memory where ``shared``, as a worker
+    hands it over; a tensor made elsewhere would be copied there once more). Returns the buffer and
+    its header, for the caller to fill in the batch's info after the layout's words."""
+    if images[0].dtype != torch.float32 or tokens[0].dtype != torch.int64:
+        raise TypeError(f"a batch packs float32 images and int64 tokens, not {images[0].dtype} and {tokens[0].dtype}")
+    layout = BatchLayout(len(images), *images[0].shape, tokens[0].shape[0])
+    if shared:
+        flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(layout.nbytes))
+    else:
+        flat = torch.empty(layout.nbytes, dtype=torch.uint8)
+    header, image_view, token_view = layout.views(flat)
+    torch.stack(images, out=image_view)
+    torch.stack(tokens, out=token_view)
+    header.zero_()
+    header[:LAYOUT_WORDS] = torch.tensor(dataclasses.astuple(layout))
+    return flat, header
+
+
+def unpack(flat: torch.Tensor) -> tuple[Batch, list[int]]:
+    """A host buffer as a ``Batch`` of views, and the info its header carries."""
+    layout = BatchLayout.of(flat)
+    header, images, tokens = layout.views(flat)
+    return Batch(images, tokens, flat), header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS].tolist()
+
+
+# The info each batch carries: [logical worker, segment, raw samples drawn in segment, skipped so far,
+# wall µs, CPU µs], the last two what making the batch cost (``LoaderWork``).
+INFO_WORDS = 6
+
+
+class TrainStream(IterableDataset):
+    """Yields each batch of one rank, from global batch ``start`` on, as one buffer (``pack``) whose
+    header carries the batch's info (``INFO_WORDS``)."""
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
-                 positions: dict[int, WorkerPosition], stack: Callable[[list[torch.Tensor]], torch.Tensor]):
+                 positions: dict[int, WorkerPosition]):
         super().__init__()
-        self.stack = stack
         self.shards, self.batch_size, self.transform, self.tokenizer = shards, batch_size, transform, tokenizer
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
         self.segment_steps, self.workers, self.start, self.positions = segment_steps, max(1, workers), start, positions
@@ -183,8 +272,8 @@ class TrainStream(IterableDataset):
             while True:
                 segment = n // self.segment_steps
                 resume_raw = position.raw if position.segment == segment else 0
-                for images, tokens, raw, wall_us, cpu_us in self._segment(segment, logical, resume_raw, skips):
-                    yield images, tokens, torch.tensor([logical, segment, raw, skips.count, wall_us, cpu_us])
+                for flat in self._segment(segment, logical, resume_raw, skips, shared=info is not None):
+                    yield flat
                     n += self.workers
                     if n // self.segment_steps != segment:
                         break
@@ -193,7 +282,7 @@ class TrainStream(IterableDataset):
             # wrapped in a traceback; the message reaches it as it is.
             yield str(err)
 
-    def _segment(self, segment: int, logical: int, resume_raw: int, skips: _Counter):
+    def _segment(self, segment: int, logical: int, resume_raw: int, skips: _Counter, shared: bool):
         seed = derive_seed(self.seed, self.rank, segment, logical)
         raw_samples = wds.DataPipeline(
             wds.ResampledShards(self.shards, seed=seed, worker_seed=lambda: 0, deterministic=True),
@@ -227,10 +316,12 @@ class TrainStream(IterableDataset):
             tokens.append(text)
             if len(images) == self.batch_size:
                 torch.set_rng_state(rng_state)
-                batch = self.stack(images), self.stack(tokens)
+                flat, header = pack(images, tokens, shared)
                 wall_us = round((time.perf_counter() - started) * 1e6)
                 cpu_us = round((time.thread_time() - cpu_started) * 1e6)
-                yield *batch, raw, wall_us, cpu_us
+                header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS] = torch.tensor(
+                    [logical, segment, raw, skips.count, wall_us, cpu_us])
+                yield flat
                 started, cpu_started = time.perf_counter(), time.thread_time()
                 batch_start, rng_state = raw, None
                 images, tokens = [], []
@@ -245,18 +336,31 @@ def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# A stream restarts, refilling its shuffle buffer, once a segment, and a resume replays (reads
+# without decoding) what its segment had read so far. A segment of this many shuffle buffers'
+# worth of samples per stream keeps the refills' reading a small share of the whole, and a resume's
+# replay under that many buffers: segments are not tied to checkpoints, which may come often.
+SEGMENT_BUFFERS = 16
+
+
+def segment_steps_for(batch_size: int, shuffle_buffer: int, workers: int) -> int:
+    """Global batches of one rank per segment: ``SEGMENT_BUFFERS`` shuffle buffers per stream (at
+    least one batch), for each of ``max(1, workers)`` streams."""
+    per_stream = max(1, math.ceil(SEGMENT_BUFFERS * shuffle_buffer / batch_size))
+    return per_stream * max(1, workers)
+
+
 class TrainBatches:
     """The trainer's endless batch iterator; ``state()`` is the position to checkpoint."""
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
-                 start: int = 0, state: dict | None = None, pin_memory: bool = False,
-                 stack: Callable[[list[torch.Tensor]], torch.Tensor] = default_collate):
-        """``pin_memory``: workers' batches land in page-locked memory (a background thread copies
-        them), so the trainer's ``non_blocking`` copies to a GPU overlap with compute. ``stack``
-        makes a batch of the samples' tensors: in a worker, ``default_collate`` stacks straight into
-        the shared memory that hands the batch over, where a plain ``torch.stack`` is copied there
-        once more (``euclip bench loader`` times both: 1.24x the loader's rate at 224 px)."""
+                 start: int = 0, state: dict | None = None, sharing: str = "file_descriptor"):
+        """``segment_steps``: global batches between restarts of the streams (``segment_steps_for``).
+        ``sharing``: how workers hand their buffers over (torch.multiprocessing's sharing strategy,
+        set for the whole process): ``file_descriptor`` (torch's default) passes each buffer's file
+        descriptor through a handshake that the worker serves; ``file_system`` names the buffer in
+        /dev/shm instead, with no handshake, at the risk of files left behind by a killed process."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -265,14 +369,16 @@ class TrainBatches:
         self.resumed_exactly = usable or start == 0
         self.work = LoaderWork()
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
-                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), stack)
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions))
         self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)
         else:
+            torch.multiprocessing.set_sharing_strategy(sharing)
+            # No pin_memory: its thread would receive every batch beside the trainer's main thread
+            # (the module's docstring); the trainer pins in its own feed.
             self._iter = iter(DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
-                                         prefetch_factor=2, worker_init_fn=leave_stop_signals_to_the_trainer,
-                                         pin_memory=pin_memory))
+                                         prefetch_factor=2, worker_init_fn=leave_stop_signals_to_the_trainer))
             # Workers ignore SIGTERM, so the interpreter's exit, which stops leftover daemon processes
             # by SIGTERM and then waits for them, would wait forever: shut them down in order
             # instead, at close() or at exit, whichever comes first (what the iterator's __del__ does).
@@ -282,19 +388,18 @@ class TrainBatches:
         """Stop the loader's worker processes (also done at exit)."""
         self._close()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Batch:
         item = next(self._iter)
         if isinstance(item, str):
             raise DataError(f"the training shards in {self.folder} look unusable: {item}; check them (or download "
                             f"them again) and rerun")
-        images, tokens, info = item
-        logical, segment, raw, skipped, wall_us, cpu_us = (int(v) for v in info)
+        batch, (logical, segment, raw, skipped, wall_us, cpu_us) = unpack(item)
         self.positions[logical] = WorkerPosition(segment, raw, skipped)
         self.work = self.work.plus(wall_us / 1e6, cpu_us / 1e6)
-        return images, tokens
+        return batch
 
     def take_work(self) -> LoaderWork:
         """What the batches taken since the last call cost their loaders; starts a new count."""
@@ -308,3 +413,35 @@ class TrainBatches:
     def state(self) -> dict:
         return {"signature": self.signature,
                 "workers": {str(k): vars(p).copy() for k, p in sorted(self.positions.items())}}
+
+
+class RepeatBatches:
+    """The first batch of ``source`` again and again (``data.pipeline = "repeat"``): the trainer's pace
+    with the loaders taken out, its batches still fed to the device. For timing the step (the GPU
+    checklist); a run trained on it has seen one batch."""
+
+    resumed_exactly = False
+    skipped = 0
+
+    def __init__(self, source: TrainBatches):
+        self.folder = source.folder
+        try:
+            self.batch = next(source)
+        finally:
+            source.close()
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        return self.batch
+
+    def take_work(self) -> LoaderWork:
+        return LoaderWork()
+
+    def state(self) -> Optional[dict]:
+        return None
+
+    def close(self) -> None:
+        """Its loader was closed after the one batch."""
+

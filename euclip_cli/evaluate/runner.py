@@ -67,7 +67,7 @@ def _prototypes(model: EuclipModel, tokenizer, classes: list[str], templates: li
                 device: torch.device) -> torch.Tensor:
     """``(C, D)`` class prototypes by the geometry's rule from every (class, template) prompt."""
     texts = [template.replace("{c}", name) for name in classes for template in templates]
-    text_emb = embed_texts(model, tokenizer, texts, device).reshape(len(classes), len(templates), -1)
+    text_emb = embed_texts(model, tokenizer, texts).reshape(len(classes), len(templates), -1)
     return model.geometry.prototypes(text_emb)
 
 
@@ -92,7 +92,7 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
         image_emb, captions = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
-        text_emb = embed_texts(model, tokenizer, texts, device)
+        text_emb = embed_texts(model, tokenizer, texts)
         return retrieval_metrics(model.geometry, image_emb.to(device), text_emb, owner, curv)
     ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
@@ -165,7 +165,7 @@ def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: 
     image_emb = image_emb.to(device)
     # DataComp's prompt: the lower-cased cue after "A" or "An", no period.
     prompts = [("An " if inst["cue"].lower()[0] in "aeiou" else "A ") + inst["cue"].lower() for inst in instances]
-    cue_emb = embed_texts(model, tokenizer_for(cfg.model.arch), prompts, device)
+    cue_emb = embed_texts(model, tokenizer_for(cfg.model.arch), prompts)
     candidates = [image_emb[[index[c] for c in inst["candidates"]]] for inst in instances]
     truth = [{inst["candidates"].index(a) for a in inst["associations"]} for inst in instances]
     return winogavil_metrics(model.geometry, cue_emb, candidates, truth, model.curvature())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,11 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # The process group for the ranks' decisions (stop now? can every rank read the checkpoint?) and
+    # counters: gloo, on host tensors, so that agreeing on them never waits for a GPU (under NCCL a
+    # collective on a device tensor read back with .item() would wait for every queued kernel).
+    # None: the default group, when that is gloo already.
+    control: Optional[Any] = None
 
     @property
     def enabled(self) -> bool:
@@ -46,20 +52,24 @@ class Dist:
         parts[self.rank] = x
         return torch.cat(parts)
 
-    def any(self, flag: bool, device: torch.device) -> bool:
+    def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on one (stop requests must be collective)."""
-        return self._agree(flag, device, dist.ReduceOp.MAX)
+        return bool(self._reduce(int(flag), dist.ReduceOp.MAX))
 
-    def all(self, flag: bool, device: torch.device) -> bool:
+    def all(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on all of them."""
-        return self._agree(flag, device, dist.ReduceOp.MIN)
+        return bool(self._reduce(int(flag), dist.ReduceOp.MIN))
 
-    def _agree(self, flag: bool, device: torch.device, op) -> bool:
+    def sum(self, count: int) -> int:
+        """The sum of ``count`` over the ranks, on every rank."""
+        return self._reduce(count, dist.ReduceOp.SUM)
+
+    def _reduce(self, value: int, op) -> int:
         if not self.enabled:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(value, op=op)
-        return bool(value.item())
+            return value
+        box = torch.tensor([value], dtype=torch.int64)  # on the host: see ``control``
+        dist.all_reduce(box, op=op, group=self.control)
+        return int(box.item())
 
     def broadcast_object(self, value):
         """Rank 0's ``value`` on every rank (a small picklable object)."""
@@ -193,10 +203,11 @@ def from_environment(device_type: str) -> Dist:
     if world == 1:
         return Dist()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    timeout = datetime.timedelta(minutes=30)
     if not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    return Dist(rank=rank, world=world, local_rank=local_rank)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout) if dist.get_backend() != "gloo" else None
+    return Dist(rank=rank, world=world, local_rank=local_rank, control=control)
 
 
 def shutdown() -> None:

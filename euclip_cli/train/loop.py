@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import random
 import signal
@@ -22,7 +23,9 @@ from typing import Callable, Optional
 import torch
 
 from euclip_cli import config as C
-from euclip_cli.data.loader import TrainBatches, list_shards
+from euclip_cli.data.feed import DeviceFeed
+from euclip_cli.data.loader import RepeatBatches, TrainBatches, list_shards, segment_steps_for
+from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, resolve_device, resolve_precision
@@ -32,10 +35,14 @@ from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
 from euclip_cli.optim import build_optimizer, cosine_lr
-from euclip_cli.step import forward_backward
+from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
 
-# Consecutive skipped (non-finite) steps after which the run stops.
+# Consecutive skipped (non-finite) steps after which the run stops (seen at the next logging or
+# checkpoint step: the steps between do not wait for the device to count them).
 MAX_NONFINITE = 5
+# On a GPU the training process launches kernels and copies batches; more compute threads than this
+# would only spin beside the loader workers (train.host_threads).
+HOST_THREADS_ON_GPU = 4
 
 
 class RunError(Failure):
@@ -63,7 +70,7 @@ def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def resume_state(run: RunDir, ranks: distributed.Dist, device: torch.device) -> tuple[Optional[Path], Optional[dict], str]:
+def resume_state(run: RunDir, ranks: distributed.Dist) -> tuple[Optional[Path], Optional[dict], str]:
     """``(checkpoint, its state, note)`` every rank resumes from. Rank 0 chooses (the newest checkpoint
     that loads) and tells the others; whatever goes wrong, on rank 0 or on another rank, stops every
     rank with one message instead of leaving the others waiting in a collective."""
@@ -91,7 +98,7 @@ def resume_state(run: RunDir, ranks: distributed.Dist, device: torch.device) -> 
             state = load_checkpoint(path)
         except Exception:  # unreadable here: every rank must learn it before anyone waits on a collective
             readable = False
-    if not ranks.all(readable, device):
+    if not ranks.all(readable):
         raise RunError(f"rank 0 resumes from {run.checkpoints_dir / name}, which another rank cannot read: the run "
                        f"directory must be on a filesystem every node shares")
     return path, state, note
@@ -149,12 +156,37 @@ def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
             for name, value in statistics[0].items()}
 
 
-def all_finite(loss: torch.Tensor, grads: list[torch.Tensor]) -> bool:
-    """Whether the loss and every gradient element are finite, with one host synchronisation: each
-    tensor's largest magnitude (one fused kernel over all of them) is finite exactly when all its
-    elements are (max propagates NaN, and a max of finite numbers cannot overflow)."""
-    largest = torch._foreach_norm(grads, float("inf")) if grads else []
-    return bool(torch.isfinite(torch.stack([loss.detach().float().reshape(()), *[m.float() for m in largest]])).all())
+def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ranks: distributed.Dist, step: int,
+                     data_state: Optional[dict]):
+    """This rank's batches from ``step`` on: euclip's loader at the checkpoint's position, or OpenCLIP's
+    pipeline (``data.pipeline``), with the model's training transforms and tokenizer."""
+    transform, _ = transforms_for(clip)
+    tokenizer = tokenizer_for(cfg.model.arch)
+    per_rank = cfg.data.batch_size // ranks.world
+    if cfg.data.pipeline == "openclip":
+        left = max(cfg.data.batch_size, cfg.optim.samples - step * cfg.data.batch_size)
+        return OpenCLIPBatches(shards, per_rank, transform, tokenizer, seed=C.order_seed(cfg),
+                               workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, samples=left)
+    batches = TrainBatches(shards, per_rank, transform, tokenizer, seed=C.order_seed(cfg),
+                           shuffle_buffer=cfg.data.shuffle_buffer,
+                           segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
+                           workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
+                           sharing=cfg.data.sharing)
+    return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
+
+
+def host_threads(setting: int, device: torch.device, workers: int) -> Optional[int]:
+    """The training process's compute threads for ``train.host_threads``, or None to keep torch's choice:
+    every core on a CPU, and wherever OMP_NUM_THREADS says otherwise (torchrun sets it to 1 for
+    several processes a node). On a GPU, the cores the loader workers leave, at most
+    ``HOST_THREADS_ON_GPU``: idle OpenMP threads spin for a while after each parallel region,
+    taking the cores the workers decode on."""
+    if setting:
+        return setting
+    if device.type != "cuda" or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(HOST_THREADS_ON_GPU, cores - workers))
 
 
 def skipped_share(skipped: int, step: int, batch_size: int) -> float:
@@ -180,7 +212,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     step, branch, data_state = 0, "scratch", None
     # Read onto the CPU: load_state_dict copies each tensor to its parameter's device, and the RNG
     # state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
-    found, state, note = resume_state(directory, ranks, device)
+    found, state, note = resume_state(directory, ranks)
     if found is not None:
         load_run_weights(model, state, found)
         try:
@@ -214,13 +246,15 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         return summary("already complete", found, interrupted=False, skipped=0, nonfinite=0)
 
     # ---- data: this rank's share of the global batch, from the exact position the checkpoint holds
-    train_tf, _ = transforms_for(model.clip)
-    batches = TrainBatches(shards, cfg.data.batch_size // ranks.world, train_tf, tokenizer_for(cfg.model.arch),
-                           seed=C.order_seed(cfg), shuffle_buffer=cfg.data.shuffle_buffer, segment_steps=interval,
-                           workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
-                           pin_memory=device.type == "cuda")
+    batches = training_batches(cfg, model.clip, shards, ranks, step, data_state)
     if found is not None and not batches.resumed_exactly:
-        branch += " (data stream restarted: the checkpoint came from another number of processes or workers)"
+        branch += (" (data stream restarted: the checkpoint came from another number of processes or workers)"
+                   if cfg.data.pipeline == "euclip" else
+                   f" (data stream restarted: data.pipeline={cfg.data.pipeline} has no position to resume from)")
+    feed = DeviceFeed(device, staging=cfg.data.staging)
+    threads = host_threads(cfg.train.host_threads, device, cfg.data.workers)
+    if threads:
+        torch.set_num_threads(threads)
 
     saved = {"step": step if found is not None else -1}
 
@@ -267,10 +301,25 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         sdpa = sdpa_kernel([SDPBackend.MATH])
     # fp16: the scaler may halve its scale up to 16 times (from 2**16) before a step is finite.
     max_nonfinite = MAX_NONFINITE + (16 if scaler.is_enabled() else 0)
+    guard = NonfiniteGuard(device)
 
-    # ---- loop
-    nonfinite_run, nonfinite_total, last_ckpt, stopping = 0, 0, found, False
+    def check_guard() -> int:
+        """Read the device's non-finite counts (a wait for the device: logging and checkpoint steps only);
+        stop the run after ``max_nonfinite`` in a row. Returns the count so far."""
+        total, longest = guard.read()
+        if longest >= max_nonfinite:
+            # Measured: torch 2.14.1's compiled bf16 ViT backward is non-finite on some CPUs.
+            compiled = (" or train.compile=false (the compiled bf16 backward is not finite on some CPUs)"
+                        if cfg.train.compile else "")
+            raise RunError(f"{longest} non-finite steps in a row by step {step} (their updates were skipped); "
+                           f"stopped. The last checkpoint is {last_ckpt or 'none (no checkpoint yet)'}; try a "
+                           f"lower optim.lr or geometry.logit_scale_init{compiled}")
+        return total
+
+    # ---- loop: a step that neither logs nor checkpoints queues its work and never waits for the device
+    last_ckpt, stopping, nonfinite_total = found, False, 0
     window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
+    sliced = cfg.train.bench_step_samples // ranks.world
     model.train()
     try:
         with sdpa:
@@ -280,48 +329,30 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                     # A checkpoint written before groups carried lr_scale restores groups without it.
                     group["lr"] = lr * group.get("lr_scale", 1.0)
                 waited = time.perf_counter()
-                images, tokens = next(batches)
+                batch = next(batches)
                 window_wait += time.perf_counter() - waited
-                # The tokens stay on the host: the text tower groups captions by length there and copies
-                # the grouped batch over, with no device-to-host synchronisation (model.text_features).
-                images = images.to(device, non_blocking=True)
+                window_samples += batch.images.shape[0] * ranks.world
+                images, tokens, host_tokens = feed(batch)
+                if sliced:
+                    images, tokens, host_tokens = images[:sliced], tokens[:sliced], host_tokens[:sliced]
+                # The text tower's groups, planned from the host's copy of the tokens.
+                plans = model.text_plans(host_tokens, cfg.optim.accum_steps)
                 optimizer.zero_grad(set_to_none=True)
                 reducer.attach()
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
                                          owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward(),
-                                         before_last_backward=reducer.arm)
+                                         before_last_backward=reducer.arm, plans=plans)
                 reducer.finish()
                 scaler.unscale_(optimizer)
-                # Every rank holds the same summed gradients and global loss, so all decide alike.
-                finite = all_finite(terms["loss"], [p.grad for p in params if p.grad is not None])
-                if not finite:
-                    scaler.update()
-                    nonfinite_run += 1
-                    nonfinite_total += 1
-                    if nonfinite_run >= max_nonfinite:
-                        # Measured: torch 2.14.1's compiled bf16 ViT backward is non-finite on some CPUs.
-                        compiled = (" or train.compile=false (the compiled bf16 backward is not finite on some "
-                                    "CPUs)" if cfg.train.compile else "")
-                        raise RunError(f"{nonfinite_run} non-finite steps in a row at step {step}; stopped. "
-                                       f"The last good checkpoint is {last_ckpt or 'none (no checkpoint yet)'}; "
-                                       f"try a lower optim.lr or geometry.logit_scale_init{compiled}")
-                    stopping = ranks.any(stop["signal"] is not None, device)
-                    continue
-                nonfinite_run = 0
-                if cfg.optim.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                model.clamp_scalars_()
+                # Every rank holds the same summed gradients and global loss, so all skip alike.
+                skip = guard.check(terms["loss"], [p.grad for p in params if p.grad is not None])
+                apply_update(model, optimizer, scaler, params, cfg.optim.grad_clip, skip)
                 step += 1
-                window_samples += images.shape[0] * ranks.world
+                checkpointing = step % interval == 0 or step == total
                 if step % cfg.train.log_every == 0 or step == 1 or step == total:
-                    skipped = batches.skipped
-                    if ranks.enabled:
-                        count = torch.tensor([skipped], dtype=torch.float64, device=device)
-                        torch.distributed.all_reduce(count)
-                        skipped = int(count.item())
+                    nonfinite_total = check_guard()
+                    skipped = ranks.sum(batches.skipped)
                     elapsed = time.perf_counter() - window_start
                     record = {"step": step, "samples": step * cfg.data.batch_size, "lr": lr,
                               **{k: v.item() for k, v in terms.items()}, **model.scalars(),
@@ -348,8 +379,10 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                                        f"than data.max_skipped_fraction={cfg.data.max_skipped_fraction}; stopped at "
                                        f"step {step} with a checkpoint. Check the shards in {batches.folder}, "
                                        f"or raise the limit and rerun to continue")
-                stopping = ranks.any(stop["signal"] is not None, device)
-                if step % interval == 0 or step == total:
+                elif checkpointing:
+                    nonfinite_total = check_guard()  # a checkpoint waits for the device anyway
+                stopping = ranks.any(stop["signal"] is not None)
+                if checkpointing:
                     last_ckpt = save()
         if stopping and saved["step"] != step:
             last_ckpt = save()
@@ -359,4 +392,4 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
             writers.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return summary(branch, last_ckpt, stopping, batches.skipped, nonfinite_total)
+    return summary(branch, last_ckpt, stopping, batches.skipped, guard.read()[0])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -69,6 +70,9 @@ class Measurement:
     # euclip's own loaders (the trainer's records): what they could deliver, and their CPU share.
     loader_samples_per_s: Optional[float] = None
     loader_cpu_share: Optional[float] = None
+    # The timed steps' samples over their time (the harmonic mean of per-step rates): where batches
+    # arrive in clumps, one per worker, the median step says little about the whole.
+    overall_samples_per_s: Optional[float] = None
 
 
 def over_rounds(rounds: list[Measurement]) -> Measurement:
@@ -77,7 +81,8 @@ def over_rounds(rounds: list[Measurement]) -> Measurement:
     gpu = max((m.peak_gpu_mib or 0.0 for m in rounds), default=0.0) or None
     return Measurement(rounds[0].name, statistics.median(rates), rates, sum(m.steps_timed for m in rounds),
                        max(m.peak_rss_mib for m in rounds), gpu, _median_of([m.data_wait_share for m in rounds]),
-                       _median_of([m.loader_samples_per_s for m in rounds]), _median_of([m.loader_cpu_share for m in rounds]))
+                       _median_of([m.loader_samples_per_s for m in rounds]), _median_of([m.loader_cpu_share for m in rounds]),
+                       _median_of([m.overall_samples_per_s for m in rounds]))
 
 
 def _median_of(values: list[Optional[float]]) -> Optional[float]:
@@ -122,14 +127,8 @@ def child_env(threads: int) -> dict:
             "PYTHONUNBUFFERED": "1"}
 
 
-# The bench's world: one full shard. OpenCLIP's webdataset pipeline (open_clip_train 3.3 with the
-# pinned webdataset) fails with KeyError 'fname' at the end of a shard, where webdataset yields an
-# empty sample that open_clip's grouping cannot read. Its 5,000-sample shuffle buffer reads up to
-# two samples per sample it yields until it is full, so a stream that yields at most
-# OPENCLIP_STREAM_SAMPLES (prefetched batches included) never reaches the end of a 10,000-sample shard.
+# The bench's world: one shard of this many samples.
 BENCH_WORLD_SAMPLES = 10_000
-OPENCLIP_STREAM_SAMPLES = 4_096
-OPENCLIP_PREFETCH_BATCHES = 2  # per loader worker, torch's DataLoader default
 
 
 def ensure_world(work: Path) -> Path:
@@ -140,28 +139,15 @@ def ensure_world(work: Path) -> Path:
     return out / "train"
 
 
-def check_openclip_length(s: Settings) -> None:
-    """Refuse settings whose OpenCLIP run would read one of its streams past ``OPENCLIP_STREAM_SAMPLES``."""
-    streams = max(1, s.workers)
-    batches = -(-(s.steps + s.warmup) // streams) + (OPENCLIP_PREFETCH_BATCHES if s.workers else 0)
-    if batches * s.batch_size > OPENCLIP_STREAM_SAMPLES:
-        most = OPENCLIP_STREAM_SAMPLES // s.batch_size - (OPENCLIP_PREFETCH_BATCHES if s.workers else 0)
-        raise UsageError(f"--steps {s.steps} with --warmup {s.warmup}, --batch-size {s.batch_size} and {s.workers} "
-                         f"loader workers would read {batches * s.batch_size:,} samples through one of OpenCLIP's "
-                         f"streams, past the {OPENCLIP_STREAM_SAMPLES:,} its pipeline can read from the bench's "
-                         f"world; use at most {most * streams} steps in all (warm-up included), more --workers, or "
-                         f"--no-openclip")
-
-
 def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
-    return _timed_training(work, f"euclip-accum{accum_steps}", world_train, s, s.batch_size,
+    return timed_training(work, f"euclip-accum{accum_steps}", world_train, s, s.batch_size,
                            [f"model.arch={s.arch}", f"data.batch_size={s.batch_size}",
                             f"optim.accum_steps={accum_steps}", f"data.workers={s.workers}",
                             f"train.precision={s.precision}", "optim.warmup_steps=2",
                             f"train.compile={str(s.compile).lower()}"])
 
 
-def _timed_training(work: Path, name: str, world_train: Path, s: Settings, batch: int,
+def timed_training(work: Path, name: str, world_train: Path, s: Settings, batch: int,
                     overrides: list[str]) -> Measurement:
     """``euclip train`` of the study's recipe with ``overrides``, for ``warmup + steps`` steps of
     ``batch``, as a child; its own per-step log gives the rate."""
@@ -182,7 +168,8 @@ def _from_records(name: str, run: Path, warmup: int, rss: float) -> Measurement:
     rate = statistics.median(r["samples_per_s"] for r in records)
     gpu = max((r.get("gpu_peak_mib", 0.0) for r in records), default=0.0) or None
     return Measurement(name, rate, [rate], len(records), rss, gpu, _median_of([r.get("data_wait_share") for r in records]),
-                       _median_of([r.get("loader_samples_per_s") for r in records]), _median_of([r.get("loader_cpu_share") for r in records]))
+                       _median_of([r.get("loader_samples_per_s") for r in records]), _median_of([r.get("loader_cpu_share") for r in records]),
+                       statistics.harmonic_mean([r["samples_per_s"] for r in records]))
 
 
 def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
@@ -191,25 +178,36 @@ def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
     from euclip_cli import config as C
 
     batch = C.load_config(STUDY_RECIPE).data.batch_size
-    return _timed_training(work, f"{STUDY_RECIPE}-recipe", world_train, s, batch, [])
+    return timed_training(work, f"{STUDY_RECIPE}-recipe", world_train, s, batch, [])
 
 
+# OpenCLIP's trainer, run as its users run it, with two changes: the end-of-shard fix its pipeline
+# needs with the pinned webdataset (``openclip_pipeline.openclip_compatible``), and, for the data-path
+# bench only (a slice size > 0), its model's forward on the first samples of each batch.
 OPENCLIP_SCRIPT = """
 import contextlib
 import sys
 import open_clip
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from euclip_cli.data.openclip_pipeline import openclip_compatible
+openclip_compatible()
 open_clip.add_model_config(sys.argv[1])
+keep = int(sys.argv[3])
+if keep:
+    forward = open_clip.model.CLIP.forward
+    open_clip.model.CLIP.forward = lambda self, image=None, text=None: forward(self, image[:keep], text[:keep])
 from open_clip_train.main import main
 with sdpa_kernel([SDPBackend.MATH]) if sys.argv[2] == "math" else contextlib.nullcontext():
-    main(sys.argv[3:])
+    main(sys.argv[4:])
 """
 
 
-def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_attention: bool = False) -> Measurement:
+def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_attention: bool = False,
+                 step_samples: int = 0) -> Measurement:
     """OpenCLIP's trainer as its users run it on ``world_train``'s shards (``None``: on its synthetic
     images), or (``math_attention``) with the attention kernel euclip uses on a CPU
-    (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains."""
+    (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains.
+    ``step_samples`` > 0: its model computes on that many samples of each batch (``bench feed``)."""
     from euclip_cli.model import LOCAL_ARCHS
 
     model_name = f"euclip-{s.arch}"
@@ -222,7 +220,7 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
         data = ["--dataset-type", "webdataset", "--dataset-resampled",
                 "--train-data", "::".join(str(p) for p in sorted(world_train.glob("*.tar")))]
     command = [sys.executable, "-c", OPENCLIP_SCRIPT, str(model_config), "math" if math_attention else "default",
-               "--model", model_name, *data, "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
+               str(step_samples), "--model", model_name, *data, "--train-num-samples", str(s.batch_size * (s.steps + s.warmup)),
                "--batch-size", str(s.batch_size), "--epochs", "1", "--workers", str(s.workers),
                "--precision", OPENCLIP_PRECISION[s.precision], "--lr", "1e-3", "--warmup", "2", "--wd", "0.2",
                "--logs", str(work / "openclip"), "--name", f"bench-{os.getpid()}", "--log-every-n-steps", "1",
@@ -235,9 +233,11 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
     if not rates:
         raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
     waits = [float(data) / float(batch) for data, batch in OPENCLIP_TIMES.findall(output)[s.warmup:] if float(batch)]
-    name = ("openclip-math-attention" if math_attention else "openclip") + ("-synthetic" if world_train is None else "")
+    name = (("openclip-math-attention" if math_attention else "openclip") + ("-synthetic" if world_train is None else "")
+            + ("-sliced" if step_samples else ""))
     return Measurement(name, statistics.median(rates), [statistics.median(rates)], len(rates), rss,
-                       data_wait_share=statistics.median(waits) if waits else None)
+                       data_wait_share=statistics.median(waits) if waits else None,
+                       overall_samples_per_s=statistics.harmonic_mean(rates))
 
 
 # The matrix-product peak: square products at the bench's precision, timed for at least a second
@@ -305,8 +305,6 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
                 on_stage: Callable[[str], None] = lambda stage: None) -> dict:
-    if openclip:
-        check_openclip_length(s)
     work = work.resolve()  # the children run inside it
     work.mkdir(parents=True, exist_ok=True)
     with (work / ".lock").open("w") as lock:
@@ -463,9 +461,8 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-# The loader's ways of stacking a batch: euclip's (straight into shared memory in a worker) and the
-# reference, a plain torch.stack whose result the worker's handover copies into shared memory.
-LOADER_STACKS = ("shared", "plain")
+# The loaders a loader measurement can time: euclip's, and OpenCLIP's pipeline as its trainer builds it.
+LOADERS = ("euclip", "openclip")
 
 
 def loader_batches_timed(workers: int) -> int:
@@ -474,29 +471,46 @@ def loader_batches_timed(workers: int) -> int:
     return max(8, 4 * workers)
 
 
-def time_loader(shards: list[str], parts: tuple[Callable, Callable], batch_size: int, workers: int, batches: int,
-                warmup: int, pin_memory: bool = False, stack: Optional[Callable] = None,
-                segment_steps: int = sys.maxsize, while_timed: Callable = contextlib.nullcontext) -> dict:
-    """One measurement of the training loader alone: ``TrainBatches`` with ``parts`` (training
-    transform, tokenizer) and the default shuffle buffer, fresh workers, ``warmup`` batches taken,
-    then ``batches`` timed inside ``while_timed()``. Returns the samples/s delivered and the batches'
-    ``LoaderWork`` fields. By default one segment: a stream restarts only at a run's checkpoints."""
-    import time
-
+def make_loader(kind: str, shards: list[str], parts: tuple[Callable, Callable], batch_size: int, workers: int,
+                segment_steps: int = sys.maxsize, sharing: str = "file_descriptor"):
+    """A training loader as the trainer builds one (``kind`` in ``LOADERS``) with ``parts`` (training
+    transform, tokenizer) and the default shuffle buffer. By default one segment: a stream restarts
+    only every ``loader.SEGMENT_BUFFERS`` shuffle buffers in a run."""
     from euclip_cli.config import DataConfig
     from euclip_cli.data.loader import TrainBatches
+    from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 
-    options = {"stack": stack} if stack is not None else {}
-    stream = TrainBatches(shards, batch_size, parts[0], parts[1], seed=0, shuffle_buffer=DataConfig().shuffle_buffer,
-                          segment_steps=segment_steps, workers=workers, pin_memory=pin_memory, **options)
+    if kind == "openclip":
+        return OpenCLIPBatches(shards, batch_size, parts[0], parts[1], seed=0, workers=workers, rank=0, world=1,
+                               samples=10 ** 9)
+    return TrainBatches(shards, batch_size, parts[0], parts[1], seed=0, shuffle_buffer=DataConfig().shuffle_buffer,
+                        segment_steps=segment_steps, workers=workers, sharing=sharing)
+
+
+def time_loader(make: Callable[[], object], batch_size: int, workers: int, batches: int, warmup: int,
+                device: str = "cpu", while_timed: Callable = contextlib.nullcontext) -> dict:
+    """One measurement of a training loader alone: ``make()``'s loader with fresh workers, ``warmup``
+    batches taken, then ``batches`` timed inside ``while_timed()``, each moved to ``device`` as the
+    trainer moves it (``feed.DeviceFeed``). Returns the samples/s delivered and the batches'
+    ``LoaderWork`` fields (empty for a loader that does not report them)."""
+    import time
+
+    import torch
+
+    from euclip_cli.data.feed import DeviceFeed
+
+    stream = make()
+    feed = DeviceFeed(torch.device(device))
     try:
         for _ in range(warmup):
-            next(stream)
+            feed(next(stream))
         stream.take_work()
         with while_timed():
             start = time.perf_counter()
             for _ in range(batches):
-                next(stream)
+                feed(next(stream))
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
         work = stream.take_work()
     finally:
@@ -505,33 +519,30 @@ def time_loader(shards: list[str], parts: tuple[Callable, Callable], batch_size:
 
 
 def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, batches: int, warmup: int,
-                 rounds: int, pin_memory: bool) -> dict:
-    """The training loader alone (``TrainBatches`` as the trainer builds it: ``arch``'s training
-    transforms and tokenizer, the default shuffle buffer), euclip's stacking against a plain stack,
-    interleaved in rounds; each measurement starts fresh workers, waits out ``warmup`` batches,
-    then times ``batches``.
+                 rounds: int, device: str) -> dict:
+    """The training loaders alone, euclip's against OpenCLIP's pipeline, with ``arch``'s training
+    transforms and tokenizer, interleaved in rounds; each measurement starts fresh workers, waits out
+    ``warmup`` batches, then times ``batches``, fed to ``device`` as euclip's trainer feeds them.
     """
-    import torch
-
     from euclip_cli.data.loader import list_shards
     from euclip_cli.model import build_clip, tokenizer_for, transforms_for
 
     parts = transforms_for(build_clip(arch))[0], tokenizer_for(arch)
     shards = list_shards(world_train, "euclip bench loader")
-    stacks = {"shared": torch.utils.data.default_collate, "plain": torch.stack}
-    per_round = {kind: [] for kind in LOADER_STACKS}
+    per_round: dict[str, list[dict]] = {kind: [] for kind in LOADERS}
     for _ in range(rounds):
-        for kind in LOADER_STACKS:
-            per_round[kind].append(time_loader(shards, parts, batch_size, workers, batches, warmup,
-                                               pin_memory=pin_memory, stack=stacks[kind]))
+        for kind in LOADERS:
+            make = functools.partial(make_loader, kind, shards, parts, batch_size, workers)
+            per_round[kind].append(time_loader(make, batch_size, workers, batches, warmup, device))
     measurements = {kind: {"per_round": [m["samples_per_s"] for m in ms],
-                           **{field: statistics.median(m[field] for m in ms)
+                           **{field: _median_of([m.get(field) for m in ms])
                               for field in ("samples_per_s", "loader_samples_per_s", "loader_cpu_share")}}
                     for kind, ms in per_round.items()}
     return {"settings": {"arch": arch, "batch_size": batch_size, "workers": workers, "batches": batches,
-                         "warmup": warmup, "rounds": rounds, "pin_memory": pin_memory},
+                         "warmup": warmup, "rounds": rounds, "device": device},
             "measurements": measurements,
-            "shared_vs_plain": ratio_over_rounds(measurements["shared"]["per_round"], measurements["plain"]["per_round"])}
+            "euclip_vs_openclip": ratio_over_rounds(measurements["euclip"]["per_round"],
+                                                    measurements["openclip"]["per_round"])}
 
 
 # The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to
