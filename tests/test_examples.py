@@ -121,3 +121,34 @@ def test_the_tower_probe_refuses_inconsistent_world_options_in_one_line(args, me
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_gpu_checklists_summary_tables_its_runs_and_the_matrix(tmp_path):
+    """The checklist runs only on a GPU, rarely lent: its summary step is run here on runs made by hand."""
+    import json
+    import re
+
+    script = (Path(__file__).resolve().parents[1] / "examples" / "gpu" / "checklist.sh").read_text()
+    summary_code = re.search(r"python - \"\$runs\" \"\$summary\" \"\$out\" <<'EOF'\n(.*?)\nEOF\n", script, re.S).group(1)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for name, rates in (("gpu-bf16", [100.0, 200.0, 300.0, 300.0]), ("matrix-as-is", [50.0, 400.0, 400.0, 200.0]),
+                        ("matrix-loaders-out", [60.0, 800.0, 800.0, 800.0])):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": 3.0, "samples_per_s": r, "data_wait_share": 0.5,
+                        "loader_samples_per_s": 900.0, "loader_cpu_share": 0.9, "gpu_peak_mib": 1000.0}) + "\n"
+            for i, r in enumerate(rates)))
+    (out / "bench").mkdir(parents=True)
+    (out / "bench" / "train-1.json").write_text(json.dumps({"measurements": {"openclip": {
+        "samples_per_s": 1000.0, "overall_samples_per_s": 900.0, "data_wait_share": 0.1}}}))
+    summary = tmp_path / "summary.md"
+    done = subprocess.run([sys.executable, "-", str(runs), str(summary), str(out)], input=summary_code, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = summary.read_text()
+    assert "| gpu-bf16 | 4 | 3.000 | 300 | 50% | 900 (90%) | 1000 | - |" in text
+    # Steps 3 and 4 are timed: at 400 and 200 samples/s, 266.7 over both (their harmonic mean).
+    assert "| as-is | 267 | 300 | 1.00 | 50% | 900 (90%) | 1000 |" in text
+    assert "| loaders-out | 800 | 800 | 3.00 | 50% | 900 (90%) | 1000 |" in text
+    assert "| openclip-trainer | 900 | 1000 | 3.37 | 10% | - | - |" in text
+    assert "matrix-" not in text.split("The matrix")[0].split("| run |")[1]  # the matrix rows sit in their table

@@ -9,7 +9,8 @@ from its checkpoint sees the very batches an uninterrupted run sees:
 
 - Global batch ``n`` of a rank is produced by logical worker ``n % workers``. Each logical
   worker's stream restarts with a fresh seed at every *segment* (``segment_steps`` batches,
-  the checkpoint interval), so resuming at a segment boundary replays nothing.
+  ``SEGMENT_BUFFERS`` shuffle buffers' worth, whatever the checkpoint interval), so resuming at
+  a segment boundary replays nothing.
 - Inside a segment every batch reports how many raw samples its worker has drawn; the
   checkpoint keeps that, and a resume mid-segment re-reads (without decoding) that many
   samples. Augmentation is seeded per batch, so skipped samples cost no RNG state.
@@ -22,8 +23,8 @@ tokens, stacked straight into one block of shared memory. Each tensor a worker h
 round trip with it for the trainer's process (a file descriptor fetched from the worker, which
 must interrupt its decoding to answer), so one buffer is one such trip a batch; the trainer then
 copies it to the device in one copy (``euclip_cli.data.feed``). Nothing in the trainer's process
-receives batches but its main thread: torch's ``pin_memory`` thread, which would, contends with
-a busy main thread for the interpreter lock (pytorch/pytorch#77139).
+receives batches but its main thread: the DataLoader's ``pin_memory`` thread, which would, contends
+with a busy main thread for the interpreter lock (pytorch/pytorch#77139).
 
 webdataset supplies the shard resampling, tar reading and shuffle buffer; decoding and
 batching are written here because webdataset's stages do not expose the raw-sample count

@@ -9,10 +9,13 @@
 #   train-fp16    the same in fp16 with the gradient scaler, uninterrupted (its loss scale is logged)
 #   eval          the bf16 run's zero-shot evaluation on the GPU
 #   vit-b32       ViT-B/32 at 224 px on the world's shards with loader workers: samples/s and peak GPU memory
+#   matrix-*      the comparison matrix, bench-vit at batch 256 in bf16 (ViT-B/32 for the last two rows):
+#                 euclip as is; without staging; one compute thread; file-system sharing; on OpenCLIP's
+#                 pipeline; with the loaders taken out (one batch repeated); OpenCLIP's own trainer
+#                 (py-spy records the first row, threads and subprocesses, where it installs)
 #   bench         euclip bench train on the GPU: euclip against OpenCLIP on the same shards, and the MFU
-#   loader        euclip bench loader with the workers, pinned: what the loader alone delivers there
-#   handover      examples/gpu/handover.py: whether handing batches over holds the trainer back
-# OUT/summary.md collects the device, the versions and every figure.
+#   loader        euclip bench loader with the workers, fed to the GPU: euclip's loader and OpenCLIP's alone
+# OUT/summary.md collects the device, the versions, every figure and the matrix as one table.
 set -uo pipefail
 
 out=${1:?usage: examples/gpu/checklist.sh OUT_DIR}
@@ -83,34 +86,97 @@ check eval e eval "$runs/gpu-bf16" --world "$world" --device cuda
 check vit-b32 e train --recipe tiny-clip --runs-dir "$runs" --name gpu-vit-b32 data.train_dir="$world/train" \
     model.arch=ViT-B-32 data.batch_size=512 optim.samples=30720 optim.warmup_steps=10 train.device=cuda \
     train.precision=bf16 data.workers="$workers" train.log_every=5 train.checkpoints=1
-check bench e bench train --device cuda --workers "$workers" --steps 20 --rounds 2 --out "$out/bench"
-check loader e bench loader --workers "$workers" --pin-memory --out "$out/bench"
-check handover python "$(dirname "$0")/handover.py" --workers "$workers" --batches $((4 * workers)) \
-    --scratch "$out/bench/scratch"
-for log in loader handover; do
-    printf '\n```\n' >>"$summary"; tail -n 12 "$out/logs/$log.log" >>"$summary"; printf '```\n' >>"$summary"
-done
+# ---- the comparison matrix: each row one run of euclip's trainer (or OpenCLIP's) on the same shards
+steps=${EUCLIP_MATRIX_STEPS:-40}
+matrix_row() {  # matrix_row NAME ARCH BATCH OVERRIDES...: one euclip run of the matrix
+    local name=$1 arch=$2 batch=$3; shift 3
+    e train --recipe tiny-clip --runs-dir "$runs" --name "matrix-$name" data.train_dir="$world/train" \
+        model.arch="$arch" data.batch_size="$batch" optim.samples=$((batch * steps)) optim.warmup_steps=2 \
+        train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 train.checkpoints=1 \
+        train.tensorboard=false "$@"
+}
+pyspy() {  # pyspy COMMAND...: the command under py-spy where it installs (PY_SPY_WHEEL: a wheel to install from)
+    if ! command -v py-spy >/dev/null; then
+        pip install --quiet "${PY_SPY_WHEEL:-py-spy}" >/dev/null 2>&1 || echo "py-spy did not install: not recorded"
+    fi
+    if command -v py-spy >/dev/null; then
+        py-spy record --threads --subprocesses --idle --rate 50 --format speedscope -o "$out/pyspy-as-is.json" -- "$@"
+    else
+        "$@"
+    fi
+}
+check matrix-as-is pyspy $EUCLIP train --recipe tiny-clip --runs-dir "$runs" --name matrix-as-is \
+    data.train_dir="$world/train" model.arch=bench-vit data.batch_size=256 optim.samples=$((256 * steps)) \
+    optim.warmup_steps=2 train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 \
+    train.checkpoints=1 train.tensorboard=false
+check matrix-unstaged matrix_row unstaged bench-vit 256 data.staging=false
+check matrix-one-thread matrix_row one-thread bench-vit 256 train.host_threads=1
+check matrix-file-system matrix_row file-system bench-vit 256 data.sharing=file_system
+check matrix-openclip-pipeline matrix_row openclip-pipeline bench-vit 256 data.pipeline=openclip
+check matrix-loaders-out matrix_row loaders-out bench-vit 256 data.pipeline=repeat
+check matrix-text-every-length matrix_row text-every-length bench-vit 256 model.text_groups=0
+check matrix-vit-b32 matrix_row vit-b32 ViT-B-32 256
+check bench e bench train --device cuda --workers "$workers" --steps 30 --rounds 2 --out "$out/bench"
+check bench-vit-b32 e bench train --arch ViT-B-32 --device cuda --workers "$workers" --steps 20 --rounds 1 \
+    --no-accumulation --no-tiny --out "$out/bench-vit-b32"
+check loader e bench loader --workers "$workers" --device cuda --out "$out/bench"
+printf '\n```\n' >>"$summary"; tail -n 8 "$out/logs/loader.log" >>"$summary"; printf '```\n' >>"$summary"
 
-python - "$runs" "$summary" <<'EOF'
-import json, sys
+python - "$runs" "$summary" "$out" <<'EOF'
+import json, statistics, sys
 from pathlib import Path
-runs, summary = Path(sys.argv[1]), Path(sys.argv[2])
-lines = ["", "| run | steps | last loss | samples/s (median of logged windows) | waiting for data (median) "
+runs, summary, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def described(run):
+    """A run's figures after its first two (warm-up) records."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timed = [r for r in records if r["step"] > 2] or records
+    loader = [r for r in timed if "loader_samples_per_s" in r]
+    return {"steps": records[-1]["step"], "loss": records[-1]["loss"], "scale": records[-1].get("loss_scale", "-"),
+            "median": median([r["samples_per_s"] for r in timed]),
+            # the timed steps' samples over their time: batches come in clumps, one per worker
+            "overall": statistics.harmonic_mean([r["samples_per_s"] for r in timed]),
+            "wait": median([r["data_wait_share"] for r in timed]),
+            "could": median([r["loader_samples_per_s"] for r in loader]),
+            "cpu": median([r["loader_cpu_share"] for r in loader]),
+            "gpu": max(r.get("gpu_peak_mib", 0) for r in records)}
+
+
+lines = ["", "| run | steps | last loss | samples/s (median step) | waiting for data (median) "
          "| loaders could give, samples/s (their CPU share) | peak GPU MiB | loss scale |",
          "|---|---|---|---|---|---|---|---|"]
+matrix = {}
 for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    if not records:
+    d = described(run)
+    if run.name.startswith("matrix-"):
+        matrix[run.name.removeprefix("matrix-")] = d
         continue
-    timed = records[1:] or records
-    rates = sorted(r["samples_per_s"] for r in timed)
-    waits = sorted(r["data_wait_share"] for r in timed)
-    loaders = sorted((r["loader_samples_per_s"], r["loader_cpu_share"]) for r in timed if "loader_samples_per_s" in r)
-    loader = f"{loaders[len(loaders) // 2][0]:.0f} ({loaders[len(loaders) // 2][1]:.0%})" if loaders else "-"
-    last = records[-1]
-    lines.append(f"| {run.name} | {last['step']} | {last['loss']:.3f} | {rates[len(rates) // 2]:.0f} | "
-                 f"{waits[len(waits) // 2]:.0%} | {loader} | {max(r.get('gpu_peak_mib', 0) for r in records):.0f} | "
-                 f"{last.get('loss_scale', '-')} |")
+    could = f"{d['could']:.0f} ({d['cpu']:.0%})" if d["could"] else "-"
+    lines.append(f"| {run.name} | {d['steps']} | {d['loss']:.3f} | {d['median']:.0f} | {d['wait']:.0%} | {could} | "
+                 f"{d['gpu']:.0f} | {d['scale']} |")
+# OpenCLIP's trainer, from the benches' results (the same shards, workers and precision).
+for name, folder in (("openclip-trainer", "bench"), ("openclip-trainer-vit-b32", "bench-vit-b32")):
+    found = sorted((out / folder).glob("train-*.json"))
+    if found:
+        m = json.loads(found[-1].read_text())["measurements"]["openclip"]
+        matrix[name] = {"median": m["samples_per_s"], "overall": m.get("overall_samples_per_s"),
+                        "wait": m.get("data_wait_share"), "could": None, "cpu": None, "gpu": None}
+lines += ["", "The matrix (bench-vit, batch 256, bf16; ViT-B/32 where named): samples/s over the timed steps",
+          "", "| row | samples/s (all timed steps) | median step | x as is | waiting for data | loaders could give "
+          "(CPU) | peak GPU MiB |", "|---|---|---|---|---|---|---|"]
+base = matrix.get("as-is", {}).get("overall")
+for name, d in matrix.items():
+    ratio = f"{d['overall'] / base:.2f}" if base and d.get("overall") else "-"
+    could = f"{d['could']:.0f} ({d['cpu']:.0%})" if d.get("could") else "-"
+    wait = f"{d['wait']:.0%}" if d.get("wait") is not None else "-"
+    overall = f"{d['overall']:.0f}" if d.get("overall") else "-"
+    gpu = f"{d['gpu']:.0f}" if d.get("gpu") else "-"
+    lines.append(f"| {name} | {overall} | {d['median']:.0f} | {ratio} | {wait} | {could} | {gpu} |")
 with summary.open("a") as f:
     f.write("\n".join(lines) + "\n")
 EOF
