@@ -57,7 +57,7 @@ analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of e
 	done
 	$(EUCLIP) report --format html
 
-test: $(STAMP)  ## Run the whole test suite (645 tests; 9 min 11 s in two workers on 2 AMD EPYC cores, clean-clone CI; 11 min 24 s with the install).
+test: $(STAMP)  ## Run the whole test suite (about 10 minutes in two workers on the project's 2 cores, install apart).
 	$(PYTEST)
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.

@@ -202,6 +202,18 @@ def pack_attention(clip: nn.Module) -> None:
             block.attn = PackedSelfAttention(attn)
 
 
+def open_clip_model(arch: str, **kwargs) -> open_clip.CLIP:
+    """open_clip's registered model ``arch`` as open_clip builds it, randomly initialised."""
+    # open_clip warns on the root logger that the model is "initialized randomly"; euclip then
+    # initialises or loads the weights itself (eval, resume, import), so the line would mislead.
+    quiet = _DropMessage("No pretrained weights loaded for model")
+    logging.getLogger().addFilter(quiet)
+    try:
+        return open_clip.create_model(arch, pretrained=None, **kwargs)
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
 def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
     """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m) (``euclip_cli.multitoken``):
     each class token projected to D/m, so the concatenated feature keeps the arch's dimension D."""
@@ -210,14 +222,7 @@ def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
         raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension {embed_dim}")
     resize = {"embed_dim": embed_dim // class_tokens} if class_tokens > 1 else {}
     if arch not in LOCAL_ARCHS:
-        # open_clip warns on the root logger that the model is "initialized randomly"; euclip then
-        # initialises or loads the weights itself (eval, resume, import), so the line would mislead.
-        quiet = _DropMessage("No pretrained weights loaded for model")
-        logging.getLogger().addFilter(quiet)
-        try:
-            clip = open_clip.create_model(arch, pretrained=None, **resize)
-        finally:
-            logging.getLogger().removeFilter(quiet)
+        clip = open_clip_model(arch, **resize)
     else:
         if arch in MERU_TIMM:
             _register_mocov3_small()

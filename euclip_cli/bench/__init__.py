@@ -303,17 +303,25 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
     return image_counter.get_total_flops() / images + text_counter.get_total_flops() / len(tokens)
 
 
-def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
-                on_stage: Callable[[str], None] = lambda stage: None) -> dict:
-    work = work.resolve()  # the children run inside it
+@contextlib.contextmanager
+def scratch(work: Path):
+    """The bench's scratch folder, made and held for this bench alone; yields its absolute path (the
+    children run inside it). Two benches in one folder would delete each other's runs; the lock dies
+    with its process."""
+    work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     with (work / ".lock").open("w") as lock:
         try:
-            # Two benches in one scratch folder would delete each other's runs; the lock dies with its process.
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BenchError(f"another euclip bench is running in {work}; wait for it or pass --out DIR") from None
-        return _bench_train(work, s, openclip, accumulation, tiny, on_stage)
+        yield work
+
+
+def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
+                on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+    with scratch(work) as held:
+        return _bench_train(held, s, openclip, accumulation, tiny, on_stage)
 
 
 def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, tiny: bool,

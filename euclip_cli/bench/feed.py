@@ -18,7 +18,6 @@ batches arrive in clumps, and a median step would say little about the whole.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import statistics
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from euclip_cli.bench import (BenchError, Measurement, Settings, child_env, ensure_world, openclip_run, over_rounds,
-                              ratio_over_rounds, run_child, timed_training)
+                              ratio_over_rounds, run_child, scratch, timed_training)
 
 # Targets of the data-path issue: each euclip loop at least this efficient, and at least as efficient
 # as OpenCLIP's loop in the same round.
@@ -89,14 +88,8 @@ def loader_alone(work: Path, world_train: Path, s: FeedSettings, kind: str) -> f
 
 
 def bench_feed(work: Path, s: FeedSettings, on_stage: Callable[[str], None] = lambda stage: None) -> dict:
-    work = work.resolve()  # the children run inside it
-    work.mkdir(parents=True, exist_ok=True)
-    with (work / ".lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BenchError(f"another euclip bench is running in {work}; wait for it or pass --out DIR") from None
-        return _bench_feed(work, s, on_stage)
+    with scratch(work) as held:
+        return _bench_feed(held, s, on_stage)
 
 
 def _bench_feed(work: Path, s: FeedSettings, on_stage: Callable[[str], None]) -> dict:

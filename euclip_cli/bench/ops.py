@@ -109,13 +109,10 @@ def openclip_phases(arch: str, tokens: torch.Tensor) -> dict[str, Callable]:
     import open_clip
     from open_clip.loss import ClipLoss
 
-    from euclip_cli.model import LOCAL_ARCHS, image_size
+    from euclip_cli.model import LOCAL_ARCHS, image_size, open_clip_model
 
     torch.manual_seed(0)
-    if arch in LOCAL_ARCHS:
-        clip = open_clip.CLIP(**LOCAL_ARCHS[arch])
-    else:
-        clip = open_clip.create_model(arch, pretrained=None)
+    clip = open_clip.CLIP(**LOCAL_ARCHS[arch]) if arch in LOCAL_ARCHS else open_clip_model(arch)
     exempt = [p for n, p in clip.named_parameters() if p.ndim < 2 or "bn" in n or "ln" in n or "bias" in n
               or "logit_scale" in n]
     ids = {id(p) for p in exempt}

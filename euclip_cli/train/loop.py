@@ -252,9 +252,6 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                    if cfg.data.pipeline == "euclip" else
                    f" (data stream restarted: data.pipeline={cfg.data.pipeline} has no position to resume from)")
     feed = DeviceFeed(device, staging=cfg.data.staging)
-    threads = host_threads(cfg.train.host_threads, device, cfg.data.workers)
-    if threads:
-        torch.set_num_threads(threads)
 
     saved = {"step": step if found is not None else -1}
 
@@ -320,8 +317,11 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     last_ckpt, stopping, nonfinite_total = found, False, 0
     window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
     sliced = cfg.train.bench_step_samples // ranks.world
+    threads, callers_threads = host_threads(cfg.train.host_threads, device, cfg.data.workers), torch.get_num_threads()
     model.train()
     try:
+        if threads:
+            torch.set_num_threads(threads)  # for the run only: the caller's count comes back at its end
         with sdpa:
             while step < total and not stopping:
                 lr = cosine_lr(step, cfg.optim.lr, cfg.optim.warmup_steps, total)
@@ -388,6 +388,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
             last_ckpt = save()
     finally:
         batches.close()
+        torch.set_num_threads(callers_threads)
         if writers:
             writers.close()
         for sig, handler in previous.items():
