@@ -374,9 +374,28 @@ def _read_recipe(name_or_path: str, problems: list[str], chain: tuple[str, ...])
     return parents + [(path.name, table)]
 
 
-def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:
+def override_key(item: str) -> str:
+    """The ``section.key`` an override sets (what precedes its ``=``)."""
+    return item.split("=", 1)[0].strip()
+
+
+def layered_overrides(*layers: list[str]) -> list[str]:
+    """Overrides of several layers as one list, each key once: a later layer's value replaces an earlier
+    one's (a study's configuration over the study's common overrides)."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for item in layer:
+            merged.pop(override_key(item), None)
+            merged[override_key(item)] = item
+    return list(merged.values())
+
+
+def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = None,
+                each_key_once: bool = False) -> Config:
     """Defaults, then the recipe chain, then ``section.key=value`` overrides; validated.
 
+    ``each_key_once``: a key given twice is a problem (overrides a person typed, where taking the
+    last silently would run a configuration they may not have meant); otherwise the last one wins.
     Raises ConfigError listing every problem found.
     """
     cfg = Config()
@@ -392,6 +411,7 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = N
                 for key, value in values.items():
                     _apply(cfg, section, key, value, from_text=False, where=where, problems=problems)
         cfg.recipe = recipe_path(recipe).stem
+    given: dict[str, str] = {}
     for item in overrides or []:
         if "=" not in item:
             problems.append(f"override '{item}': expected section.key=value, e.g. optim.lr=1e-3")
@@ -400,7 +420,12 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = N
         if "." not in dotted:
             problems.append(f"override '{item}': expected section.key=value, e.g. optim.lr=1e-3")
             continue
-        section, key = dotted.strip().split(".", 1)
+        dotted = dotted.strip()
+        if each_key_once and dotted in given:
+            problems.append(f"override '{item}': {dotted} is already given ('{given[dotted]}'); give each key once")
+            continue
+        given[dotted] = item
+        section, key = dotted.split(".", 1)
         _apply(cfg, section, key, value.strip(), from_text=True, where=f"override '{item}'", problems=problems)
     problems.extend(validate(cfg))
     if problems:

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 from euclip_cli import config as C
 from euclip_cli.data.fetch import configure_hub_client, sha256_of
 from euclip_cli.errors import Failure, UsageError
-from euclip_cli.rundir import RunDir, checkpoint_meta, write_text_atomic
+from euclip_cli.rundir import RunDir, checkpoint_meta, plain_name, write_text_atomic
 
 HUB_PREFIX = "hf://"
 # The fork's ``--geometry`` values: euclip's (geometry, logit).
@@ -308,7 +308,7 @@ def import_run(fmt: str, source: str, name: str, runs_dir: Path, geometry: Optio
 
     if fmt not in FORMATS:
         raise UsageError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
-    run = RunDir(runs_dir / name)
+    run = RunDir(runs_dir / plain_name(name, "--name"))
     converted = FORMATS[fmt](source, geometry, logit, arch)
     cfg = C.load_config(None, [*converted.overrides, "eval.tasks=datacomp"])
     model = EuclipModel(cfg, clip=converted.clip)

@@ -31,6 +31,28 @@ from typing import Any, Callable, Optional
 from euclip_cli.errors import Failure, UsageError
 
 RUNS_DIR = Path("results") / "runs"
+# The longest name most filesystems give one folder, in bytes.
+NAME_BYTES = 255
+
+
+def plain_name(name: str, option: str) -> str:
+    """``name`` if it can name one folder inside another (a run under the runs folder), else a UsageError
+    naming ``option``: empty, ``.``, ``..``, a name with a path separator or a NUL, one that starts
+    with ``-`` (it reads as an option) or one too long for a folder would put the run elsewhere, or
+    nowhere."""
+    problem = None
+    if not name or name in (".", ".."):
+        problem = "is not a folder name"
+    elif "/" in name or "\\" in name or "\0" in name:
+        problem = "is a path, not a name"
+    elif name.startswith("-"):
+        problem = "starts with '-'"
+    elif len(name.encode("utf-8", "surrogateescape")) > NAME_BYTES:
+        problem = f"is longer than {NAME_BYTES} bytes"
+    if problem:
+        raise UsageError(f"{option} {name!r} {problem}: give a plain name such as tiny-clip-seed1 (the run goes "
+                         f"into --runs-dir)")
+    return name
 CHECKPOINT_PREFIX = "step_"
 
 

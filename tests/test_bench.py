@@ -413,9 +413,10 @@ def test_bench_feed_runs_every_loop_and_its_loader_and_reports_efficiencies(tmp_
 @pytest.mark.parametrize("args", [
     ["loader", "--arch", "tiny", "--batch-size", "4", "--workers", "0", "--batches", "1", "--rounds", "1"],
     ["ops", "--arch", "tiny", "--batch-size", "4"],
+    ["feed", "--batch-size", "4", "--steps", "1", "--rounds", "1"],
     ["text", "--caption-words", "5", "--batch-size", "4", "--batches", "1", "--rounds", "1"],  # no scratch: only the result
     ["profile", "--arch", "tiny", "--batch-size", "4", "--steps", "1"],
-], ids=["loader", "ops", "text", "profile"])
+], ids=["loader", "ops", "feed", "text", "profile"])
 def test_a_bench_whose_out_is_a_file_says_so_in_one_line(tmp_path, args):
     notes = tmp_path / "notes.md"
     notes.write_text("mine")

@@ -146,3 +146,12 @@ def test_every_paper_row_has_a_recipe():
 def test_values_a_library_would_choke_on_are_named_by_their_key(override, key):
     with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
         C.load_config("tiny-clip", [override])
+
+
+def test_a_key_typed_twice_is_refused_where_each_must_be_given_once_and_layers_merge_explicitly():
+    with pytest.raises(C.ConfigError, match=r"optim\.lr is already given \('optim\.lr=1e-3'\)"):
+        C.load_config("tiny-clip", ["optim.lr=1e-3", "optim.lr=2e-3"], each_key_once=True)
+    assert C.load_config("tiny-clip", ["optim.lr=1e-3", "optim.lr=2e-3"]).optim.lr == 2e-3  # layered by code
+    merged = C.layered_overrides(["optim.lr=1e-3", "data.workers=2"], ["optim.lr = 2e-3", "train.seed=1"])
+    assert merged == ["data.workers=2", "optim.lr = 2e-3", "train.seed=1"]
+    C.load_config("tiny-clip", merged, each_key_once=True)  # one of each

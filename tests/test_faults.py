@@ -153,6 +153,22 @@ CASES = [
     Case("training on a GPU the machine lacks", [*TRAIN, "train.device=cuda"], 2,
          ["device 'cuda'", "no CUDA GPU", "cpu or auto"]),
     Case("an unknown architecture", [*TRAIN, "model.arch=NoSuch"], 2, ["model.arch 'NoSuch'", "open_clip"]),
+    Case("a key given twice", [*TRAIN, "optim.lr=1e-3", "optim.lr=2e-3"], 2,
+         ["optim.lr=2e-3", "optim.lr is already given", "optim.lr=1e-3", "once"]),
+    # The configuration is the first thing checked: a bad key is named before the data a run would read.
+    Case("an unknown architecture and no data", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",
+                                                 "data.train_dir={tmp}/nothere", "model.arch=NoSuch"], 2,
+         ["model.arch 'NoSuch'"]),
+    # ---- names that become folders
+    Case("a run name that climbs out", [*TRAIN, "--name", "../outside"], 2, ["--name '../outside' is a path"]),
+    Case("a run name that is the runs folder", [*TRAIN, "--name", "."], 2, ["--name '.'", "not a folder name"]),
+    Case("an empty run name", [*TRAIN, "--name", ""], 2, ["--name ''", "not a folder name"]),
+    Case("an import named by a path", ["import", "meru", "{tmp}/x.pth", "--runs-dir", "{tmp}/runs", "--name",
+                                       "a/b"], 2, ["--name 'a/b' is a path"], _write("x.pth", b"")),
+    Case("a study configuration named by a path", ["study", "--recipe", "{tmp}/study-names.toml"], 2,
+         ["study-names.toml: configs", "'../up' is a path"],
+         _write("study-names.toml", '[study]\nseeds = 1\n[configs."../up"]\nrecipe = "tiny-clip"\n'
+                                    '[configs.clip]\nrecipe = "tiny-clip"\n[configs.euclip]\nrecipe = "tiny-euclip"\n')),
     Case("class tokens without product sphere", [*TRAIN, "model.class_tokens=4"], 2, ["model.class_tokens"]),
     # ---- training data
     Case("training data folder missing", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from euclip_cli import config as C
 from euclip_cli.rundir import RunDir, load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -85,7 +86,7 @@ def test_slurm_time_limit_warning_checkpoints_then_requeues_and_the_requeued_job
     checkpoint, then requeue the job (``--requeue`` does not, at a time limit)."""
     env = slurm_stand_ins(tmp_path)
     command = ["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
-               f"data.train_dir={world / 'train'}", *ARGS, "optim.samples=512"]
+               f"data.train_dir={world / 'train'}", *C.layered_overrides(ARGS, ["optim.samples=512"])]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     run = tmp_path / "runs" / "slurm"
     wait_for_records(run / "metrics.jsonl", 2)
@@ -108,8 +109,8 @@ def test_two_ranks_with_loader_workers_preempted_as_a_group_resume_exactly(world
     that was never stopped."""
     def command(name):
         return [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--nproc-per-node", "2",
-                "--runs-dir", str(tmp_path), "--name", name, f"data.train_dir={world / 'train'}", *ARGS,
-                "optim.samples=512", "data.workers=1"]
+                "--runs-dir", str(tmp_path), "--name", name, f"data.train_dir={world / 'train'}",
+                *C.layered_overrides(ARGS, ["optim.samples=512", "data.workers=1"])]
 
     whole = subprocess.run(command("whole"), capture_output=True, text=True, cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]

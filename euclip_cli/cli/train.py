@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from euclip_cli.cli.common import console, errors, fail
-from euclip_cli.rundir import RUNS_DIR
+from euclip_cli.rundir import RUNS_DIR, plain_name
 
 
 # Seconds torchrun waits, after forwarding SIGTERM, for the ranks to finish their step and
@@ -45,8 +45,8 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
 
     overrides = overrides or []
     with errors():
-        cfg = C.load_config(recipe, overrides)
-    name = name or default_run_name(cfg.recipe, overrides)
+        cfg = C.load_config(recipe, overrides, each_key_once=True)
+        name = plain_name(name if name is not None else default_run_name(cfg.recipe, overrides), "--name")
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         # Become torchrun (exec, so preemption signals reach it and it forwards them to every rank).
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",

@@ -29,6 +29,7 @@ from euclip_cli import config as C
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import select
 from euclip_cli.published import sun_li_labels
+from euclip_cli.rundir import plain_name
 from euclip_cli.stats import INTERVALS
 
 CLAIMS_FILE = Path(__file__).with_name("claims.toml")
@@ -59,7 +60,7 @@ class Study:
 
     def overrides(self, config: str, seed: int) -> list[str]:
         """What ``euclip train --recipe RECIPE`` gets for this (configuration, seed)."""
-        return [*self.configs[config].overrides, f"train.seed={seed}", f"eval.tasks={self.tasks}"]
+        return C.layered_overrides(self.configs[config].overrides, [f"train.seed={seed}", f"eval.tasks={self.tasks}"])
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,11 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
     common = _strings(study.get("overrides", []), f"{path.name}: study.overrides", problems)
     configs = {}
     for name, spec in table.get("configs", {}).items():
+        try:  # each configuration's runs are folders named after it
+            plain_name(name, f"{path.name}: configs")
+        except UsageError as err:
+            problems.append(str(err))
+            continue
         if not isinstance(spec, dict) or not isinstance(spec.get("recipe"), str):
             problems.append(f"{path.name}: configs.{name} needs recipe = \"NAME\"")
             continue
@@ -121,7 +127,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
         if paper is not None and paper not in sun_li_labels():
             problems.append(f"{path.name}: configs.{name}.paper: '{paper}' is not a label of "
                             f"euclip_cli/published/sun-li-temperature.csv")
-        configs[name] = StudyConfig(name, spec["recipe"], common + own, paper)
+        configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own)), paper)
     if len(configs) < 2:
         problems.append(f"{path.name}: a study compares at least two [configs.NAME]")
     baseline = study.get("baseline", next(iter(configs), ""))

@@ -119,12 +119,14 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    # The model first: a configuration it cannot build (an unknown model.arch) is the user's first
+    # problem to hear about, before whatever the data folder lacks.
+    model = EuclipModel(cfg).to(device)
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = EuclipModel(cfg).to(device)
     # The data and the model are checked before the run directory exists: a corrected command must
     # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)
