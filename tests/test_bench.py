@@ -273,7 +273,7 @@ def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
 @pytest.mark.parametrize("args, named", [
     (["text", "--caption-words", "0"], "--caption-words: 0.0 is not a mean of at least one word"),
     (["profile", "--arch", "ViT-Q-99"], "--arch: 'ViT-Q-99' is not one of"),
-    (["train", "--arch", "ViT-Q-99"], "--arch: 'ViT-Q-99' is not one of"),
+    (["train", "--arch", "ViT-Q-99"], "--arch: 'ViT-Q-99' is neither one of"),
 ])
 def test_a_bad_bench_option_is_one_line_naming_it(tmp_path, args, named):
     result = CliRunner().invoke(app, ["bench", *args, "--out", str(tmp_path)])
@@ -424,3 +424,19 @@ def test_a_bench_whose_out_is_a_file_says_so_in_one_line(tmp_path, args):
     assert result.exit_code == 2, result.output
     assert f"{notes} is a file where a folder is needed" in " ".join(result.output.split())
     assert "Traceback" not in result.output and notes.read_text() == "mine"
+
+
+def test_openclip_runs_its_own_registered_model_by_name(tmp_path, monkeypatch):
+    """An open_clip model (the GPU checklist's ViT-B/32 row) goes to OpenCLIP's trainer by its own name;
+    euclip's in-code towers go as a model config written for it."""
+    from euclip_cli import bench
+
+    commands = []
+    monkeypatch.setattr(bench, "run_child", lambda command, env, cwd: (
+        commands.append(command) or "Batch (t): 0.1, 100.0/s, 100.0/s/gpu LR: 1\n" * 3, 500.0))
+    bench.openclip_run(tmp_path, bench.Settings(arch="ViT-B-32", steps=2, warmup=1), None)
+    bench.openclip_run(tmp_path, bench.Settings(arch="tiny", steps=2, warmup=1), None)
+    (vit, tiny) = commands
+    assert vit[3] == "-" and vit[vit.index("--model") + 1] == "ViT-B-32"
+    assert tiny[3] == str(tmp_path / "euclip-tiny.json") and tiny[tiny.index("--model") + 1] == "euclip-tiny"
+    assert json.loads((tmp_path / "euclip-tiny.json").read_text())["embed_dim"] == 128

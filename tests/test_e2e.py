@@ -19,7 +19,8 @@ TINY = ["data.batch_size=32", "optim.samples=128", "optim.warmup_steps=2", "trai
 
 
 def train(world, runs, recipe, *extra, name=None):
-    args = ["train", "--recipe", recipe, f"data.train_dir={world / 'train'}", *TINY, *extra, "--runs-dir", str(runs)]
+    args = ["train", "--recipe", recipe, f"data.train_dir={world / 'train'}", *C.layered_overrides(TINY, list(extra)),
+            "--runs-dir", str(runs)]
     if name:
         args += ["--name", name]
     result = runner.invoke(app, args)

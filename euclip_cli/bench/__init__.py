@@ -191,7 +191,8 @@ import open_clip
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from euclip_cli.data.openclip_pipeline import openclip_compatible
 openclip_compatible()
-open_clip.add_model_config(sys.argv[1])
+if sys.argv[1] != "-":
+    open_clip.add_model_config(sys.argv[1])
 keep = int(sys.argv[3])
 if keep:
     forward = open_clip.model.CLIP.forward
@@ -210,9 +211,12 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
     ``step_samples`` > 0: its model computes on that many samples of each batch (``bench feed``)."""
     from euclip_cli.model import LOCAL_ARCHS
 
-    model_name = f"euclip-{s.arch}"
-    model_config = work / f"{model_name}.json"
-    model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
+    if s.arch in LOCAL_ARCHS:  # euclip's in-code towers, given to OpenCLIP as a model config of its own
+        model_name = f"euclip-{s.arch}"
+        model_config = work / f"{model_name}.json"
+        model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
+    else:  # one of OpenCLIP's own models (ViT-B-32)
+        model_name, model_config = s.arch, "-"
     if world_train is None:
         data = ["--dataset-type", "synthetic"]
     else:
@@ -286,11 +290,10 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.model import LOCAL_ARCHS, build_clip, text_features, tokenizer_for
+    from euclip_cli.model import build_clip, image_size, text_features, tokenizer_for
 
     clip = build_clip(arch)
-    size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
-    ctx = LOCAL_ARCHS[arch]["text_cfg"]["context_length"]
+    size, ctx = image_size(clip), clip.context_length
     # An image's count does not depend on its pixels; a caption's depends on its length only when trimmed.
     # The math attention kernel runs the attention products as bmm, which the counter counts; it has no
     # formula for the CPU's fused attention kernel and would leave the attention products out.

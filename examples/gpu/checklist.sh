@@ -95,20 +95,18 @@ matrix_row() {  # matrix_row NAME ARCH BATCH OVERRIDES...: one euclip run of the
         train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 train.checkpoints=1 \
         train.tensorboard=false "$@"
 }
-pyspy() {  # pyspy COMMAND...: the command under py-spy where it installs (PY_SPY_WHEEL: a wheel to install from)
+check matrix-as-is matrix_row as-is bench-vit 256
+profile() {  # the first row again under py-spy (threads, subprocesses) where it installs; PY_SPY_WHEEL: a wheel
     if ! command -v py-spy >/dev/null; then
-        pip install --quiet "${PY_SPY_WHEEL:-py-spy}" >/dev/null 2>&1 || echo "py-spy did not install: not recorded"
+        pip install --quiet "${PY_SPY_WHEEL:-py-spy}" >/dev/null 2>&1 || { echo "py-spy did not install"; return 1; }
     fi
-    if command -v py-spy >/dev/null; then
-        py-spy record --threads --subprocesses --idle --rate 50 --format speedscope -o "$out/pyspy-as-is.json" -- "$@"
-    else
-        "$@"
-    fi
+    py-spy record --threads --subprocesses --idle --rate 50 --format speedscope -o "$out/pyspy-as-is.json" -- \
+        $EUCLIP train --recipe tiny-clip --runs-dir "$runs" --name pyspy-as-is data.train_dir="$world/train" \
+        model.arch=bench-vit data.batch_size=256 optim.samples=$((256 * steps)) optim.warmup_steps=2 \
+        train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 train.checkpoints=1 \
+        train.tensorboard=false
 }
-check matrix-as-is pyspy $EUCLIP train --recipe tiny-clip --runs-dir "$runs" --name matrix-as-is \
-    data.train_dir="$world/train" model.arch=bench-vit data.batch_size=256 optim.samples=$((256 * steps)) \
-    optim.warmup_steps=2 train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 \
-    train.checkpoints=1 train.tensorboard=false
+check py-spy profile
 check matrix-unstaged matrix_row unstaged bench-vit 256 data.staging=false
 check matrix-one-thread matrix_row one-thread bench-vit 256 train.host_threads=1
 check matrix-file-system matrix_row file-system bench-vit 256 data.sharing=file_system
