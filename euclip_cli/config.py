@@ -497,7 +497,6 @@ def validate(cfg: Config) -> list[str]:
                              ("optim.warmup_steps", cfg.optim.warmup_steps, ">= 0"),
                              ("data.workers", cfg.data.workers, ">= 0"),
                              ("train.host_threads", cfg.train.host_threads, ">= 0"),
-                             ("train.bench_step_samples", cfg.train.bench_step_samples, ">= 0"),
                              ("data.shuffle_buffer", cfg.data.shuffle_buffer, ">= 0"),
                              ("train.log_every", cfg.train.log_every, ">= 1"),
                              ("eval.batch_size", cfg.eval.batch_size, ">= 1")):

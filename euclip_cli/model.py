@@ -343,14 +343,23 @@ def context_groups(clip: nn.Module, tokens: torch.Tensor, max_groups: int = 0
     pay for the full context. With ``max_groups`` > 0, neighbouring lengths merge into at most that
     many groups (``_merge_lengths``). Towers without a causal mask, or pooling another position, keep it.
     """
+    found = _length_groups(clip, tokens, max_groups)
+    if found is None:
+        return None
+    group_of, lengths = found
+    return [((group_of == g).nonzero().squeeze(1), length) for g, length in enumerate(lengths)]
+
+
+def _length_groups(clip: nn.Module, tokens: torch.Tensor, max_groups: int
+                   ) -> Optional[tuple[torch.Tensor, list[int]]]:
+    """``(each caption's group (B,), the groups' context lengths ascending)`` for ``context_groups``."""
     if not _trimmable(clip):
         return None
     ends = multitoken.end_positions(clip, tokens)
     rounded = ((ends + TRIM_MULTIPLE) // TRIM_MULTIPLE * TRIM_MULTIPLE).clamp_max(tokens.shape[1])
     distinct, counts = rounded.unique(return_counts=True)
-    group_lengths = _merge_lengths(distinct.tolist(), counts.tolist(), max_groups)
-    group_of = torch.bucketize(rounded, torch.tensor(group_lengths))  # the first group long enough
-    return [((group_of == g).nonzero().squeeze(1), length) for g, length in enumerate(group_lengths)]
+    lengths = _merge_lengths(distinct.tolist(), counts.tolist(), max_groups)
+    return torch.bucketize(rounded, torch.tensor(lengths)), lengths  # each caption's first group long enough
 
 
 @dataclass(frozen=True)
@@ -366,10 +375,11 @@ class TextPlan:
 
 def text_plan(clip: nn.Module, tokens: torch.Tensor, max_groups: int = 0) -> Optional[TextPlan]:
     """The plan for ``tokens (B, L)`` on the host, or None where trimming is not exact."""
-    groups = context_groups(clip, tokens, max_groups)
-    if groups is None:
+    found = _length_groups(clip, tokens, max_groups)
+    if found is None:
         return None
-    return TextPlan(tuple(len(rows) for rows, _ in groups), tuple(length for _, length in groups))
+    group_of, lengths = found
+    return TextPlan(tuple(group_of.bincount(minlength=len(lengths)).tolist()), tuple(lengths))
 
 
 def _prefix_features(clip: open_clip.CLIP, tokens: torch.Tensor, length: int,
@@ -417,7 +427,7 @@ def text_features(clip: nn.Module, tokens: torch.Tensor, plan: Optional[TextPlan
     """
     device = next(clip.parameters()).device
     if plan is None and _trimmable(clip):
-        plan = text_plan(clip, tokens if tokens.device.type == "cpu" else tokens.cpu(), max_groups)
+        plan = text_plan(clip, tokens.cpu(), max_groups)
     tokens = _to_device(tokens, device)
     if plan is None or plan.lengths == (tokens.shape[1],):  # nothing to trim
         if multitoken.text_class_tokens(clip) > 1:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 from euclip_cli.errors import Failure, UsageError
 
 RUNS_DIR = Path("results") / "runs"
+CHECKPOINT_PREFIX = "step_"
 # The longest name most filesystems give one folder, in bytes.
 NAME_BYTES = 255
 
@@ -53,7 +54,6 @@ def plain_name(name: str, option: str) -> str:
         raise UsageError(f"{option} {name!r} {problem}: give a plain name such as tiny-clip-seed1 (the run goes "
                          f"into --runs-dir)")
     return name
-CHECKPOINT_PREFIX = "step_"
 
 
 class RunConflict(UsageError):

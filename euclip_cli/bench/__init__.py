@@ -99,7 +99,7 @@ def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
 
 @dataclass
 class Settings:
-    arch: str = BENCH_ARCH  # a key of LOCAL_ARCHS
+    arch: str = BENCH_ARCH  # a key of LOCAL_ARCHS, or an open_clip model
     batch_size: int = 256
     steps: int = 10
     warmup: int = 2

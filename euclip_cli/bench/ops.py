@@ -148,15 +148,14 @@ def step_ops(phases: dict[str, Callable]) -> dict:
             for name, c in counts.items()}
 
 
-def text_flops(arch: str, tokens: torch.Tensor, text_groups: int) -> tuple[float, float]:
+def text_flops(clip: torch.nn.Module, tokens: torch.Tensor, text_groups: int) -> tuple[float, float]:
     """``(trimmed, full)``: the text tower's forward and backward FLOPs for ``tokens``, in ``text_groups``
     groups (0: every length its own) and on the full context, counted by torch."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.model import build_clip, text_features
+    from euclip_cli.model import text_features
 
-    clip = build_clip(arch)
     counts = []
     for run in (lambda: text_features(clip, tokens, max_groups=text_groups), lambda: clip.encode_text(tokens)):
         # The math kernel: the counter has no formula for the CPU's fused attention kernel.
@@ -173,15 +172,16 @@ GROUPINGS = (1, 2, 3, 0)
 
 def bench_ops(arch: str, captions: list[str], batch_size: int) -> dict:
     """Operations per step of euclip (at each of ``GROUPINGS``) and of OpenCLIP on one batch of ``captions``."""
-    from euclip_cli.model import build_clip, context_groups, tokenizer_for
+    from euclip_cli.model import build_clip, text_plan, tokenizer_for
 
     tokens = tokenizer_for(arch)(captions[:batch_size])
     openclip = step_ops(openclip_phases(arch, tokens))
+    clip = build_clip(arch)
     rows = []
     for groups in GROUPINGS:
-        trimmed, full = text_flops(arch, tokens, groups)
-        found = context_groups(build_clip(arch), tokens, groups)
-        rows.append({"text_groups": groups, "groups_in_batch": len(found) if found else 1,
+        trimmed, full = text_flops(clip, tokens, groups)
+        plan = text_plan(clip, tokens, groups)
+        rows.append({"text_groups": groups, "groups_in_batch": len(plan.sizes) if plan else 1,
                      "phases": step_ops(euclip_phases(arch, tokens, groups)),
                      "text_flops": trimmed, "full_text_flops": full})
     every = next(r for r in rows if r["text_groups"] == 0)

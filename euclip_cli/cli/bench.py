@@ -229,6 +229,29 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
+def _check_caption_source(shards: Optional[Path], caption_words: Optional[float]) -> None:
+    """``--shards`` and ``--caption-words`` (``bench text``, ``bench ops``): at most one, and a mean of a word or more."""
+    if shards is not None and caption_words is not None:
+        common.fail("--shards and --caption-words both name the captions: give one")
+    if caption_words is not None and not caption_words >= 1:
+        common.fail(f"--caption-words: {caption_words} is not a mean of at least one word")
+
+
+def _captions(shards: Optional[Path], caption_words: Optional[float], count: int, out: Path) -> tuple[list[str], str]:
+    """``count`` captions and where they come from, in words: synthetic ones of ``caption_words`` words on
+    average, those of ``shards``, or the bench's world's (generated under ``out`` where missing)."""
+    from euclip_cli.bench import CAPTION_WORDS_SIGMA, ensure_world, shard_captions, synthetic_captions
+
+    if caption_words is not None:
+        return (synthetic_captions(caption_words, count),
+                f"synthetic captions, word counts log-normal with mean {caption_words:g} (log-space spread "
+                f"{CAPTION_WORDS_SIGMA})")
+    if shards is not None and not shards.is_dir():
+        raise UsageError(f"--shards {shards} is not a folder of .tar shards")
+    source = shards if shards is not None else ensure_world(out / "scratch")
+    return shard_captions(source, count), str(shards) if shards is not None else "the embedded world"
+
+
 @app.command("text")
 def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.model.LOCAL_ARCHS (tiny is the "
                                                       "embedded study's) or an open_clip model (ViT-B-32, "
@@ -253,8 +276,7 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
       euclip bench text --shards data/datacomp/small/shards --arch bench-vit
       euclip bench text --arch ViT-B-32 --caption-words 10 --batch-size 64 --batches 4 --rounds 3
     """
-    from euclip_cli.bench import (CAPTION_WORDS_SIGMA, BenchError, bench_text, ensure_world, shard_captions,
-                                  synthetic_captions)
+    from euclip_cli.bench import BenchError, bench_text
 
     _check_precision(precision)
     import torch
@@ -263,23 +285,11 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.m
 
     precision = resolve_precision(precision, torch.device("cpu"))
     _check_model_arch(arch)
-    if shards is not None and caption_words is not None:
-        common.fail("--shards and --caption-words both name the captions: give one")
-    if caption_words is not None and not caption_words >= 1:
-        common.fail(f"--caption-words: {caption_words} is not a mean of at least one word")
+    _check_caption_source(shards, caption_words)
     with common.errors():
         try:
             with common.console.status("timing the text tower, full context and trimmed, interleaved"):
-                if shards is not None and not shards.is_dir():
-                    raise UsageError(f"--shards {shards} is not a folder of .tar shards")
-                if caption_words is not None:
-                    captions = synthetic_captions(caption_words, batch_size * batches)
-                    source_name = (f"synthetic captions, word counts log-normal with mean {caption_words:g} "
-                                   f"(log-space spread {CAPTION_WORDS_SIGMA})")
-                else:
-                    source = shards if shards is not None else ensure_world(out / "scratch")
-                    captions = shard_captions(source, batch_size * batches)
-                    source_name = str(shards) if shards is not None else "the embedded world"
+                captions, source_name = _captions(shards, caption_words, batch_size * batches, out)
                 result = bench_text(captions, arch, batch_size, rounds, precision)
         except BenchError as err:
             common.fail(str(err), 1)
@@ -505,30 +515,19 @@ def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_c
     """
     from rich.table import Table
 
-    from euclip_cli.bench import ensure_world, shard_captions, synthetic_captions
     from euclip_cli.bench.ops import bench_ops
 
     _check_model_arch(arch)
-    if shards is not None and caption_words is not None:
-        common.fail("--shards and --caption-words both name the captions: give one")
-    if caption_words is not None and not caption_words >= 1:
-        common.fail(f"--caption-words: {caption_words} is not a mean of at least one word")
+    _check_caption_source(shards, caption_words)
     with common.errors():
-        if shards is not None and not shards.is_dir():
-            raise UsageError(f"--shards {shards} is not a folder of .tar shards")
         with common.console.status(f"counting the operations of a step of {arch}, batch {batch_size}"):
-            if caption_words is not None:
-                captions = synthetic_captions(caption_words, batch_size)
-                source = f"synthetic captions, mean {caption_words:g} words"
-            else:
-                captions = shard_captions(shards if shards is not None else ensure_world(out / "scratch"), batch_size)
-                source = str(shards) if shards is not None else "the embedded world's captions"
+            captions, source = _captions(shards, caption_words, batch_size, out)
             if len(captions) < 2:
                 raise UsageError(f"--shards {shards} holds {len(captions)} caption(s): a step needs at least 2")
             result = bench_ops(arch, captions, batch_size)
     result["captions_from"] = source
     theirs = result["openclip"]
-    table = Table(title=f"operations in one training step: {arch}, {result['batch_size']} pairs of {source}, "
+    table = Table(title=f"operations in one training step: {arch}, {result['batch_size']} pairs, captions of {source}, "
                         f"context {result['context']}, bf16 autocast (views not counted)")
     table.add_column("trainer (text groups)", no_wrap=True)
     for column in ("plan", "step", "ratio", "update", "waits", "text", "kept"):

@@ -113,7 +113,8 @@ class DeviceFeed:
             return Fed(on_device[0], on_device[1], slot.staged[1])
         layout = BatchLayout(*batch.images.shape, batch.tokens.shape[1])
         _, images, tokens = layout.views(on_device[0])
-        return Fed(images, tokens, layout.views(slot.staged[0])[2])
+        host_tokens = tokens if on_device[0] is slot.staged[0] else layout.views(slot.staged[0])[2]
+        return Fed(images, tokens, host_tokens)
 
     def _slot(self, parts: list[torch.Tensor]) -> _Slot:
         """This turn's slot, allocated where it is missing or does not fit ``parts``."""

@@ -416,13 +416,28 @@ class TrainBatches:
                 "workers": {str(k): vars(p).copy() for k, p in sorted(self.positions.items())}}
 
 
-class RepeatBatches:
-    """The first batch of ``source`` again and again (``data.pipeline = "repeat"``): the trainer's pace
-    with the loaders taken out, its batches still fed to the device. For timing the step (the GPU
-    checklist); a run trained on it has seen one batch."""
+class WithoutPosition:
+    """The part of ``TrainBatches``' interface a source of batches without euclip's position has
+    (OpenCLIP's pipeline, one batch repeated): a resume starts it afresh, it counts no unreadable
+    samples, and what its batches cost is not known."""
 
     resumed_exactly = False
     skipped = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def take_work(self) -> LoaderWork:
+        return LoaderWork()
+
+    def state(self) -> Optional[dict]:
+        return None
+
+
+class RepeatBatches(WithoutPosition):
+    """The first batch of ``source`` again and again (``data.pipeline = "repeat"``): the trainer's pace
+    with the loaders taken out, its batches still fed to the device. For timing the step (the GPU
+    checklist); a run trained on it has seen one batch."""
 
     def __init__(self, source: TrainBatches):
         self.folder = source.folder
@@ -431,17 +446,8 @@ class RepeatBatches:
         finally:
             source.close()
 
-    def __iter__(self) -> Iterator[Batch]:
-        return self
-
     def __next__(self) -> Batch:
         return self.batch
-
-    def take_work(self) -> LoaderWork:
-        return LoaderWork()
-
-    def state(self) -> Optional[dict]:
-        return None
 
     def close(self) -> None:
         """Its loader was closed after the one batch."""

@@ -15,11 +15,11 @@ import functools
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
-from euclip_cli.data.loader import Batch, LoaderWork, leave_stop_signals_to_the_trainer
+from euclip_cli.data.loader import Batch, WithoutPosition, leave_stop_signals_to_the_trainer
 
 
 def openclip_compatible() -> None:
@@ -36,7 +36,7 @@ def openclip_compatible() -> None:
     data.tar_file_expander = functools.partial(webdataset.tariterators.tar_file_expander, eof_value=None)
 
 
-class OpenCLIPBatches:
+class OpenCLIPBatches(WithoutPosition):
     """OpenCLIP's pipeline with the interface of ``loader.TrainBatches``, for one rank.
 
     ``samples``: the samples one epoch of it yields across ranks (OpenCLIP's ``--train-num-samples``);
@@ -56,7 +56,6 @@ class OpenCLIPBatches:
         self.info.dataloader.worker_init_fn = leave_stop_signals_to_the_trainer
         self.folder = Path(shards[0]).parent
         self.seed, self.rank, self.epoch = seed, rank, 0
-        self.resumed_exactly = False  # no position to resume from: a resumed run starts afresh
         self._iter = self._start()
         # Workers that ignore SIGTERM would hold the interpreter's exit: shut them down in order.
         self._close = weakref.finalize(self, _shutdown, self.info.dataloader)
@@ -67,9 +66,6 @@ class OpenCLIPBatches:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + self.rank)
             return iter(self.info.dataloader)
-
-    def __iter__(self):
-        return self
 
     def __next__(self) -> Batch:
         try:
@@ -84,14 +80,6 @@ class OpenCLIPBatches:
     def close(self) -> None:
         """Stop the loader's worker processes (also done at exit)."""
         self._close()
-
-    def take_work(self) -> LoaderWork:
-        return LoaderWork()  # OpenCLIP's loaders do not say what their batches cost
-
-    skipped = 0
-
-    def state(self) -> Optional[dict]:
-        return None
 
 
 def _shutdown(loader) -> None:

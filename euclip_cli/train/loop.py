@@ -316,7 +316,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         return total
 
     # ---- loop: a step that neither logs nor checkpoints queues its work and never waits for the device
-    last_ckpt, stopping, nonfinite_total = found, False, 0
+    last_ckpt, stopping = found, False
     window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
     sliced = cfg.train.bench_step_samples // ranks.world
     threads, callers_threads = host_threads(cfg.train.host_threads, device, cfg.data.workers), torch.get_num_threads()
@@ -353,7 +353,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 step += 1
                 checkpointing = step % interval == 0 or step == total
                 if step % cfg.train.log_every == 0 or step == 1 or step == total:
-                    nonfinite_total = check_guard()
+                    nonfinite_steps = check_guard()
                     skipped = ranks.sum(batches.skipped)
                     elapsed = time.perf_counter() - window_start
                     record = {"step": step, "samples": step * cfg.data.batch_size, "lr": lr,
@@ -364,7 +364,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                               "data_wait_share": min(1.0, window_wait / max(elapsed, 1e-9)),
                               # What the window's batches cost their loaders (every rank's taken as alike).
                               **batches.take_work().record(max(1, cfg.data.workers), cfg.data.batch_size),
-                              "skipped_samples": skipped, "nonfinite_steps": nonfinite_total}
+                              "skipped_samples": skipped, "nonfinite_steps": nonfinite_steps}
                     if scaler.is_enabled():
                         record["loss_scale"] = scaler.get_scale()
                     if device.type == "cuda":
@@ -382,7 +382,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                                        f"step {step} with a checkpoint. Check the shards in {batches.folder}, "
                                        f"or raise the limit and rerun to continue")
                 elif checkpointing:
-                    nonfinite_total = check_guard()  # a checkpoint waits for the device anyway
+                    check_guard()  # a checkpoint waits for the device anyway
                 stopping = ranks.any(stop["signal"] is not None)
                 if checkpointing:
                     last_ckpt = save()
