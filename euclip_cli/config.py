@@ -126,11 +126,12 @@ class OptimConfig:
     # Micro-batches per optimizer step; the global batch stays data.batch_size.
     accum_steps: int = 1
     grad_clip: Optional[float] = None
-    # The learnable temperature's learning rate as a multiple of the schedule's (1: one rate for
-    # everything, as CLIP and OpenCLIP). Adam moves log(beta) by about the learning rate per step, so
-    # a run can move it by at most the schedule's sum of rates: ~27 in Sun and Li's ablations (108k
-    # steps at 5e-4) but ~0.13 in a tiny recipe (256 steps at 1e-3), too little to leave its start.
-    logit_scale_lr_scale: float = 1.0
+    # The learning rate of the learnable scalars (t of beta = exp(t), and log c of the curvature) as a
+    # multiple of the schedule's (1: one rate for everything, as CLIP, OpenCLIP and MERU). Adam moves
+    # a log-parameterised scalar by about the learning rate per step, so a run can move it by at most
+    # the schedule's summed rate (optim.summed_lr): ~27 in Sun and Li's ablations (108k steps at
+    # 5e-4) but ~0.03 in a tiny recipe (256 steps at 2.5e-4), too little to leave its start.
+    scalar_lr_scale: float = 1.0
 
 
 @dataclass
@@ -476,8 +477,8 @@ def validate(cfg: Config) -> list[str]:
     if slice_ and (slice_ < 2 or slice_ > cfg.data.batch_size or slice_ % max(cfg.optim.accum_steps, 1)):
         problems.append(f"train.bench_step_samples: {slice_} must be 0 (the whole batch) or a slice of at least 2 "
                         f"samples, at most data.batch_size and divisible by optim.accum_steps")
-    if not (math.isfinite(cfg.optim.logit_scale_lr_scale) and cfg.optim.logit_scale_lr_scale > 0):
-        problems.append("optim.logit_scale_lr_scale: must be a positive finite number")
+    if not (math.isfinite(cfg.optim.scalar_lr_scale) and cfg.optim.scalar_lr_scale > 0):
+        problems.append("optim.scalar_lr_scale: must be a positive finite number")
     if cfg.optim.accum_steps < 1:
         problems.append("optim.accum_steps: must be >= 1")
     if cfg.optim.samples < cfg.data.batch_size:
@@ -554,6 +555,11 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+# Keys renamed since runs stored them: a stored run still loads. optim.logit_scale_lr_scale scaled
+# the temperature's rate alone; scalar_lr_scale also scales the curvature's.
+RENAMED_KEYS = {("optim", "logit_scale_lr_scale"): "scalar_lr_scale"}
+
+
 def from_dict(data: dict) -> Config:
     """Rebuild a Config stored in a run directory or checkpoint (strictly validated)."""
     cfg = Config()
@@ -563,6 +569,7 @@ def from_dict(data: dict) -> Config:
             cfg.recipe = values
             continue
         for key, value in values.items():
+            key = RENAMED_KEYS.get((section, key), key)
             _apply(cfg, section, key, value, from_text=False, where="stored config", problems=problems)
     if problems:
         raise ConfigError(problems)

@@ -66,3 +66,17 @@ def autocast_factory(precision: str, device: torch.device) -> Callable[[], conte
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def cpu_name() -> str:
+    """This machine's CPU model as the kernel reports it (lscpu's "Model name"): speeds and the last
+    bits of results differ between CPUs of one kind, so every published number names its CPU."""
+    import platform
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"

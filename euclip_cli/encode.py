@@ -14,28 +14,36 @@ import torch
 from euclip_cli import config as C
 from euclip_cli.device import resolve_precision
 from euclip_cli.errors import UsageError
-from euclip_cli.model import EuclipModel, load_run_weights
+from euclip_cli.model import EuclipModel, initial_model, load_run_weights
 from euclip_cli.rundir import RunDir
 
 # Bump when a change alters image embeddings (transforms, encoders): cached features are keyed by it.
 FEATURES = "features-1"
 
 
-def load_model(run: RunDir, device: torch.device) -> tuple[EuclipModel, C.Config, Path, int]:
-    """``(model, config, checkpoint, step)`` of a run's latest checkpoint, rebuilt from the config stored in it.
+def load_model(run: RunDir, device: torch.device, at_init: bool = False
+               ) -> tuple[EuclipModel, C.Config, Optional[Path], int]:
+    """``(model, config, checkpoint, step)`` of a run's latest checkpoint, rebuilt from the config stored in it;
+    with ``at_init`` the untrained model the run started from (checkpoint None, step 0).
 
     Only the weights reach ``device``: the checkpoint is read on the CPU, and its optimizer and RNG
     state are never moved. On a GPU the encoders run under the run's training precision (autocast).
     """
-    found, state, _ = run.readable_checkpoint()
-    if found is None:
-        raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
-    cfg = C.from_dict(state["config"])
-    model = EuclipModel(cfg)
-    load_run_weights(model, state, found)
+    if at_init:
+        if not run.config_file.exists():
+            raise UsageError(f"{run.path} is not a run directory (no {run.config_file.name}): name a run's folder")
+        cfg, found, step = C.from_dict(run.config()), None, 0
+        model = initial_model(cfg)
+    else:
+        found, state, _ = run.readable_checkpoint()
+        if found is None:
+            raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
+        cfg, step = C.from_dict(state["config"]), state["step"]
+        model = EuclipModel(cfg)
+        load_run_weights(model, state, found)
     if device.type == "cuda":
         model.encoder_precision = resolve_precision(cfg.train.precision, device)
-    return model.to(device).eval(), cfg, found, state["step"]
+    return model.to(device).eval(), cfg, found, step
 
 
 @torch.no_grad()
@@ -82,8 +90,10 @@ class FeatureCache:
         return image_emb, labels
 
 
-def feature_cache(run: RunDir, ckpt: Path, model: EuclipModel) -> FeatureCache:
+def feature_cache(run: RunDir, ckpt: Optional[Path], model: EuclipModel) -> FeatureCache:
     """The cache of one checkpoint, keyed by the file itself (a run trained again writes new files)
-    and by the encoders' precision (features from a GPU's autocast are not the CPU's fp32 ones)."""
+    and by the encoders' precision (features from a GPU's autocast are not the CPU's fp32 ones).
+    ``ckpt`` None: the untrained model, which the run's stored config alone fixes."""
     precision = "" if model.encoder_precision == "fp32" else f"-{model.encoder_precision}"
-    return FeatureCache(run.features_dir / f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}-{FEATURES}{precision}")
+    weights = "init" if ckpt is None else f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}"
+    return FeatureCache(run.features_dir / f"{weights}-{FEATURES}{precision}")

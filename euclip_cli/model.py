@@ -576,3 +576,14 @@ class EuclipModel(nn.Module):
             out["alpha_img"] = self.log_alpha_img.exp().item()
             out["alpha_txt"] = self.log_alpha_txt.exp().item()
         return out
+
+
+def initial_model(cfg: Config) -> EuclipModel:
+    """The model a run of ``cfg`` starts training from, on the CPU: its weights are fixed by
+    ``train.seed`` (the trainer builds it through this function, so a study can measure a run's
+    untrained state without a checkpoint of it)."""
+    import random
+
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    return EuclipModel(cfg)

@@ -10,37 +10,47 @@ from torch import nn
 from euclip_cli.config import OptimConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float, logit_scale_lr_scale: float = 1.0) -> list[dict]:
+# The learnable scalars that enter only the loss (EuclipModel.loss_scalars): t of beta = exp(t), log c.
+SCALAR_NAMES = ("logit_scale", "log_curv")
+
+
+def param_groups(model: nn.Module, weight_decay: float, scalar_lr_scale: float = 1.0) -> list[dict]:
     """Decay matrices only: no decay on gains, biases and 0-dim learnable scalars.
 
     That is OpenCLIP's rule (ndim < 2, or a name with bn/ln/bias/logit_scale), which covers
     the logit scale, curvature and embedding scales, all 0-dim. A Multi(n, m) tower's extra class
     tokens (``extra_class_embedding``, one matrix) are exempt like open_clip's single class token,
     a vector. Every group carries ``lr_scale``, its learning rate's multiple of the schedule's;
-    with ``logit_scale_lr_scale`` other than 1 the learnable temperature gets a third group of its own.
+    with ``scalar_lr_scale`` other than 1 the temperature and curvature get a third group of their own.
     """
-    decay, no_decay, temperature = [], [], []
-    own_temperature = logit_scale_lr_scale != 1.0
+    decay, no_decay, scalars = [], [], []
+    own_scalars = scalar_lr_scale != 1.0
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if own_temperature and name.endswith("logit_scale"):
-            temperature.append(p)
+        if own_scalars and name.rsplit(".", 1)[-1] in SCALAR_NAMES:
+            scalars.append(p)
             continue
         exempt = p.ndim < 2 or "bias" in name or "ln" in name or "bn" in name or "logit_scale" in name
         exempt = exempt or "class_embedding" in name
         (no_decay if exempt else decay).append(p)
     groups = [{"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
               {"params": decay, "weight_decay": weight_decay, "lr_scale": 1.0}]
-    if temperature:
-        groups.append({"params": temperature, "weight_decay": 0.0, "lr_scale": logit_scale_lr_scale})
+    if scalars:
+        groups.append({"params": scalars, "weight_decay": 0.0, "lr_scale": scalar_lr_scale})
     return groups
+
+
+def summed_lr(base_lr: float, warmup: int, total: int) -> float:
+    """The schedule's learning rates summed over a run's ``total`` steps: Adam moves a parameter by
+    about the learning rate per step, so a log-parameterised scalar can move at most this far."""
+    return sum(cosine_lr(step, base_lr, warmup, total) for step in range(total))
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     # The fused kernel (CPU and CUDA) updates every tensor in one pass: ~3% of a bench step on this
     # CPU, where the per-tensor loop costs ~140 ms.
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.logit_scale_lr_scale), lr=cfg.lr,
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.scalar_lr_scale), lr=cfg.lr,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
 
 

@@ -154,6 +154,11 @@ class RunDir:
     def analysis_dir(self) -> Path:
         return self.path / "analysis"
 
+    def distances_file(self, split: str = "eval", at_init: bool = False) -> Path:
+        """``euclip analyze distances``'s result (figures share its stem): of the trained model, or
+        of the untrained one the run started from."""
+        return self.analysis_dir / f"distances{'' if split == 'eval' else '_' + split}{'_init' if at_init else ''}.json"
+
     def exists(self) -> bool:
         return self.config_file.exists()
 

@@ -1,11 +1,13 @@
-"""Statistics over seeds: means with intervals, paired differences, and claim verdicts.
+"""Statistics over seeds: means with intervals, paired differences, power, and claim verdicts.
 
 A study trains every configuration with the same seeds; a seed fixes both the initialisation and
 the data order, so two configurations' runs of one seed are paired, and their difference is the
 quantity whose interval decides a claim.
 
 Intervals are two-sided 95% by default, either Student's t over the seeds (``"t"``) or a
-percentile bootstrap of the mean (``"bootstrap"``, resampling seeds with a fixed generator).
+percentile bootstrap of the mean (``"bootstrap"``, resampling seeds with a fixed generator, and
+only from ``MIN_BOOTSTRAP_SEEDS`` seeds). A study decides its claims together, from intervals at
+the Bonferroni level ``family_level`` so that the chance of any wrong verdict stays at most 5%.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Optional, Sequence
 
 INTERVALS = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 10_000
+# A percentile bootstrap of a mean of n values has C(2n - 1, n) distinct resamples: 10 for 3 seeds,
+# 35 for 4, 6,435 for 8; below 8 its 2.5% and 97.5% quantiles are a handful of coarse values.
+MIN_BOOTSTRAP_SEEDS = 8
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,8 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def estimate(values: Sequence[float], interval: str = "t", level: float = 0.95, seed: int = 0) -> Estimate:
-    """Mean, sd and a ``level`` interval of the mean of ``values`` (one per seed)."""
+    """Mean, sd and a ``level`` interval of the mean of ``values`` (one per seed); no interval from one
+    value, nor a bootstrap one from fewer than ``MIN_BOOTSTRAP_SEEDS``."""
     if interval not in INTERVALS:
         raise ValueError(f"interval {interval!r} is not one of {INTERVALS}")
     values = [float(v) for v in values]
@@ -50,6 +56,8 @@ def estimate(values: Sequence[float], interval: str = "t", level: float = 0.95, 
     if n < 2:
         return Estimate(n, mean, None, None, None)
     sd = statistics.stdev(values)
+    if interval == "bootstrap" and n < MIN_BOOTSTRAP_SEEDS:  # no interval, as with one value (a study's runs so far)
+        return Estimate(n, mean, sd, None, None)
     if interval == "t":
         half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
         return Estimate(n, mean, sd, mean - half, mean + half)
@@ -80,31 +88,71 @@ def paired_difference(a: dict[int, float], b: dict[int, float], interval: str = 
     return estimate([a[s] - b[s] for s in common], interval, level, seed)
 
 
-def seeds_needed(sd: Optional[float], half_width: float, level: float = 0.95, most: int = 1000) -> Optional[int]:
-    """The fewest seeds n >= 2 whose ``level`` t interval of a mean with standard deviation ``sd`` is
-    no wider than ± ``half_width``: t(0.5 + level / 2, n - 1) sd / sqrt(n) <= half_width. None without
-    an sd or a positive half width, or when more than ``most`` seeds would be needed."""
-    if sd is None or not half_width > 0:
+def family_level(level: float, claims: int) -> float:
+    """Bonferroni: the level of each of ``claims`` intervals such that all of them hold together with
+    probability at least ``level`` (1 - (1 - level) / claims)."""
+    return 1 - (1 - level) / max(1, claims)
+
+
+def power(n: int, effect: float, sd: float, level: float = 0.95) -> float:
+    """The chance that a two-sided ``level`` t interval over ``n`` paired seeds excludes 0, when the
+    true mean difference is ``effect`` and its seed-to-seed standard deviation ``sd``: P(|T| > t*)
+    for T noncentral t with n - 1 degrees of freedom and noncentrality effect sqrt(n) / sd."""
+    from scipy.stats import nct
+
+    critical = t_quantile(0.5 + level / 2, n - 1)
+    shift = abs(effect) * math.sqrt(n) / sd
+    return float(nct.sf(critical, n - 1, shift) + nct.cdf(-critical, n - 1, shift))
+
+
+POWER = 0.8
+
+
+def seeds_needed(sd: Optional[float], effect: float, level: float = 0.95, target: float = POWER,
+                 most: int = 1000) -> Optional[int]:
+    """The fewest seeds n >= 2 whose ``level`` interval excludes 0 with probability ``target`` (80%
+    power) when the true effect is ``effect`` and the paired sd is ``sd``. 2 when ``sd`` is 0; None
+    without an sd or a nonzero effect, or when more than ``most`` seeds would be needed."""
+    if sd is None or not abs(effect) > 0:
         return None
+    if sd == 0:
+        return 2
     for n in range(2, most + 1):
-        if t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) <= half_width:
+        if power(n, effect, sd, level) >= target:
             return n
     return None
 
 
-REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "inconclusive"
+REPRODUCED, NONINFERIOR, OPPOSITE = "reproduced", "non-inferior", "opposite"
+EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD = "excludes the paper's effect", "inconclusive", "no spread"
+VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD)
 
 
-def verdict(effect: Optional[Estimate], expected_sign: int) -> str:
-    """``reproduced`` when the interval excludes 0 on the expected side (``expected_sign`` +1 or -1),
-    ``opposite`` when it excludes 0 on the other side, ``inconclusive`` otherwise (or without an
-    interval)."""
+def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[float] = None,
+            paper_effect: Optional[float] = None) -> str:
+    """What an interval of an effect says about a claim that expects its sign ``expected_sign`` (+1
+    or -1), in this order:
+
+    ``no spread`` when every seed gave the same effect (a saturated measure: no interval to read);
+    ``reproduced`` when the interval excludes 0 on the expected side; ``non-inferior`` (a claim
+    of "matches or beats", with ``margin``) when it excludes a deficit as large as ``margin``;
+    ``opposite`` when it excludes 0 on the other side; ``excludes the paper's effect`` when it
+    leaves the sign open but excludes ``paper_effect`` (no effect as large as the paper's, in its
+    direction or further); ``inconclusive`` otherwise, and without an interval.
+    """
     if effect is None or effect.low is None:
         return INCONCLUSIVE
-    if expected_sign * effect.low > 0 and expected_sign * effect.high > 0:
+    if effect.sd == 0:
+        return NO_SPREAD
+    low, high = sorted((expected_sign * effect.low, expected_sign * effect.high))
+    if low > 0:
         return REPRODUCED
-    if expected_sign * effect.low < 0 and expected_sign * effect.high < 0:
+    if margin is not None and low > -margin:
+        return NONINFERIOR
+    if high < 0:
         return OPPOSITE
+    if paper_effect is not None and not effect.low <= paper_effect <= effect.high:
+        return EXCLUDES_PAPER
     return INCONCLUSIVE
 
 
@@ -118,3 +166,33 @@ def paper_cell(effect: Optional[float], source: str) -> str:
     if effect is None or effect != effect:  # None, or NaN read back from claims.csv
         return source if isinstance(source, str) else ""
     return f"{effect:+.2f} ({source})"
+
+
+CLAIMS_HEADER = ("claim", "effect here [95%]", "family-wise interval", "verdict", "read against", "beside it",
+                 "seeds for 80% power")
+
+
+def _given(value) -> bool:
+    return value is not None and value == value  # None, or NaN read back from claims.csv
+
+
+def claim_cells(c: dict) -> tuple[str, ...]:
+    """One claims.csv row as the claims table shows it (study.md and ``euclip report``)."""
+    digits = claim_digits(c["metric"])
+
+    def interval(mean, low, high) -> str:
+        if not _given(mean):
+            return "no runs"
+        return f"{mean:+.{digits}f}" + (f" [{low:.{digits}f}, {high:.{digits}f}]" if _given(low) else "")
+
+    effect = interval(c["effect"], c["ci_low"], c["ci_high"]) + (f" (n={int(c['n_seeds'])})" if c["n_seeds"] else "")
+    if _given(c.get("config_trained")):
+        effect += (f"; trained {c['config_trained']:.{digits}f} from {c['config_init']:.{digits}f}, control "
+                   f"{c['control_trained']:.{digits}f} from {c['control_init']:.{digits}f}")
+    family = interval(c["effect"], c["fw_low"], c["fw_high"]) + f" ({100 * c['family_level']:.2f}%)"
+    verdict = c["verdict"] + (f" (margin {c['margin']:g})" if _given(c.get("margin")) else "")
+    seeds = c["seeds_for_80pct_power"]
+    return (f"{c['statement']} ({c['metric']})", effect, family, verdict,
+            paper_cell(c["paper_effect"], c["paper_source"]) if c["read_against"] else "–",
+            c["beside"] if isinstance(c["beside"], str) and c["beside"] else "–",
+            str(int(seeds)) if _given(seeds) else "–")

@@ -305,3 +305,33 @@ def test_equilibrium_writes_curves_per_shuffle_and_batch_size_and_a_figure(runs)
 def test_equilibrium_refuses_bad_options_in_one_line(runs, args, needle):
     result = runner.invoke(app, ["analyze", "equilibrium", "tiny-clip", *args, "--runs-dir", str(runs)])
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+
+
+def test_distances_at_init_measure_the_model_the_run_started_from(runs, world, tmp_path):
+    import torch
+
+    from euclip_cli import config as C
+    from euclip_cli.model import initial_model
+
+    analyze(runs, world, "distances", "tiny-meru", "--at-init")
+    folder = runs / "tiny-meru" / "analysis"
+    untrained = json.loads((folder / "distances_init.json").read_text())
+    assert untrained["at_init"] is True and (folder / "distances_init.png").exists()
+    analyze(runs, world, "distances", "tiny-meru")
+    trained = json.loads((folder / "distances.json").read_text())
+    assert untrained["arrays"]["root"]["image"] != trained["arrays"]["root"]["image"]
+    # The trainer starts from initial_model: one step at a learning rate of 1e-30 (AdamW moves a weight
+    # by about the rate, and scales its decay by it) leaves the weights where initial_model puts them.
+    tiny = [o for o in TINY if not o.startswith("optim.samples")]
+    result = runner.invoke(app, ["train", "--recipe", "tiny-meru", f"data.train_dir={world / 'train'}", *tiny,
+                                 "optim.samples=32", "optim.lr=1e-30", "train.seed=3", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    from euclip_cli.rundir import RunDir
+
+    (ckpt,) = RunDir(tmp_path / "tiny-meru-seed3").checkpoints()
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    start = initial_model(C.from_dict(state["config"])).state_dict()
+    assert start.keys() == state["model"].keys()
+    assert all(torch.allclose(start[k], state["model"][k], rtol=0, atol=1e-20) for k in start)
+    other = initial_model(C.from_dict({**state["config"], "train": {**state["config"]["train"], "seed": 4}})).state_dict()
+    assert any(not torch.equal(other[k], start[k]) for k in start)  # the seed fixes the start

@@ -42,8 +42,8 @@ def test_an_embedded_world_without_evaluation_images_is_refused_by_its_key():
 
 def test_a_temperature_rate_that_is_not_positive_is_refused_by_its_key():
     with pytest.raises(C.ConfigError) as err:
-        C.load_config("tiny-clip", ["optim.logit_scale_lr_scale=0"])
-    assert err.value.problems == ["optim.logit_scale_lr_scale: must be a positive finite number"]
+        C.load_config("tiny-clip", ["optim.scalar_lr_scale=0"])
+    assert err.value.problems == ["optim.scalar_lr_scale: must be a positive finite number"]
 
 
 def test_every_problem_is_reported_together_naming_key_and_allowed_values():

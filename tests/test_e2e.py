@@ -59,6 +59,9 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     assert report.exit_code == 0, report.output
     table = (out / "embedded.md").read_text()
     assert "tiny-clip" in table and "Shapes" in table and "Average over 10 tasks" in table
+    assert "one seed per row: a difference between rows may be seed noise" in table  # make demo's single seeds
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in table.splitlines() if l.startswith("|")]
+    assert dict(zip(rows[0], next(r for r in rows if r[0] == "tiny-clip")))["seeds"] == "1"
     assert "missing" in (out / "table1.md").read_text()  # paper rows without our runs stay, marked
 
 

@@ -50,7 +50,7 @@ def test_the_temperatures_own_learning_rate_scales_its_first_adam_step_and_nothi
     moved = {}
     for scale in (1, 40):
         path = tmp_path / f"scale-{scale}"
-        losses(world, path, *one, f"optim.logit_scale_lr_scale={scale}")
+        losses(world, path, *one, f"optim.scalar_lr_scale={scale}")
         moved[scale] = load_checkpoint(RunDir(path).latest_checkpoint())["model"]
     for scale, state in moved.items():
         assert abs(state["clip.logit_scale"].item() - start) == pytest.approx(scale * 1e-3, rel=1e-3)

@@ -15,6 +15,7 @@ from euclip_cli.cli import app
 from euclip_cli.config import list_recipes
 from euclip_cli.study import runner as R
 from euclip_cli.config import is_study_recipe
+from euclip_cli.study import verdicts as V
 from euclip_cli.study.spec import load_claims, load_study
 
 runner = CliRunner()
@@ -34,12 +35,12 @@ def test_t_interval_matches_a_hand_computation():
 
 
 def test_bootstrap_interval_is_reproducible_and_brackets_the_mean():
-    values = [1.0, 2.0, 4.0, 7.0, 11.0]
+    values = [1.0, 2.0, 4.0, 7.0, 11.0, 3.0, 5.0, 6.0]
     a, b = stats.estimate(values, "bootstrap", seed=5), stats.estimate(values, "bootstrap", seed=5)
     assert (a.low, a.high) == (b.low, b.high)  # a fixed generator: the same interval every time
     assert min(values) <= a.low < statistics.fmean(values) < a.high <= max(values)
-    # A resampled mean of 5 values can only be a multiple of 1/5 of their sum's parts: check one is.
-    assert any(math.isclose(a.low * 5, sum(c)) for c in _multisets(values, 5))
+    # A resampled mean of 8 values can only be a multiple of 1/8 of their sum's parts: check one is.
+    assert any(math.isclose(a.low * 8, sum(c)) for c in _multisets(values, 8))
 
 
 def _multisets(values, k):
@@ -97,24 +98,58 @@ def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
     assert R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
 
 
-def test_seeds_needed_by_hand_from_a_t_table():
-    # t(0.975, n - 1) / sqrt(n) from a printed table, n = 2..7: 12.706/1.414, 4.303/1.732, 3.182/2,
-    # 2.776/2.236, 2.571/2.449, 2.447/2.646 = 8.98, 2.48, 1.59, 1.24, 1.05, 0.925.
-    assert stats.seeds_needed(1.0, 1.0) == 7
-    assert stats.seeds_needed(1.0, 1.06) == 6
-    assert stats.seeds_needed(2.0, 5.0) == 3  # 2.48 * 2 = 4.97
-    assert stats.seeds_needed(2.0, 4.9) == 4
+def test_the_bonferroni_level_by_hand():
+    assert stats.family_level(0.95, 1) == pytest.approx(0.95)
+    assert stats.family_level(0.95, 10) == pytest.approx(0.995)  # 0.05 / 10 in the two tails together
+    wide = stats.estimate([1.0, 2.0, 4.0], "t", level=0.995)
+    # t(0.9975, 2) = 14.089 from a printed table (t(0.975, 2) = 4.303).
+    assert wide.high - wide.mean == pytest.approx(14.089 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3), rel=1e-3)
+
+
+def test_power_matches_a_simulation_with_known_truth():
+    import numpy as np
+    from scipy.stats import t as student
+
+    rng = np.random.default_rng(0)
+    for n, effect, sd, level in ((3, 10.0, 4.0, 0.95), (5, 2.0, 3.0, 0.995), (8, 1.0, 2.0, 0.95)):
+        draws = rng.normal(effect, sd, size=(40_000, n))
+        half = student.ppf(0.5 + level / 2, n - 1) * draws.std(axis=1, ddof=1) / math.sqrt(n)
+        excluded = np.mean(np.abs(draws.mean(axis=1)) > half)  # the interval excludes 0
+        assert stats.power(n, effect, sd, level) == pytest.approx(excluded, abs=0.01), (n, effect, sd)
+
+
+def test_seeds_needed_give_eighty_percent_power_and_no_fewer_do():
+    for sd, effect, level in ((4.0, 6.75, 0.95), (4.0, 6.75, 0.995), (1.0, 1.0, 0.95), (2.5, -1.48, 0.99)):
+        n = stats.seeds_needed(sd, effect, level)
+        assert stats.power(n, effect, sd, level) >= 0.8 > stats.power(n - 1, effect, sd, level) if n > 2 else True
+    # At 50% power the old yardstick (a half width as wide as the effect) needed 4 seeds for these numbers.
+    assert stats.seeds_needed(4.0, 6.75) == 5
     assert stats.seeds_needed(0.0, 1.0) == 2  # no spread: the fewest seeds with an interval at all
     assert stats.seeds_needed(None, 1.0) is None and stats.seeds_needed(1.0, 0.0) is None
     assert stats.seeds_needed(100.0, 0.1, most=50) is None  # more seeds than anyone would run
 
 
-@pytest.mark.parametrize("low,high,sign,expected", [
-    (0.5, 2.0, +1, "reproduced"), (-2.0, -0.5, +1, "opposite"), (-0.5, 2.0, +1, "inconclusive"),
-    (-2.0, -0.5, -1, "reproduced"), (0.0, 1.0, +1, "inconclusive")])
-def test_verdicts(low, high, sign, expected):
-    assert stats.verdict(stats.Estimate(3, (low + high) / 2, 1.0, low, high), sign) == expected
+def test_a_bootstrap_needs_eight_seeds():
+    assert stats.estimate([1.0, 2.0, 4.0], "bootstrap").low is None  # 10 distinct resamples: no interval
+    assert stats.estimate([1.0, 2.0, 4.0, 7.0, 11.0, 3.0, 5.0, 6.0], "bootstrap").low is not None
+
+
+@pytest.mark.parametrize("low,high,sign,margin,paper,expected", [
+    (0.5, 2.0, +1, None, None, "reproduced"), (-2.0, -0.5, +1, None, None, "opposite"),
+    (-0.5, 2.0, +1, None, None, "inconclusive"), (-2.0, -0.5, -1, None, None, "reproduced"),
+    (0.0, 1.0, +1, None, None, "inconclusive"),
+    (-0.8, 2.0, +1, 1.0, None, "non-inferior"), (-1.2, 2.0, +1, 1.0, None, "inconclusive"),
+    (-0.8, -0.2, +1, 1.0, None, "non-inferior"), (-3.0, -1.5, +1, 1.0, None, "opposite"),
+    (-6.7, 0.1, +1, None, 6.75, "excludes the paper's effect"), (-6.7, 0.1, +1, None, -1.48, "inconclusive"),
+    (-1.0, 7.0, +1, None, 6.75, "inconclusive"), (0.5, 2.0, +1, None, 6.75, "reproduced")])
+def test_verdicts(low, high, sign, margin, paper, expected):
+    assert stats.verdict(stats.Estimate(3, (low + high) / 2, 1.0, low, high), sign, margin, paper) == expected
     assert stats.verdict(stats.Estimate(1, 1.0, None, None, None), +1) == "inconclusive"
+
+
+def test_a_measure_with_no_spread_is_never_reproduced():
+    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0]), +1) == "no spread"
+    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1) == "no spread"  # every seed the same, off zero too
 
 
 # ---------------------------------------------------------------- recipes and claims
@@ -125,50 +160,125 @@ def test_every_claim_names_configurations_of_a_shipped_study():
     for claim in load_claims():
         # One study must have both configurations, or no study tests the claim.
         assert any(set(claim.configs) <= set(s.configs) for s in studies), f"claim {claim.id} names {claim.configs}"
-        if claim.paper:  # and its published rows exist
-            effect, source = R.paper_effect(claim)
+        for effect in V.paper_effects(claim):  # and its published rows exist
             if claim.metric == "main":
-                assert effect is not None and "ImageNet" in source, claim.id
+                assert effect.effect is not None and "ImageNet" in effect.source, claim.id
             else:  # Sun and Li's temperatures: the source of the direction, no effect
-                assert effect is None and source.startswith("Sun and Li"), claim.id
+                assert effect.effect is None and effect.source.startswith("Sun and Li"), claim.id
 
 
-def test_the_paper_effects_are_read_from_the_published_tables():
+def test_the_paper_effects_are_read_from_the_published_tables_of_each_scale():
     claim = next(c for c in load_claims() if c.id == "no-final-ln-helps-euclip")
-    effect, _ = R.paper_effect(claim)
-    assert effect == pytest.approx(28.97 - 22.22)  # Table 5, ViT-B/32: no-ln vs ln
+    (effect,) = V.paper_effects(claim)
+    assert effect.effect == pytest.approx(28.97 - 22.22) and effect.table == "Table 5 (medium)"
+    small, medium = V.paper_effects(next(c for c in load_claims() if c.id == "euclip-beats-clip"))
+    assert small.effect == pytest.approx(3.476 - 4.96) and small.table == "Table 8 (small)"
+    assert medium.effect == pytest.approx(28.97 - 27.92) and medium.table == "Table 4 (medium)"
+    assert V.read_against([small, medium], "medium") == (medium, [small])
+    assert V.read_against([effect], "small") == (effect, [])  # no small row: the table it has
     claim = next(c for c in load_claims() if c.id == "learnable-temperature-helps-ps-inner")
-    effect, source = R.paper_effect(claim)
-    assert effect == pytest.approx(30.50 - 21.20) and "Table 7" in source  # Sun and Li: learnable vs frozen at 1
+    (effect,) = V.paper_effects(claim)
+    assert effect.effect == pytest.approx(30.50 - 21.20) and "Table 7" in effect.source  # learnable vs frozen at 1
     claim = next(c for c in load_claims() if c.id == "product-sphere-settles-below-sphere")
-    assert R.paper_effect(claim) == (None, "Sun and Li Table 7: sphere-init2.659 4.033 vs ps-inner-init2.659 2.231, "
-                                           "final temperature as printed")
+    assert V.paper_effects(claim)[0].source == ("Sun and Li Table 7: sphere-init2.659 4.033 vs ps-inner-init2.659 "
+                                                "2.231, final temperature as printed")
+
+
+def test_a_study_is_read_against_the_scale_whose_budget_it_reaches():
+    from euclip_cli.data.datacomp import scale_for_steps
+
+    assert [scale_for_steps(s) for s in (256, 3124, 3125, 31_249, 31_250, 10 ** 6)] == [
+        "small", "small", "small", "small", "medium", "medium"]
+    study = load_study("study-geometries")
+    reading = V.regime(study, {"clip": {0: {"temperature_init": 14.29, "temperature_final": 14.35}},
+                               "meru": {0: {"curvature_init": 1.0, "curvature_final": 0.8}}})
+    assert reading["steps"] == 256 and reading["samples"] == 32_768 and reading["scale"] == "small"
+    # The tiny recipes' schedule: 100 warm-up steps to 2.5e-4, then a cosine to 0 at 256.
+    by_hand = sum(2.5e-4 * (s + 1) / 100 if s < 100 else 2.5e-4 * 0.5 * (1 + math.cos(math.pi * (s - 100) / 156))
+                  for s in range(256))
+    assert reading["summed_lr"] == pytest.approx(by_hand)
+    beta, curvature = reading["scalars"]
+    assert beta["frozen"] and beta["relative_change"] == pytest.approx(0.06 / 14.29)
+    assert not curvature["frozen"] and curvature["relative_change"] == pytest.approx(0.2)
+
+
+def test_a_short_study_reads_euclip_against_clip_in_table_8s_direction():
+    study = load_study("study-geometries")
+    shapes = {"euclip": {0: 30.0, 1: 28.0, 2: 29.0}, "clip": {0: 44.0, 1: 40.0, 2: 45.0}}
+    by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
+    small = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "small")}["euclip-beats-clip"]
+    medium = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "medium")}["euclip-beats-clip"]
+    # Table 8 has EuCLIP 1.48 behind CLIP: read there, a deficit is what the paper shows, with no margin.
+    assert small["read_against"] == "Table 8 (small)" and small["verdict"] == "reproduced" and small["margin"] is None
+    assert "Table 4" in small["beside"] and medium["read_against"] == "Table 4 (medium)"
+    assert medium["verdict"] == "opposite" and medium["margin"] == 1.0  # "matches or beats", shown not to
+    assert small["family_size"] == 1 and small["family_level"] == pytest.approx(0.95)
+
+
+def test_the_family_widens_every_interval_of_the_study():
+    study = load_study("study-geometries")
+    values = {"euclip": [30.0, 34.0, 38.0], "euclip-ln": [30.0, 30.0, 30.0], "clip": [40.0, 41.0, 45.0],
+              "meru": [20.0, 26.0, 21.0]}
+    by_config = {c: {seed: {"main": v} for seed, v in enumerate(vs)} for c, vs in values.items()}
+    rows = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]}
+    assert set(rows) == {"no-final-ln-helps-euclip", "euclip-beats-clip", "euclip-beats-meru"}
+    diffs = [0.0, 4.0, 8.0]
+    row = rows["no-final-ln-helps-euclip"]
+    assert row["family_size"] == 3 and row["family_level"] == pytest.approx(1 - 0.05 / 3)
+    half = student_quantile(1 - 0.05 / 6, 2) * statistics.stdev(diffs) / math.sqrt(3)
+    assert (row["fw_low"], row["fw_high"]) == pytest.approx((4.0 - half, 4.0 + half))
+    assert row["ci_high"] - row["ci_low"] < row["fw_high"] - row["fw_low"]
+    # Table 5 (medium) is the only table with this ablation: read there, its +6.75 lies in the interval.
+    assert row["read_against"] == "Table 5 (medium)" and row["verdict"] == "inconclusive"
+
+
+def student_quantile(p, df):
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def test_a_measured_property_is_credited_only_with_what_training_changed_beyond_its_control():
+    study = load_study("study-geometries")
+    key, init = "text_nearer_root", "text_nearer_root" + V.AT_INIT
+    trained = {"euclip": [0.99, 1.0, 0.97], "euclidean-d2-l0": [0.95, 0.98, 0.9]}
+    untrained = {"euclip": [0.8, 0.85, 0.9], "euclidean-d2-l0": [0.8, 0.85, 0.9]}  # the same init for both
+    by_config = {c: {s: {key: trained[c][s], init: untrained[c][s]} for s in range(3)} for c in trained}
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    assert row["claim"] == "euclip-text-nearer-root" and row["configs"] == "euclip (control euclidean-d2-l0)"
+    assert row["effect"] == pytest.approx(statistics.fmean([0.04, 0.02, 0.07]))
+    assert row["config_trained"] == pytest.approx(statistics.fmean(trained["euclip"]))
+    assert row["config_init"] == pytest.approx(0.85) and row["control_init"] == pytest.approx(0.85)
+    saturated = {c: {s: {key: 1.0, init: 1.0} for s in range(3)} for c in trained}
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), saturated, "small") if r["n_seeds"]]
+    assert row["verdict"] == "no spread" and row["effect"] == 0.0
 
 
 def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
     study = load_study("study-temperature-noise")
     finals = {"sphere-m40": {0: 21.0, 1: 21.0, 2: 22.5}, "sphere-m0": {0: 18.0, 1: 18.5, 2: 19.0}}
     by_config = {c: {seed: {"temperature_final": v} for seed, v in values.items()} for c, values in finals.items()}
-    (row,) = [r for r in R.evaluate_claims(study, load_claims(), by_config) if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
     assert row["claim"] == "noisier-captions-raise-the-temperature" and row["metric"] == "temperature_final"
     diffs = [3.0, 2.5, 3.5]
     assert row["effect"] == pytest.approx(statistics.fmean(diffs))
     half = 4.302652729911275 * statistics.stdev(diffs) / math.sqrt(3)  # t(0.975, 2)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((statistics.fmean(diffs) - half, statistics.fmean(diffs) + half))
     assert row["verdict"] == "reproduced" and row["paper_effect"] is None
-    assert row["seeds_for_paper_effect"] is None  # no published value to measure the spread against
+    assert row["seeds_for_80pct_power"] is None  # no published value to measure the spread against
     assert row["paper_source"] == "Sun and Li, sections 2.1 (Figure 1) and 2.4: a direction, no value"
 
 
-def test_a_claim_with_a_published_effect_says_how_many_seeds_resolve_one_that_large():
+def test_a_claim_with_a_published_effect_says_how_many_seeds_give_eighty_percent_power():
     study = load_study("study-geometries")
     shapes = {"euclip": {0: 30.0, 1: 34.0, 2: 38.0}, "euclip-ln": {0: 30.0, 1: 30.0, 2: 30.0}}  # paired: 0, 4, 8
     by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
-    (row,) = [r for r in R.evaluate_claims(study, load_claims(), by_config) if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
     assert row["claim"] == "no-final-ln-helps-euclip" and row["paper_effect"] == pytest.approx(6.75)
-    # sd 4: three seeds give ± 4.303 * 4 / sqrt(3) = 9.94, four ± 3.182 * 4 / 2 = 6.36, within 6.75.
-    assert row["seeds_for_paper_effect"] == 4
-    assert "| 4 |" in R.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2]})
+    assert row["seeds_for_80pct_power"] == stats.seeds_needed(4.0, 6.75, 0.95) == 5  # a family of one claim
+    text = R.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2],
+                                 "regime": V.regime(study, {})})
+    assert "| 5 |" in text and "read against the paper's small scale" in text
 
 
 def test_an_unusable_study_folder_is_refused_before_any_world_is_generated(tmp_path, monkeypatch):
@@ -197,7 +307,8 @@ def micro_study(tmp_path, world):
                  "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=100"]
     path.write_text(f'[study]\nseeds = 2\ntasks = "world/shapes,world/colour"\nbaseline = "clip"\n'
                     f'overrides = {json.dumps(overrides)}\n[configs.clip]\nrecipe = "tiny-clip"\n'
-                    f'[configs.euclip]\nrecipe = "tiny-euclip"\n')
+                    f'[configs.euclip]\nrecipe = "tiny-euclip"\n'
+                    f'[configs.euclidean-d2-l0]\nrecipe = "tiny-euclip"\noverrides = ["loss.entail_weight=0"]\n')
     return path
 
 
@@ -217,12 +328,13 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     args = ["study", "--recipe", str(path), "--out", str(out), "--world", str(world), "--jobs", "2"]
     first = runner.invoke(app, args)
     assert first.exit_code == 1 and sorted(executed) == ["clip-seed0", "euclip-seed0"]
-    assert re.search(r"\[1/4\] (clip|euclip)-seed0 done", first.output) and "left" in first.output
+    assert re.search(r"\[1/6\] (clip|euclip)-seed0 done", first.output) and "left" in first.output
 
     monkeypatch.setattr(R, "execute", lambda p, t, d: (executed.append(p.name), real(p, t, d))[1])
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
-    assert sorted(executed[2:]) == ["clip-seed1", "euclip-seed1"]  # the finished runs were not trained again
+    # The finished runs were not trained again.
+    assert sorted(executed[2:]) == ["clip-seed1", "euclidean-d2-l0-seed0", "euclidean-d2-l0-seed1", "euclip-seed1"]
     assert "2 already finished" in second.output
 
     rows = list(csv.DictReader((out / "study.csv").open()))
@@ -230,24 +342,32 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert main["clip"]["n_seeds"] == "2" and float(main["clip"]["ci_low"]) <= float(main["clip"]["mean"])
     assert main["euclip"]["diff_mean"] != "" and "diff_mean" not in {k for k, v in main["clip"].items() if v}
     claims = list(csv.DictReader((out / "claims.csv").open()))
-    # Only the claims whose configurations the study has: EuCLIP vs CLIP, and EuCLIP's [ROOT] distances.
-    assert [c["claim"] for c in claims] == ["euclip-beats-clip", "euclip-text-nearer-root"]
-    assert all(c["verdict"] in ("reproduced", "opposite", "inconclusive") for c in claims)
-    aucs = [json.loads((out / "runs" / f"euclip-seed{s}" / "analysis" / "distances.json").read_text())["auc_text_closer"]
-            for s in (0, 1)]
-    assert float(claims[1]["effect"]) == pytest.approx(statistics.fmean(aucs) - 0.5)
+    # Only the claims whose configurations the study has, read against Table 8 (64 samples: the small scale).
+    assert [c["claim"] for c in claims] == ["euclip-beats-clip", "entailment-helps-euclidean", "euclip-text-nearer-root"]
+    assert all(c["verdict"] in stats.VERDICTS for c in claims) and claims[0]["read_against"] == "Table 8 (small)"
+    assert float(claims[0]["family_level"]) == pytest.approx(1 - 0.05 / 3)
+
+    def auc(run, state=""):
+        return json.loads((out / "runs" / run / "analysis" / f"distances{state}.json").read_text())["auc_text_closer"]
+
+    # Credited: the change training made in EuCLIP minus the change it made in its lambda = 0 control.
+    changes = [(auc(f"euclip-seed{s}") - auc(f"euclip-seed{s}", "_init"))
+               - (auc(f"euclidean-d2-l0-seed{s}") - auc(f"euclidean-d2-l0-seed{s}", "_init")) for s in (0, 1)]
+    assert float(claims[2]["effect"]) == pytest.approx(statistics.fmean(changes))
     # The effect is the paired difference of the runs' own Shapes accuracies.
     shapes = {}
     for run in (out / "runs").iterdir():
         line = next(json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines() if '"world/shapes"' in l)
         shapes[run.name] = 100 * line["metrics"]["acc1"]
     by_hand = statistics.fmean(shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
+    assert "## Regime" in (out / "study.md").read_text() and (out / "regime.json").exists()
     assert float(claims[0]["effect"]) == pytest.approx(by_hand)
     # The noise floor: the paired differences' sd and the sampling error of the runs' own scores.
     noise = {r["metric"]: r for r in csv.DictReader((out / "noise.csv").open())}
-    diffs = [shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1)]
+    paired = [statistics.stdev(shapes[f"{c}-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
+              for c in ("euclip", "euclidean-d2-l0")]
     assert "world/shapes" not in noise  # Shapes is the main group's only task: one row, the group's
-    assert float(noise["main"]["paired_sd_median"]) == pytest.approx(statistics.stdev(diffs))
+    assert float(noise["main"]["paired_sd_median"]) == pytest.approx(statistics.median(paired))
     size = json.loads((world / "manifest.json").read_text())["eval_size"]
     sampling = statistics.median(100 * math.sqrt(a / 100 * (1 - a / 100) / size) for a in shapes.values())
     assert float(noise["main"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
@@ -353,3 +473,24 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
                                  "--out", str(tmp_path / "tables")])
     assert report.exit_code == 0, report.output
     assert "β final" in report.output and "Table 7 ps-inner-frozen1: 21.20, final temperature as printed 1.000" in report.output
+
+
+def test_a_study_varied_from_the_command_line_keeps_the_configurations_asked_for(tmp_path):
+    study = load_study("study-geometries", overrides=["optim.samples=131072"], only=["clip", "euclip"])
+    assert list(study.configs) == ["clip", "euclip"]
+    assert study.overrides("euclip", 1)[-3:] == ["optim.samples=131072", "train.seed=1", "eval.tasks=world"]
+    assert V.regime(study, {})["steps"] == 1024
+    result = runner.invoke(app, ["study", "--recipe", "study-geometries", "--configs", "clip,nope",
+                                 "optim.samples=1", "optim.samples=2", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--configs: nope not in study-geometries.toml" in result.output
+    assert "override 'optim.samples' is given more than once" in result.output
+
+
+def test_a_bootstrap_study_of_three_seeds_is_refused(tmp_path):
+    path = tmp_path / "study-boot.toml"
+    path.write_text('[study]\nseeds = 3\ninterval = "bootstrap"\n[configs.a]\nrecipe = "tiny-clip"\n'
+                    '[configs.b]\nrecipe = "tiny-clip"\n')
+    result = runner.invoke(app, ["study", "--recipe", str(path)])
+    assert result.exit_code == 2 and "needs at least 8 seeds, not 3" in " ".join(result.output.split())
+    assert load_study(str(path), seeds=8).interval == "bootstrap"

@@ -44,9 +44,10 @@ class RunEmbeddings:
 
 @torch.no_grad()
 def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, batch_size: int = 64,
-            vocabulary: Optional[list[str]] = None) -> RunEmbeddings:
+            vocabulary: Optional[list[str]] = None, at_init: bool = False) -> RunEmbeddings:
+    """``at_init``: the untrained model the run started from, not its latest checkpoint."""
     run = RunDir(run_dir)
-    model, cfg, ckpt, _ = load_model(run, device)
+    model, cfg, ckpt, _ = load_model(run, device, at_init)
     world = world or C.world_dir(cfg)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
@@ -86,7 +87,8 @@ class TrainingPairs(NamedTuple):
 
 
 @torch.no_grad()
-def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size: int = 64) -> TrainingPairs:
+def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size: int = 64,
+                   at_init: bool = False) -> TrainingPairs:
     """The run's geometry and scalars with the embeddings of the first ``samples`` pairs of its
     training shards, in shard order, through the evaluation transform (no augmentation).
 
@@ -97,7 +99,7 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
     from euclip_cli.data.loader import list_shards
 
     run = RunDir(run_dir)
-    model, cfg, ckpt, _ = load_model(run, device)
+    model, cfg, ckpt, _ = load_model(run, device, at_init)
     _, transform = transforms_for(model.clip)
     tokenizer = tokenizer_for(cfg.model.arch)
     hint = "euclip download world" if cfg.data.dataset == "world" else f"euclip download --recipe {cfg.recipe}"
@@ -134,7 +136,8 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
                          model.logit_scale().item())
 
 
-def paper_root(run_dir: Path, device: torch.device, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+def paper_root(run_dir: Path, device: torch.device, samples: int, at_init: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``([ROOT] (D,), training embeddings (2N, D))`` as the papers define them.
 
     The origin for origin-rooted geometries; for mean-rooted ones the L2-normalised (projected)
@@ -143,7 +146,7 @@ def paper_root(run_dir: Path, device: torch.device, samples: int) -> tuple[torch
     world's pairs are drawn independently, so a prefix is a random sample of them).
     """
     try:
-        pairs = training_pairs(run_dir, device, samples)
+        pairs = training_pairs(run_dir, device, samples, at_init=at_init)
     except UsageError as e:
         raise UsageError(f"{e} (the paper protocol takes [ROOT] from training pairs; --protocol euclip takes it "
                          f"from the analysed pairs instead)") from None

@@ -18,13 +18,13 @@ app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: J
                   no_args_is_help=True)
 
 
-def _collect(run: str, runs_dir: Path, world: Optional[Path], device: str):
+def _collect(run: str, runs_dir: Path, world: Optional[Path], device: str, at_init: bool = False):
     from euclip_cli.analysis.embeddings import collect
     from euclip_cli.device import resolve_device
 
     run_dir = resolve(run, runs_dir).path
     with console.status(f"embedding the world's evaluation images and captions with {run_dir.name}"):
-        return run_dir, collect(run_dir, resolve_device(device), world)
+        return run_dir, collect(run_dir, resolve_device(device), world, at_init=at_init)
 
 
 def _write(run_dir: Path, name: str, result: dict) -> Path:
@@ -49,11 +49,15 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
                                                                  "embedding average (paper protocol)."),
               world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
+              at_init: bool = typer.Option(False, "--at-init", help="Measure the untrained model the run started "
+                                                                    "from (its train.seed fixes it), a control for "
+                                                                    "what training changed."),
               runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
     """[ROOT], ||[ROOT]||, distance histograms per modality and the modality gap.
 
     Examples:
       euclip analyze distances tiny-meru
+      euclip analyze distances tiny-meru --at-init
       euclip analyze distances tiny-clip --split train --samples 5000
       euclip analyze distances tiny-clip --protocol euclip
     """
@@ -69,26 +73,28 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
     with errors():
         chosen = pick_protocol(protocol)
         if split == "eval":
-            run_dir, emb = _collect(run, runs_dir, world, device)
+            run_dir, emb = _collect(run, runs_dir, world, device, at_init)
             geometry, curv, image, text = emb.geometry, emb.curv, emb.image, emb.text
         else:
             run_dir = resolve(run, runs_dir).path
             with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
-                geometry, curv, image, text, _ = training_pairs(run_dir, resolve_device(device), samples)
+                geometry, curv, image, text, _ = training_pairs(run_dir, resolve_device(device), samples,
+                                                                at_init=at_init)
         if chosen.root_from_training:
             with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
-                root, reference = paper_root(run_dir, resolve_device(device), root_samples)
+                root, reference = paper_root(run_dir, resolve_device(device), root_samples, at_init)
         else:
             reference = torch.cat([image, text])
             root = geometry.root(reference)
         result = distance_study(geometry, image, text, curv, chosen, root, reference)
-        result["split"] = split
+        result["split"], result["at_init"] = split, at_init
         if chosen.root_from_training:
             result["root_pairs"] = len(reference) // 2  # fewer than asked when the shards hold fewer
-    name = "distances" if split == "eval" else "distances_train"
-    figures = distance_histogram(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}), {split} pairs, "
-                                         f"{protocol} protocol", RunDir(run_dir).analysis_dir / name)
-    out = _write(run_dir, name, result)
+    out = RunDir(run_dir).distances_file(split, at_init)
+    state = "untrained, " if at_init else ""
+    figures = distance_histogram(result, f"{run_dir.name} ({state}{result['geometry']}, {result['logit']}), {split} "
+                                         f"pairs, {protocol} protocol", out.with_suffix(""))
+    out = _write(run_dir, out.stem, result)
     console.print(f"protocol {protocol}: distances from [ROOT] are {result['scale']}", highlight=False)
     if "average_norm" in result:
         console.print(f"[ROOT] is the embedding average, norm {result['average_norm']:.4f} before "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -20,14 +21,25 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
            studies_dir: Path = typer.Option(Path("results") / "studies", help="Where studies live (euclip study)."),
-           out: Path = typer.Option(Path("results") / "tables", help="Where the tables are written.")) -> None:
+           out: Path = typer.Option(Path("results") / "tables", help="Where the tables are written."),
+           readme: Optional[Path] = typer.Option(None, help="Instead: rewrite this README's results blocks from "
+                                                             "the study tables they name (euclip study --publish).")
+           ) -> None:
     """Write result tables to --out and print them; figures go to --out/../figures (PNG and PDF).
 
     Examples:
       euclip report
       euclip report --table 4 --format csv
       euclip report --format html
+      euclip report --readme README.md
     """
+    if readme is not None:
+        from euclip_cli.report.readme import update_readme
+
+        with errors():
+            folders = update_readme(readme)
+        console.print(f"{readme}: results rendered from {', '.join(folders)}", highlight=False)
+        return
     if table not in TABLES:
         fail(f"--table {table!r} is not one of {', '.join(TABLES)}", 2)
     if fmt not in ("md", "csv", "tex", "html"):
@@ -36,7 +48,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
         fail(f"--runs-dir {runs_dir} is not a folder: nothing was written (the tables in {out} are as they were)", 2)
     with errors():
         from euclip_cli.report.tables import (equilibrium_table, load_runs, noise_table, paper_table,
-                                              released_table, render, study_tables, suite_table, traversal_table)
+                                              released_table, render, single_seed_note, study_tables, suite_table,
+                                              traversal_table)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +79,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                     console.print(sections[-1][1], highlight=False, markup=False, soft_wrap=True)
         for name in wanted:
             if name == "embedded":
-                df, title = suite_table(runs, "world"), "Embedded world: zero-shot results (%)"
+                df = suite_table(runs, "world")
+                title = "Embedded world: zero-shot results (%)" + single_seed_note(list(df.get("seeds", [])))
             elif name == "released":
                 df, title = released_table(runs), "Released models imported: published ImageNet zero-shot vs ours (%)"
             elif name == "equilibrium":
@@ -119,7 +133,7 @@ def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:
     """Training curves and per-group zero-shot bars of every run; returns (caption, PNG) pairs."""
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
     from euclip_cli.report.figures import group_bars, training_curves
-    from euclip_cli.report.tables import training_metrics
+    from euclip_cli.report.tables import SINGLE_SEED, training_metrics
 
     made = []
     metrics = training_metrics(runs_dir, [r.name for r in runs])
@@ -131,5 +145,5 @@ def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:
         if scores:
             columns = {k: v for k, v in SUITE_COLUMNS[suite].items()}
             png = group_bars(scores, columns, folder / f"zero_shot_{suite}")[0]
-            made.append((f"Zero-shot results per group ({suite})", png))
+            made.append((f"Zero-shot results per group ({suite}), one run per bar ({SINGLE_SEED})", png))
     return made

@@ -46,16 +46,34 @@ DOWNLOAD_COLUMNS = ("url", "text", "uid", "face_bboxes")
 UID_DTYPE = np.dtype("u8,u8")
 
 
+# DataComp's global batch at the small and medium scales, which the EuCLIP paper keeps.
+BATCH = 4096
+
+
 @dataclass(frozen=True)
 class Scale:
     repo: str
     pool: int  # metadata rows (= DataComp's samples-seen budget)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps of the scale's budget: 3,125 (small), 31,250 (medium)."""
+        return self.pool // BATCH
 
 
 SCALES = {
     "small": Scale("mlfoundations/datacomp_small", 12_800_000),
     "medium": Scale("mlfoundations/datacomp_medium", 128_000_000),
 }
+
+
+def scale_for_steps(steps: int) -> str:
+    """The published scale a run of ``steps`` optimizer steps is read against: the largest whose
+    budget it reaches, else the smallest. The EuCLIP paper finds its medium-scale ordering does not
+    hold at small scale, where the budget keeps Euclidean and hyperbolic geometries from catching up;
+    a shorter run is nearer the small scale's regime than the medium's."""
+    reached = [name for name, scale in SCALES.items() if steps >= scale.steps]
+    return reached[-1] if reached else next(iter(SCALES))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet,
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs
-from euclip_cli.stats import claim_digits, paper_cell
+from euclip_cli.stats import CLAIMS_HEADER, claim_cells
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
@@ -79,13 +79,23 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
             m.name + (f" (imported: {m.imported})" if m.imported else "") for m in members)
         g = members[0].config["geometry"]
         logit = describe(g["name"]).logit(g["logit"])
-        row = {"run": label, "geometry": g["name"], "logit": logit,
+        row = {"run": label, "seeds": len(members), "geometry": g["name"], "logit": logit,
                "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
                "λ": members[0].config["loss"]["entail_weight"]}
         for metric in METRICS:
             row[SUITE_COLUMNS[suite][metric]] = _cell([m.scores[suite][metric] for m in members])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# Said wherever runs of one seed are set side by side (make demo's table and bars).
+SINGLE_SEED = ("one seed per row: a difference between rows may be seed noise; euclip study compares "
+               "configurations over seeds, with intervals")
+
+
+def single_seed_note(seeds: list[int]) -> str:
+    """The warning a table or figure of runs carries when any row is a single seed; "" otherwise."""
+    return f" ({SINGLE_SEED})" if any(n == 1 for n in seeds) else ""
 
 
 def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
@@ -298,14 +308,9 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             row["Sun and Li (ImageNet zero-shot)"] = f"Table {published['table']} {label}: {published['zero_shot']:.2f}{final}"
         table.append(row)
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
-    shown = []
-    for _, c in claims.iterrows():
-        seeds = c.get("seeds_for_paper_effect")  # absent from studies summarised before the column existed
-        shown.append({"claim": c["statement"], "metric": c["metric"],
-                      "effect here [95%]": _interval(c["effect"], c["ci_low"], c["ci_high"], claim_digits(c["metric"])),
-                      "seeds": int(c["n_seeds"]), "verdict": c["verdict"],
-                      "paper": paper_cell(c["paper_effect"], c["paper_source"]),
-                      "seeds for ± the paper's effect": "–" if pd.isna(seeds) else str(int(seeds))})
+    if "family_level" not in claims.columns:  # summarised before verdicts were family-wise: re-run euclip study
+        claims = pd.DataFrame()
+    shown = [dict(zip(CLAIMS_HEADER, claim_cells(c))) for c in claims.to_dict("records")]
     return pd.DataFrame(table), pd.DataFrame(shown)
 
 

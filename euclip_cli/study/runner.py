@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -29,9 +30,10 @@ from euclip_cli import stats
 from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, list_tasks, select
-from euclip_cli.published import euclip_imagenet
 from euclip_cli.rundir import RunDir, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
+from euclip_cli.stats import CLAIMS_HEADER, claim_cells
+from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime, regime_lines
 
 STUDIES_DIR = Path("results") / "studies"
 DONE = ".study-done"
@@ -51,8 +53,10 @@ class RunPlan:
 
 
 def measured_configs(claims: list[Claim], study: Study) -> set[str]:
-    """Configurations whose runs need ``analyze distances`` for a claim."""
-    return {c.config for c in claims if c.kind == "measure" and c.measure == "text_nearer_root" and c.config in study.configs}
+    """Configurations whose runs need ``analyze distances``, trained and untrained, for a claim: the
+    measured configuration and its control."""
+    return {name for c in claims if c.kind == "measure" and c.measure == "text_nearer_root"
+            and all(n in study.configs for n in c.configs) for name in c.configs}
 
 
 def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = None) -> list[RunPlan]:
@@ -72,30 +76,48 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
             if name in distances:
                 # The claims read P(caption nearer [ROOT]) of origin-rooted models: the same under
                 # either protocol; 1,000 training pairs suffice for the paper protocol's average.
-                commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
-                                 "--root-samples", "1000", *where))
+                for state in ((), ("--at-init",)):
+                    commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
+                                     "--root-samples", "1000", *state, *where))
             plans.append(RunPlan(name, seed, run_dir, tuple(commands)))
     return plans
 
 
-def is_done(p: RunPlan) -> bool:
+def done_commands(p: RunPlan) -> list[list[str]]:
+    """The plan's commands that finished, as the run's marker lists them; none when its training
+    command is not among them (the configuration changed: everything runs again)."""
     marker = p.run_dir / DONE
-    return marker.exists() and marker.read_text() == json.dumps(p.commands[0])
+    if not marker.exists():
+        return []
+    done = json.loads(marker.read_text())
+    if done and isinstance(done[0], str):  # a marker of euclip before 2026-11-24: the training command alone
+        done = [done]
+    return done if list(p.commands[0]) in done else []
+
+
+def is_done(p: RunPlan) -> bool:
+    done = done_commands(p)
+    return all(list(c) in done for c in p.commands)
 
 
 def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
-    """Run a plan's commands in order; None on success, else the failing command's last line."""
+    """Run a plan's commands that have not finished, in order (a study given a new analysis runs
+    only that); None on success, else the failing command's last line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log = log_dir / f"{p.name}.log"
+    done = done_commands(p)
     with log.open("a") as f:
         for command in p.commands:
+            if list(command) in done:
+                continue
             f.write("$ " + " ".join(command[2:]) + "\n")
             f.flush()
             code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL).returncode
             if code != 0:
                 lines = [l for l in log.read_text().splitlines() if l.strip()]
                 return f"'{' '.join(command[3:5])}' exited {code}: {lines[-1] if lines else ''} (log: {log})"
-    (p.run_dir / DONE).write_text(json.dumps(p.commands[0]))
+            done.append(list(command))
+            write_text_atomic(p.run_dir / DONE, json.dumps(done))
     return None
 
 
@@ -192,18 +214,22 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     for group in GROUP_METRICS:
         if agg.get(group) is not None:
             values[group] = 100 * agg[group]
-    distances = run.analysis_dir / "distances.json"
-    if distances.exists():
-        values["text_nearer_root"] = read_json(distances)["auc_text_closer"]
+    for at_init, key in ((False, "text_nearer_root"), (True, "text_nearer_root" + AT_INIT)):
+        if run.distances_file(at_init=at_init).exists():
+            values[key] = read_json(run.distances_file(at_init=at_init))["auc_text_closer"]
     records = run.training_records()
+    cfg = C.from_dict(run.config()) if records else None
     if records and "logit_scale" in records[-1]:
+        # β starts at exp(t0), capped at logit_scale_max after the first step.
+        values["temperature_init"] = min(math.exp(C.initial_logit_scale(cfg)), cfg.geometry.logit_scale_max)
         values["temperature_final"] = records[-1]["logit_scale"]
         values["temperature_converged_step"] = converged_step([r["step"] for r in records],
                                                               [r["logit_scale"] for r in records])
     if records and "curvature" in records[-1]:
-        cfg = C.from_dict(run.config())
-        values["curvature_fall"] = cfg.geometry.curvature_init - records[-1]["curvature"]
+        values["curvature_init"] = cfg.geometry.curvature_init
         values["curvature_final"] = records[-1]["curvature"]
+        values["curvature_fall"] = cfg.geometry.curvature_init - records[-1]["curvature"]
+        values["curvature_fall" + AT_INIT] = 0.0  # by definition: the curvature has not moved yet
     return values
 
 
@@ -226,7 +252,8 @@ def converged_step(steps: list[int], values: list[float], within: float = CONVER
     return step
 
 
-RUN_MEASURES = ("text_nearer_root", "curvature_final", "temperature_final", "temperature_converged_step")
+RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
+                "temperature_converged_step")
 
 
 def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
@@ -297,8 +324,10 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
                     row.update(diff_mean=diff.mean, diff_sd=diff.sd, diff_low=diff.low, diff_high=diff.high,
                                diff_n=diff.n)
             rows.append(row)
-    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config), "seeds": list(study.seeds),
-            "noise": noise_floor(rows, metrics, errors), "temperature": temperature_curves(study, plans)}
+    reading = regime(study, by_config)
+    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
+            "seeds": list(study.seeds), "regime": reading, "noise": noise_floor(rows, metrics, errors),
+            "temperature": temperature_curves(study, plans)}
 
 
 def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
@@ -343,65 +372,6 @@ def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[flo
     return out
 
 
-def paper_effect(claim: Claim) -> tuple[Optional[float], str]:
-    """The published difference between the claim's two rows where the paper gives one (ImageNet
-    zero-shot, in points), and where the claim comes from."""
-    if not claim.paper:
-        return None, ""
-    if claim.paper.get("source") == "sun-li":
-        return _sun_li_effect(claim)
-    table, model = claim.paper["table"], claim.paper["model"]
-    high, low = (euclip_imagenet(table, model, claim.paper[k]) for k in ("higher", "lower"))
-    source = (f"Table {table} {model}: {claim.paper['higher']} {high:.2f} vs {claim.paper['lower']} {low:.2f} "
-              f"ImageNet")
-    return high - low, source
-
-
-def _sun_li_effect(claim: Claim) -> tuple[Optional[float], str]:
-    from euclip_cli.published import sun_li_temperature
-
-    if "higher" not in claim.paper:  # a claim of the text, with no published row
-        return None, f"Sun and Li, {claim.paper['where']}: a direction, no value"
-    rows = sun_li_temperature()
-    names = claim.paper["higher"], claim.paper["lower"]
-    high, low = rows.loc[names[0]], rows.loc[names[1]]
-    if claim.metric == "temperature_final":
-        # The paper's temperatures are printed in units it leaves ambiguous (the CSV's source line):
-        # they give the direction, not an effect in our β.
-        return None, (f"Sun and Li Table {high['table']}: {names[0]} {high['temp_final']:.3f} vs {names[1]} "
-                      f"{low['temp_final']:.3f}, final temperature as printed")
-    return high["zero_shot"] - low["zero_shot"], (f"Sun and Li Table {high['table']}: {names[0]} {high['zero_shot']:.2f} "
-                                                  f"vs {names[1]} {low['zero_shot']:.2f} ImageNet zero-shot")
-
-
-def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]]) -> list[dict]:
-    out = []
-    for claim in claims:
-        if not all(c in study.configs for c in claim.configs):
-            continue
-        if claim.kind == "compare":
-            a = {s: v[claim.metric] for s, v in by_config.get(claim.higher, {}).items() if claim.metric in v}
-            b = {s: v[claim.metric] for s, v in by_config.get(claim.lower, {}).items() if claim.metric in v}
-            effect = stats.paired_difference(a, b, study.interval)
-            metric = claim.metric
-        else:
-            values = [v[claim.measure] - claim.reference for v in by_config.get(claim.config, {}).values()
-                      if claim.measure in v]
-            effect = stats.estimate(values, study.interval) if values else None
-            metric = claim.measure
-        published, source = paper_effect(claim)
-        # The paper's effect as a yardstick: with fewer seeds than this, at the spread measured here,
-        # an interval is wider than ± the effect the paper found, and cannot resolve one that large.
-        seeds = stats.seeds_needed(effect.sd if effect else None, abs(published)) if published is not None else None
-        out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
-                    "configs": " vs ".join(claim.configs), "n_seeds": effect.n if effect else 0,
-                    "effect": effect.mean if effect else None, "ci_low": effect.low if effect else None,
-                    "ci_high": effect.high if effect else None, "verdict": stats.verdict(effect, +1),
-                    "paper_effect": published, "paper_source": source, "seeds_for_paper_effect": seeds,
-                    "interval": study.interval})
-    return out
-
-
 # ------------------------------------------------------------------ writing
 
 def to_csv(rows: list[dict]) -> str:
@@ -441,20 +411,19 @@ def to_markdown(study: Study, summary: dict) -> str:
                          (f"{r['diff_mean']:+.1f} [{_fmt(r.get('diff_low'))}, {_fmt(r.get('diff_high'))}]"
                           if r.get("diff_mean") is not None else "–"))
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Regime", "", *regime_lines(summary["regime"])]
     lines += ["", "## Claims", "",
-              "The last column: the seeds an interval needs, at the spread measured here, to be no wider than "
-              "± the paper's effect (a yardstick: the paper's effects are ImageNet points at DataComp scale).", "",
-              "| claim | effect here [95% interval] | verdict | the paper | seeds for ± the paper's effect |",
-              "|---|---|---|---|---|"]
-    for c in summary["claims"]:
-        digits = stats.claim_digits(c["metric"])
-        effect = "no runs" if c["effect"] is None else (f"{c['effect']:+.{digits}f} [{_fmt(c['ci_low'], digits)}, "
-                                                        f"{_fmt(c['ci_high'], digits)}] (n={c['n_seeds']})")
-        paper = stats.paper_cell(c["paper_effect"], c["paper_source"])
-        seeds = c["seeds_for_paper_effect"]
-        lines.append(f"| {c['statement']} ({c['metric']}) | {effect} | {c['verdict']} | {paper} | "
-                     f"{'–' if seeds is None else seeds} |")
-    lines += temperature_section(study, rows)
+              "Each claim is read against the published result of the study's regime (\"read against\"), in "
+              "the direction that result shows; the others are beside it. The verdict comes from the "
+              f"family-wise interval: Bonferroni over the {max((c['family_size'] for c in summary['claims']), default=0)} "
+              "claims this study tests with an interval, so that "
+              "all of them hold together with 95% confidence. A measured property is credited with the change "
+              "training made relative to its control's. The last column: the seeds a family-wise interval needs "
+              "to exclude 0 with 80% chance if the true effect were the paper's, at the paired spread measured "
+              "here (a yardstick: the paper's effects are ImageNet points at DataComp scale).", "",
+              "| " + " | ".join(CLAIMS_HEADER) + " |", "|" + "---|" * len(CLAIMS_HEADER)]
+    lines += ["| " + " | ".join(claim_cells(c)) + " |" for c in summary["claims"]]
+    lines += temperature_section(study, rows, summary["regime"])
     if summary["noise"]:
         lines += ["", "## Noise floor", "",
                   "In points: the seed standard deviation of each configuration (median over configurations, and "
@@ -475,7 +444,7 @@ def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
     return f"{row['mean']:.{digits}f}" + (f" ± {row['sd']:.{digits}f}" if row["sd"] is not None else "")
 
 
-def temperature_section(study: Study, rows: dict) -> list[str]:
+def temperature_section(study: Study, rows: dict, reading: dict) -> list[str]:
     """The learned temperature of each configuration, and (where configurations name one) the
     published row of Sun and Li beside ours."""
     lines = ["", "## Temperature", "",
@@ -493,8 +462,9 @@ def temperature_section(study: Study, rows: dict) -> list[str]:
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for config, spec in study.configs.items():
         step = rows.get((config, "temperature_converged_step"))
-        # A frozen temperature never moves: "frozen", as the paper's "detach", not its first logged step.
-        frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale
+        # A temperature that is not learned, or barely moved, has no step it converged at: "frozen".
+        frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale or any(
+            r["config"] == config and r["scalar"] == "β" and r["frozen"] for r in reading["scalars"])
         cells = [config, _mean_sd(rows.get((config, "temperature_final")), 2),
                  "frozen" if frozen else "–" if step is None else f"{step['mean']:.0f}",
                  _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
@@ -520,7 +490,34 @@ def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("study.csv", to_csv(summary["rows"])), ("claims.csv", to_csv(summary["claims"])),
-                       ("noise.csv", to_csv(summary["noise"])), ("study.md", to_markdown(study, summary))):
+                       ("noise.csv", to_csv(summary["noise"])), ("regime.json", json.dumps(summary["regime"], indent=2)),
+                       ("study.md", to_markdown(study, summary))):
         write_text_atomic(out / name, text)
         written.append(out / name)
     return written
+
+
+# The files of a study that back a published table: small, text, and enough to rebuild its tables.
+PUBLISHED = ("study.md", "study.csv", "claims.csv", "noise.csv", "regime.json")
+PROVENANCE = "provenance.json"
+
+
+def publish(plans: list[RunPlan], folder: Path, dest: Path, command: str) -> list[Path]:
+    """Copy a finished study's tables to ``dest`` (a folder under version control) with what made
+    them: the command, the euclip commits and precisions its runs recorded, and the CPU."""
+    from euclip_cli.device import cpu_name
+
+    metas = [RunDir(p.run_dir).meta() for p in plans if RunDir(p.run_dir).meta_file.exists()]
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in PUBLISHED:
+        write_text_atomic(dest / name, (folder / name).read_text())
+        written.append(dest / name)
+    revisions = sorted({m["git_revision"][:7] + ("+changes" if m.get("git_dirty") else "") for m in metas})
+    provenance = {"command": command, "runs": len(metas), "euclip_commits": revisions,
+                  "precisions": sorted({m["precision"] for m in metas}),
+                  "cpus": sorted({m["cpu"] for m in metas if "cpu" in m}) or [cpu_name()],
+                  "torch": sorted({m["packages"]["torch"] for m in metas}),
+                  "last_run_started": max((m["started"] for m in metas), default=None)}
+    write_text_atomic(dest / PROVENANCE, json.dumps(provenance, indent=2) + "\n")
+    return written + [dest / PROVENANCE]

@@ -23,16 +23,17 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import select
 from euclip_cli.published import sun_li_labels
 from euclip_cli.rundir import plain_name
-from euclip_cli.stats import INTERVALS
+from euclip_cli.stats import INTERVALS, MIN_BOOTSTRAP_SEEDS
 
 CLAIMS_FILE = Path(__file__).with_name("claims.toml")
+# A run's measured properties, each 0 or measured at initialisation (``runner.run_values``).
 MEASURES = ("text_nearer_root", "curvature_fall")
 
 
@@ -71,14 +72,21 @@ class Claim:
     metric: Optional[str] = None
     higher: Optional[str] = None
     lower: Optional[str] = None
-    paper: dict = field(default_factory=dict)
+    # The published results the claim is read against: EuCLIP rows {table, model, higher, lower}, one
+    # per scale the paper reports, or Sun and Li's {source = "sun-li", ...}.
+    paper: tuple[dict, ...] = ()
+    # "Matches or beats": non-inferiority, a deficit up to ``margin`` points counts as matching.
+    margin: Optional[float] = None
     config: Optional[str] = None
     measure: Optional[str] = None
-    reference: float = 0.0
+    # A measure's control: the same configuration without the cause the claim names (lambda = 0).
+    control: Optional[str] = None
 
     @property
     def configs(self) -> tuple[str, ...]:
-        return (self.higher, self.lower) if self.kind == "compare" else (self.config,)
+        if self.kind == "compare":
+            return self.higher, self.lower
+        return (self.config,) if self.control is None else (self.config, self.control)
 
 
 def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
@@ -88,9 +96,12 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
+def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequence[str] = (),
+               only: Optional[Sequence[str]] = None) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
-    (a count) replaces the recipe's. Raises UsageError listing every problem."""
+    (a count) replaces the recipe's; ``overrides`` apply to every configuration after its own (a
+    variant of the whole study, such as another budget); ``only`` keeps those configurations.
+    Raises UsageError listing every problem."""
     path = C.recipe_path(name_or_path)
     if not path.exists():
         raise UsageError(f"study recipe '{name_or_path}' not found (run 'euclip recipes list' to see them)")
@@ -109,6 +120,9 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
         problems.append(f"{path.name}: seeds must be a positive integer, not {count!r}")
         count = 1
     common = _strings(study.get("overrides", []), f"{path.name}: study.overrides", problems)
+    typed = [C.override_key(o) for o in overrides]
+    problems += [f"override '{key}' is given more than once; give each key once" for key in sorted(set(typed))
+                 if typed.count(key) > 1]
     configs = {}
     for name, spec in table.get("configs", {}).items():
         try:  # each configuration's runs are folders named after it
@@ -127,7 +141,12 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
         if paper is not None and paper not in sun_li_labels():
             problems.append(f"{path.name}: configs.{name}.paper: '{paper}' is not a label of "
                             f"euclip_cli/published/sun-li-temperature.csv")
-        configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own)), paper)
+        configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own, overrides)), paper)
+    if only is not None:
+        unknown_configs = [n for n in only if n not in configs]
+        if unknown_configs:
+            problems.append(f"--configs: {', '.join(unknown_configs)} not in {path.name} ({', '.join(configs)})")
+        configs = {n: c for n, c in configs.items() if n in only}
     if len(configs) < 2:
         problems.append(f"{path.name}: a study compares at least two [configs.NAME]")
     baseline = study.get("baseline", next(iter(configs), ""))
@@ -136,6 +155,9 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
     interval = study.get("interval", "t")
     if interval not in INTERVALS:
         problems.append(f"{path.name}: interval '{interval}' is not one of {', '.join(INTERVALS)}")
+    elif interval == "bootstrap" and count < MIN_BOOTSTRAP_SEEDS:
+        problems.append(f"{path.name}: interval 'bootstrap' needs at least {MIN_BOOTSTRAP_SEEDS} seeds, not {count} "
+                        f"(its quantiles come from too few distinct resamples): use interval = \"t\" or more seeds")
     tasks = study.get("tasks", "world")
     try:
         select(tasks)
@@ -155,8 +177,11 @@ def load_study(name_or_path: str, seeds: Optional[int] = None) -> Study:
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
     claims = []
     for entry in tomllib.loads(path.read_text())["claim"]:
-        claim = Claim(**entry)
-        if claim.kind not in ("compare", "measure") or (claim.kind == "measure" and claim.measure not in MEASURES):
+        paper = entry.pop("paper", [])
+        claim = Claim(**entry, paper=tuple(paper) if isinstance(paper, list) else (paper,))
+        malformed = claim.kind not in ("compare", "measure") or (
+            claim.kind == "measure" and (claim.measure not in MEASURES or claim.control is None))
+        if malformed:
             raise ValueError(f"{path}: claim {claim.id} is malformed")  # shipped data: a bug, not a usage error
         claims.append(claim)
     return claims

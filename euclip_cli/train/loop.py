@@ -10,7 +10,6 @@ import contextlib
 import math
 import os
 import platform
-import random
 import signal
 import subprocess
 import sys
@@ -28,9 +27,10 @@ from euclip_cli.data.loader import RepeatBatches, TrainBatches, list_shards, seg
 from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
-from euclip_cli.device import autocast_factory, resolve_device, resolve_precision
+from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
-from euclip_cli.model import EuclipModel, batchnorm_statistics, load_run_weights, tokenizer_for, transforms_for
+from euclip_cli.model import (EuclipModel, batchnorm_statistics, initial_model, load_run_weights, tokenizer_for,
+                              transforms_for)
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
@@ -66,7 +66,8 @@ def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
             packages[name] = None
     # ``precision``: what train.precision resolved to on this machine (``auto`` depends on its CPU or GPU).
     return {"git_revision": rev, "git_dirty": dirty, "packages": packages, "seed": cfg.train.seed, "precision": precision,
-            "argv": argv, "python": platform.python_version(), "host": platform.node(), "recipe": cfg.recipe,
+            "argv": argv, "python": platform.python_version(), "host": platform.node(), "cpu": cpu_name(),
+            "recipe": cfg.recipe,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -119,11 +120,9 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
     # The model first: a configuration it cannot build (an unknown model.arch) is the user's first
     # problem to hear about, before whatever the data folder lacks.
-    model = EuclipModel(cfg).to(device)
+    model = initial_model(cfg).to(device)
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)

@@ -1,0 +1,65 @@
+"""The README's results, rendered from the study tables committed beside it (``euclip study
+--publish``), so that every number on the front page comes from a file in the repository.
+
+A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->``;
+``euclip report --readme README.md`` rewrites what lies between from FOLDER, and a test holds
+the README equal to that rendering.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from euclip_cli.errors import UsageError
+from euclip_cli.rundir import write_text_atomic
+
+BLOCK = re.compile(r"(<!-- results (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def results_block(folder: Path) -> str:
+    """The results of one published study: its provenance and regime, the configurations' table and
+    the claims with their verdicts (the tables ``euclip report`` prints)."""
+    from euclip_cli.report.tables import render, study_tables
+
+    for name in ("study.csv", "claims.csv", "regime.json", "provenance.json"):
+        if not (folder / name).exists():
+            raise UsageError(f"{folder / name} is missing: publish the study first (euclip study --recipe NAME "
+                             f"--publish {folder})")
+    made = json.loads((folder / "provenance.json").read_text())
+    regime = json.loads((folder / "regime.json").read_text())
+    results, claims = study_tables(folder)
+    frozen = sorted({f"{r['config']}'s {r['scalar']}" for r in regime["scalars"] if r["frozen"]})
+    lines = [f"`{made['command']}`: {made['runs']} runs at euclip {', '.join(made['euclip_commits'])} on "
+             f"{', '.join(made['cpus'])} ({', '.join(made['precisions'])}); tables in `{folder}`.",
+             f"Each run is {regime['steps']:,} steps of {regime['batch_size']} (the learning rates sum to "
+             f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
+             f"(Table 8 where the paper has a row there); frozen (moved < 5%): "
+             f"{', '.join(frozen) if frozen else 'none'}.", "",
+             render(results, "md").rstrip("\n"), "", render(claims, "md").rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, check: bool = False) -> list[str]:
+    """Rewrite every results block of ``readme`` from its folder (relative to the README's own);
+    returns the folders rendered. With ``check``, raise UsageError instead where a block differs."""
+    if not readme.is_file():
+        raise UsageError(f"--readme {readme}: no such file")
+    text = readme.read_text()
+    folders = []
+
+    def render(match: re.Match) -> str:
+        folders.append(match["folder"])
+        body = results_block(readme.parent / match["folder"])
+        if check and body != match["body"]:
+            raise UsageError(f"{readme}: the results from {match['folder']} differ from its files: run "
+                             f"'euclip report --readme {readme}'")
+        return match[1] + body + match[4]
+
+    updated = BLOCK.sub(render, text)
+    if not folders:
+        raise UsageError(f"{readme} has no '<!-- results FOLDER -->' ... '<!-- /results -->' block")
+    if updated != text:
+        write_text_atomic(readme, updated)
+    return folders

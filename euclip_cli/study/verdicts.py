@@ -1,0 +1,192 @@
+"""A study's claims decided: each read against the published table of the study's own regime, with
+controls for measured properties and a family-wise adjustment over the claims the study tests.
+
+Pure functions of the runs' values (``runner.run_values``): no training, no files written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from euclip_cli import config as C
+from euclip_cli import stats
+from euclip_cli.data.datacomp import BATCH, SCALES, scale_for_steps
+from euclip_cli.optim import summed_lr
+from euclip_cli.study.spec import Claim, Study
+
+LEVEL = 0.95
+# A learnable scalar that moved less than this share of its initial value is reported "frozen":
+# its verdicts say nothing about what it would learn.
+FROZEN_BELOW = 0.05
+# The suffix of a measure's value on the untrained model, in a run's values.
+AT_INIT = "_init"
+SUN_LI = "Sun and Li (YFCC-15M)"
+
+
+@dataclass(frozen=True)
+class PaperEffect:
+    """A published difference a claim is read against: ``effect`` None where the source gives a
+    direction only."""
+
+    scale: str  # small | medium (EuCLIP's DataComp scales), or SUN_LI
+    table: str  # e.g. "Table 8 (small)"
+    effect: Optional[float]
+    source: str
+
+
+def paper_effects(claim: Claim) -> list[PaperEffect]:
+    """Every published result the claim names, in the claims file's order."""
+    from euclip_cli.published import euclip_imagenet, euclip_tables
+
+    out = []
+    for ref in claim.paper:
+        if ref.get("source") == "sun-li":
+            out.append(_sun_li_effect(claim, ref))
+            continue
+        table, model = ref["table"], ref["model"]
+        high, low = (euclip_imagenet(table, model, ref[k]) for k in ("higher", "lower"))
+        rows = euclip_tables()
+        scale = str(rows.loc[rows["table"] == table, "scale"].iloc[0])
+        out.append(PaperEffect(scale, f"Table {table} ({scale})", high - low,
+                               f"Table {table} {model}: {ref['higher']} {high:.2f} vs {ref['lower']} {low:.2f} ImageNet"))
+    return out
+
+
+def _sun_li_effect(claim: Claim, ref: dict) -> PaperEffect:
+    from euclip_cli.published import sun_li_temperature
+
+    if "higher" not in ref:  # a claim of the text, with no published row
+        return PaperEffect(SUN_LI, "Sun and Li", None, f"Sun and Li, {ref['where']}: a direction, no value")
+    rows = sun_li_temperature()
+    high, low = rows.loc[ref["higher"]], rows.loc[ref["lower"]]
+    table = f"Sun and Li Table {high['table']}"
+    if claim.metric == "temperature_final":
+        # The paper's temperatures are printed in units it leaves ambiguous (the CSV's source line):
+        # they give the direction, not an effect in our β.
+        return PaperEffect(SUN_LI, table, None, f"{table}: {ref['higher']} {high['temp_final']:.3f} vs {ref['lower']} "
+                                                f"{low['temp_final']:.3f}, final temperature as printed")
+    return PaperEffect(SUN_LI, table, high["zero_shot"] - low["zero_shot"],
+                       f"{table}: {ref['higher']} {high['zero_shot']:.2f} vs {ref['lower']} {low['zero_shot']:.2f} "
+                       f"ImageNet zero-shot")
+
+
+def read_against(effects: list[PaperEffect], scale: str) -> tuple[Optional[PaperEffect], list[PaperEffect]]:
+    """``(the result of the study's regime, the others)``: the one at ``scale``, else the first
+    (Sun and Li's, or a table the paper gives at one scale only)."""
+    if not effects:
+        return None, []
+    primary = next((e for e in effects if e.scale == scale), effects[0])
+    return primary, [e for e in effects if e is not primary]
+
+
+# ------------------------------------------------------------------ the regime
+
+def regime(study: Study, by_config: dict[str, dict[int, dict[str, float]]]) -> dict:
+    """The study's budget (from the baseline's config) and the published scale it is read against,
+    with how far each configuration's learnable scalars moved (mean over seeds)."""
+    cfg = C.load_config(study.configs[study.baseline].recipe, study.overrides(study.baseline, 0))
+    steps = C.total_steps(cfg)
+    scale = scale_for_steps(steps)
+    budgets = {name: C.total_steps(C.load_config(spec.recipe, study.overrides(name, 0)))
+               for name, spec in study.configs.items()}
+    scalars = []
+    for config, seeds in by_config.items():
+        for scalar, label in (("temperature", "β"), ("curvature", "curvature")):
+            init = [v[f"{scalar}_init"] for v in seeds.values() if f"{scalar}_init" in v and f"{scalar}_final" in v]
+            final = [v[f"{scalar}_final"] for v in seeds.values() if f"{scalar}_init" in v and f"{scalar}_final" in v]
+            if not init:
+                continue
+            start, end = sum(init) / len(init), sum(final) / len(final)
+            moved = abs(end - start) / abs(start) if start else math.inf
+            scalars.append({"config": config, "scalar": label, "init": start, "final": end, "relative_change": moved,
+                            "frozen": moved < FROZEN_BELOW})
+    return {"steps": steps, "batch_size": cfg.data.batch_size, "samples": steps * cfg.data.batch_size,
+            "summed_lr": summed_lr(cfg.optim.lr, cfg.optim.warmup_steps, steps), "scalar_lr_scale": cfg.optim.scalar_lr_scale,
+            "scale": scale, "scale_steps": SCALES[scale].steps, "scale_batch": BATCH,
+            "other_budgets": {n: s for n, s in budgets.items() if s != steps}, "scalars": scalars}
+
+
+# ------------------------------------------------------------------ the claims
+
+def claim_values(claim: Claim, by_config: dict[str, dict[int, dict[str, float]]]) -> tuple[dict[int, float], dict]:
+    """``(per-seed effect, what it is made of)``. A comparison: ``higher - lower`` paired by seed. A
+    measure: the change training made in ``config`` minus the change it made in ``control``, each
+    change the trained value minus the untrained one, paired by seed."""
+    if claim.kind == "compare":
+        a = {s: v[claim.metric] for s, v in by_config.get(claim.higher, {}).items() if claim.metric in v}
+        b = {s: v[claim.metric] for s, v in by_config.get(claim.lower, {}).items() if claim.metric in v}
+        return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}, {}
+    m, m0 = claim.measure, claim.measure + AT_INIT
+
+    def measured(config: str) -> dict[int, tuple[float, float]]:
+        return {s: (v[m], v[m0]) for s, v in by_config.get(config, {}).items() if m in v and m0 in v}
+
+    cause, control = measured(claim.config), measured(claim.control)
+    seeds = sorted(set(cause) & set(control))
+    parts = {}
+    for name, values in (("config", cause), ("control", control)):
+        if seeds:
+            parts[f"{name}_trained"] = sum(values[s][0] for s in seeds) / len(seeds)
+            parts[f"{name}_init"] = sum(values[s][1] for s in seeds) / len(seeds)
+    return {s: (cause[s][0] - cause[s][1]) - (control[s][0] - control[s][1]) for s in seeds}, parts
+
+
+def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
+                    scale: str) -> list[dict]:
+    """One row per claim the study tests: the effect with its raw 95% interval and its interval at
+    the Bonferroni level over every claim tested with an interval, the verdict read from the latter
+    against the published result of ``scale`` (the study's regime), and the seeds 80% power needs."""
+    tested = [c for c in claims if all(name in study.configs for name in c.configs)]
+    values = {c.id: claim_values(c, by_config) for c in tested}
+    family = sum(1 for c in tested if len(values[c.id][0]) >= 2)
+    adjusted = stats.family_level(LEVEL, family)
+    out = []
+    for claim in tested:
+        per_seed, parts = values[claim.id]
+        raw = stats.estimate(list(per_seed.values()), study.interval, LEVEL) if per_seed else None
+        wide = stats.estimate(list(per_seed.values()), study.interval, adjusted) if per_seed else None
+        primary, beside = read_against(paper_effects(claim), scale)
+        published = primary.effect if primary else None
+        # The claim's own direction, unless the table of this regime shows the other one: then what
+        # that table shows is the claim read here, and "matches" has no margin to grant.
+        sign = -1 if published is not None and published < 0 else +1
+        margin = claim.margin if sign > 0 else None
+        seeds = stats.seeds_needed(raw.sd if raw else None, published, adjusted) if published else None
+        metric = claim.metric if claim.kind == "compare" else claim.measure
+        out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
+                    "configs": " vs ".join(claim.configs) if claim.kind == "compare" else
+                    f"{claim.config} (control {claim.control})",
+                    "n_seeds": len(per_seed), "effect": raw.mean if raw else None,
+                    "ci_low": raw.low if raw else None, "ci_high": raw.high if raw else None,
+                    "family_size": family, "family_level": adjusted, "fw_low": wide.low if wide else None,
+                    "fw_high": wide.high if wide else None, "margin": margin,
+                    "verdict": stats.verdict(wide, sign, margin, published),
+                    "read_against": primary.table if primary else "", "paper_effect": published,
+                    "paper_source": primary.source if primary else "",
+                    "beside": "; ".join(stats.paper_cell(e.effect, e.source) for e in beside),
+                    "seeds_for_80pct_power": seeds, "interval": study.interval, **parts})
+    return out
+
+
+# ------------------------------------------------------------------ how the claims read
+
+def regime_lines(reading: dict) -> list[str]:
+    """The study's regime as study.md states it: budget, the scale it is read against, the scalars."""
+    lines = [f"{reading['steps']:,} steps of {reading['batch_size']} ({reading['samples']:,} samples seen); the "
+             f"learning rates sum to {reading['summed_lr']:.3g} (a log-parameterised scalar moves at most about that "
+             f"far{'' if reading['scalar_lr_scale'] == 1 else ', times the scalars rate multiple ' + format(reading['scalar_lr_scale'], 'g')}). "
+             f"The claims are read against the paper's {reading['scale']} scale ({reading['scale_steps']:,} steps of "
+             f"{reading['scale_batch']:,}): the largest published scale whose steps the study reaches, else the smallest."]
+    if reading["other_budgets"]:
+        lines.append("Configurations with another budget: " + ", ".join(f"{n} {s:,} steps" for n, s in
+                                                                         reading["other_budgets"].items()) + ".")
+    if reading["scalars"]:
+        lines += ["", "| config | scalar | initial | final | moved | |", "|---|---|---|---|---|---|"]
+        for r in reading["scalars"]:
+            lines.append(f"| {r['config']} | {r['scalar']} | {r['init']:.3g} | {r['final']:.3g} | "
+                         f"{100 * r['relative_change']:.1f}% | {'frozen' if r['frozen'] else ''} |")
+        lines += ["", f"\"frozen\": moved less than {FROZEN_BELOW:.0%} of its initial value; the study says nothing "
+                      f"about where it would settle."]
+    return lines
