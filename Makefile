@@ -13,7 +13,7 @@ DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: help install demo study temperature analyze test test-fast clean-results
+.PHONY: help install demo study results temperature analyze test test-fast clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,10 @@ study: $(STAMP)  ## The embedded study: every configuration of recipes/study-geo
 	@# with two threads 256-300 (make demo).
 	$(EUCLIP) study --recipe study-geometries --jobs 2
 	@echo "study: results/studies/geometries/study.md and claims.csv"
+
+results: $(STAMP)  ## After `make study` (it reuses its runs): commit-ready tables in docs/results/geometries, and the README's results from them.
+	$(EUCLIP) study --recipe study-geometries --jobs 2 --publish docs/results/geometries
+	$(EUCLIP) report --readme README.md
 
 temperature: $(STAMP)  ## Sun and Li's temperature studies (structure, Tables 2 and 7, noise), then the equilibrium of one run (3 h 15 min measured on 2 cores).
 	$(EUCLIP) download --recipe tiny-clip

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from euclip_cli.errors import UsageError
-from euclip_cli.geometry import facts as geometry_facts
+from euclip_cli import geometry as geometry_facts
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
@@ -438,7 +438,7 @@ def validate(cfg: Config) -> list[str]:
     """Cross-field checks the types alone cannot express."""
     problems = []
     g = cfg.geometry
-    if g.name not in geometry_facts.names():
+    if geometry_facts.lookup(g.name) is None:
         problems.append(f"bad value '{g.name}' for 'geometry.name': expected one of {', '.join(geometry_facts.names())}")
         facts = None
     else:

@@ -40,9 +40,9 @@ def hand_lorentz_dist(x, y, c):
 
 
 def test_registry_lists_the_study_geometries():
-    from euclip_cli.geometry import facts
+    from euclip_cli import geometry
 
-    assert list_geometries() == facts.names()  # every described geometry has its math, and back
+    assert list_geometries() == geometry.names()  # every described geometry has its math, and back
     with pytest.raises(UsageError, match="unknown geometry"):
         get_geometry("poincare")
     with pytest.raises(UsageError, match="no logit"):

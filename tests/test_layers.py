@@ -1,8 +1,12 @@
-"""The layers point one way: cli -> runners -> core. Read from the source, every import included
-(those inside functions too), so a lazy import cannot hide an upward dependency."""
+"""The layers point one way: cli -> runners -> core, and inside the core from floor to floor
+(docs/architecture.md). Read from the source, every import included (those inside functions too),
+so a lazy import cannot hide an upward dependency; and no module-level import cycle."""
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 import euclip_cli
 
@@ -18,9 +22,11 @@ def module_name(path: Path) -> str:
     return ".".join(p for p in parts if p != "__init__")
 
 
-def euclip_imports(path: Path) -> set[str]:
+def euclip_imports(path: Path, module_level: bool = False) -> set[str]:
+    """The euclip modules (or module.name) ``path`` imports; ``module_level``: at import time only."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (tree.body if module_level else ast.walk(tree)):
         names = []
         if isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
@@ -63,6 +69,93 @@ def test_no_module_imports_from_a_higher_layer():
             if target in modules and not allowed(name, target):
                 wrong.append(f"{name} ({layer(name)}) imports {target} ({layer(target)})")
     assert not wrong, "\n".join(wrong)
+
+
+# The core's floors, bottom up: a module imports from its own floor or lower ones only.
+CORE_FLOORS = (
+    ("foundations", ("errors", "stats", "published", "data", "data.world", "geometry.facts", "geometry.sphere",
+                     "geometry.euclidean", "geometry.lorentz")),
+    ("facilities", ("device", "rundir", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks")),
+    ("geometries", ("geometry", "geometry.registry")),
+    ("config", ("config",)),
+    ("parts", ("loss", "multitoken", "optim", "data.feed", "data.openclip_pipeline", "data.webshards",
+               "data.world_files")),
+    ("model", ("model",)),
+    ("model users", ("step", "encode")),
+)
+
+
+def floor(module: str) -> int:
+    for i, (_, members) in enumerate(CORE_FLOORS):
+        if module in members:
+            return i
+    raise AssertionError(f"core module {module} has no floor in CORE_FLOORS (and docs/architecture.md)")
+
+
+def target_of(imported: str, modules: dict) -> str:
+    return imported if imported in modules else imported.rsplit(".", 1)[0]
+
+
+def test_the_core_is_built_floor_by_floor():
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    wrong = []
+    for name, path in modules.items():
+        if layer(name) != "core":
+            continue
+        for imported in euclip_imports(path):
+            target = target_of(imported, modules)
+            if target in modules and target != name and layer(target) == "core" and floor(target) > floor(name):
+                wrong.append(f"{name} ({CORE_FLOORS[floor(name)][0]}) imports {target} ({CORE_FLOORS[floor(target)][0]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def import_time_targets(path: Path, modules: dict) -> set[str]:
+    """The euclip modules ``path`` needs initialised when it is imported: ``from package import
+    submodule`` needs the submodule (the package is already being imported, as Python allows), and
+    ``from module import name`` needs that module."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("euclip_cli"):
+            base = node.module.removeprefix("euclip_cli").lstrip(".")
+            for alias in node.names:
+                sub = f"{base}.{alias.name}".lstrip(".")
+                found.add(sub if sub in modules else base)
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("euclip_cli.") for a in node.names if a.name.startswith("euclip_cli.")}
+    return {t for t in found if t in modules}
+
+
+def test_no_module_level_import_cycle():
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {t for t in import_time_targets(path, modules) if t != name}
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_the_cycle_check_finds_a_cycle(monkeypatch, tmp_path):
+    package = tmp_path / "euclip_cli"
+    package.mkdir()
+    (package / "a.py").write_text("from euclip_cli import b\n")
+    (package / "b.py").write_text("def f():\n    from euclip_cli import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    test_no_module_level_import_cycle()  # b imports a inside a function: no cycle at import time
+    (package / "b.py").write_text("import euclip_cli.a\n")
+    with pytest.raises(AssertionError, match="import cycle: a -> b -> a|import cycle: b -> a -> b"):
+        test_no_module_level_import_cycle()
 
 
 def test_the_layer_rule_catches_an_upward_import():

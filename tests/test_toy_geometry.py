@@ -67,3 +67,63 @@ def test_a_toy_geometry_is_validated_like_the_built_in_ones(toy):
         C.load_config("tiny-clip", [f"geometry.name={toy}", "geometry.logit=d2"])
     with pytest.raises(UsageError, match="has no entailment loss"):
         C.load_config("tiny-clip", [f"geometry.name={toy}", "loss.entail_weight=0.1"])
+
+
+PLUGIN = '''"""A toy geometry in a package of its own: twice the cosine of unit vectors."""
+from euclip_cli.geometry import facts as F
+from euclip_cli.geometry import registry, sphere
+
+
+@registry.register
+class HalvedCosine(registry.Geometry):
+    facts = F.GeometryFacts("toy-halved-cosine", ("half-cos",), root="mean")
+
+    def embed(self, features, log_scale=None):
+        return sphere.normalize(features)
+
+    def project(self, z):
+        return sphere.normalize(z)
+
+    def similarity(self, x, y, curv=None):
+        return 0.5 * sphere.cosine(x, y)
+
+    def distance_to_root(self, z, root, curv=None):
+        return sphere.arc_distance(z, sphere.normalize(root)[None]).squeeze(-1)
+'''
+
+
+@pytest.mark.slow
+def test_a_geometry_from_a_package_of_its_own_works_in_fresh_euclip_processes(world, tmp_path):
+    """As docs/geometries.md tells a user: a module that registers the class, named under the
+    ``euclip.geometries`` entry point of its distribution; nothing in euclip changes."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    (site / "toy_halved-0.1.dist-info").mkdir(parents=True)
+    (site / "toy_halved.py").write_text(PLUGIN)
+    (site / "toy_halved-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-halved\nVersion: 0.1\n")
+    (site / "toy_halved-0.1.dist-info" / "entry_points.txt").write_text("[euclip.geometries]\ntoy = toy_halved\n")
+    recipe = tmp_path / "tiny-halved.toml"
+    recipe.write_text(f'extends = "tiny-clip"\n[geometry]\nname = "toy-halved-cosine"\n[data]\n'
+                      f'train_dir = "{world / "train"}"\nbatch_size = 32\nshuffle_buffer = 100\n'
+                      f'[optim]\nsamples = 64\nwarmup_steps = 1\n[train]\nprecision = "fp32"\ntensorboard = false\n')
+    env = dict(os.environ, PYTHONPATH=str(site))
+    runs = tmp_path / "runs"
+
+    def euclip(*args):
+        done = subprocess.run([sys.executable, "-m", "euclip_cli", *args], env=env, capture_output=True, text=True,
+                              cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "ok" in euclip("recipes", "validate", str(recipe)).lower()
+    euclip("train", "--recipe", str(recipe), "--name", "halved", "--runs-dir", str(runs))
+    euclip("eval", str(runs / "halved"), "--tasks", "world/shapes", "--world", str(world))
+    euclip("report", "--table", "embedded", "--runs-dir", str(runs), "--out", str(tmp_path / "t"))
+    assert "toy-halved-cosine" in (tmp_path / "t" / "embedded.md").read_text()
+    # Without the package the same recipe is refused, naming the geometries there are.
+    done = subprocess.run([sys.executable, "-m", "euclip_cli", "recipes", "validate", str(recipe)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 2 and "toy-halved-cosine" in done.stdout + done.stderr

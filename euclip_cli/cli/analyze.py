@@ -11,7 +11,7 @@ import typer
 from euclip_cli.analysis.protocol import protocol as pick_protocol
 from euclip_cli.cli.common import console, errors, fail
 from euclip_cli.errors import UsageError
-from euclip_cli.geometry.facts import describe
+from euclip_cli.geometry import describe
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",

@@ -61,11 +61,12 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
 
     from euclip_cli.device import resolve_device
     from euclip_cli.evaluate.aggregate import aggregate
-    from euclip_cli.evaluate.runner import evaluate_run
+    from euclip_cli.evaluate.runner import evaluate_run, fetch_command
 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
                TimeElapsedColumn()]
     failures: list[str] = []
+    failed_tasks = 0
     with errors(), Progress(*columns, console=console, transient=True) as progress:
         for run_dir in targets:
             bars: dict[str, int] = {}
@@ -80,6 +81,8 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                     progress.remove_task(bars.pop(task.key))
                 if line is None:
                     progress.console.print(f"  {task.key}: already evaluated", highlight=False)
+                elif line.get("missing_data"):
+                    absent.append(task)
                 elif line.get("failed"):
                     progress.console.print(f"  {task.key}: [red]failed[/]: {escape(line['error'])}", highlight=False)
                 else:
@@ -88,8 +91,13 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                     progress.console.print(f"  {task.key}: {shown}", highlight=False)
 
             progress.console.print(f"[bold]{run_dir}[/]")
+            absent: list = []
             outcome = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
                                    on_images=on_images)
+            if absent:
+                keys = ", ".join(t.key for t in absent) if len(absent) <= 3 else f"{len(absent)} tasks"
+                progress.console.print(f"  no evaluation data for {keys}: run '{fetch_command(absent)}'",
+                                       highlight=False)
             for suite in ("world", "datacomp"):
                 agg = aggregate(outcome.results, suite)
                 if agg["tasks_done"]:
@@ -97,8 +105,13 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                              if k in ("main", "shifts", "attributes", "retrieval", "average")]
                     progress.console.print(f"  {suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): "
                                            + ", ".join(parts), highlight=False)
-            failures += [f"{run_dir.name}: {why}" for why in outcome.failed.values()]
+            failed_tasks += len(outcome.failed)
+            failures += [f"{run_dir.name}: {why}" for key, why in outcome.failed.items()
+                         if key not in {t.key for t in absent}]
+            if absent:
+                failures.append(f"{run_dir.name}: {len(absent)} task(s) without evaluation data: run "
+                                f"'{fetch_command(absent)}'")
     if failures:
-        fail(f"{len(failures)} task(s) failed; the others are scored, and rerunning retries only the failed ones:\n"
+        fail(f"{failed_tasks} task(s) failed; the others are scored, and rerunning retries only the failed ones:\n"
              + "\n".join(failures), 1)
     console.print("next: euclip report")

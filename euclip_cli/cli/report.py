@@ -47,9 +47,9 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
     if runs_dir.exists() and not runs_dir.is_dir():
         fail(f"--runs-dir {runs_dir} is not a folder: nothing was written (the tables in {out} are as they were)", 2)
     with errors():
-        from euclip_cli.report.tables import (equilibrium_table, load_runs, noise_table, paper_table,
+        from euclip_cli.report.tables import (equilibrium_table, fill_command, load_runs, noise_table, paper_table,
                                               released_table, render, single_seed_note, study_tables, suite_table,
-                                              traversal_table)
+                                              traversal_table, without_runs)
 
         runs = load_runs(runs_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +106,11 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                 console.print(f"no runs in {runs_dir}: {path} left as it was", highlight=False)
                 continue
             path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
+            if name != "embedded" and without_runs(name, df):
+                # The file keeps the published rows; the terminal shows tables that hold runs.
+                console.print(f"{title}: no run of ours yet ({fill_command(name)}); published rows in {path}",
+                              highlight=False, markup=False)
+                continue
             console.print(f"[bold]{title}[/]  ({path})")
             console.print(text, highlight=False, markup=False, soft_wrap=True)
         figures = write_figures(runs, runs_dir, out.parent / "figures")

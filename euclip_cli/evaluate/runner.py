@@ -57,10 +57,23 @@ def _lines(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
+def has_data(task: Task, data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds the task's evaluation set (as ``euclip download`` writes it)."""
+    marker = "instances.jsonl" if task.kind == "winogavil" else "test/nshards.txt"
+    return (data_dir / marker).exists()
+
+
+def fetch_command(tasks: list[Task]) -> str:
+    """The one command that fetches the evaluation sets of ``tasks``."""
+    if all(t.suite == "world" for t in tasks):
+        return "euclip download world"
+    keys = ",".join(t.key for t in tasks)
+    return f"euclip download evalsets --tasks {keys if len(tasks) <= 3 else 'datacomp'}"
+
+
 def _require_data(task: Task, data_dir: Path) -> None:
-    if not (data_dir / "test" / "nshards.txt").exists():
-        hint = "euclip download world" if task.suite == "world" else f"euclip download evalsets --tasks {task.key}"
-        raise EvalError(f"task {task.key}: no data in {data_dir}: run '{hint}'")
+    if not has_data(task, data_dir):
+        raise EvalError(f"task {task.key}: no data in {data_dir}: run '{fetch_command([task])}'")
 
 
 def _prototypes(model: EuclipModel, tokenizer, classes: list[str], templates: list[str],
@@ -148,9 +161,8 @@ def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: 
     """DataComp's WinoGAViL protocol on ``instances.jsonl`` + ``images/`` (``euclip download evalsets``)."""
     from PIL import Image
 
+    _require_data(task, data_dir)
     instances_path = data_dir / "instances.jsonl"
-    if not instances_path.exists():
-        raise EvalError(f"task {task.key}: no data in {data_dir}: run 'euclip download evalsets --tasks {task.key}'")
     instances = [json.loads(line) for line in _lines(instances_path)]
     names = sorted({c for inst in instances for c in inst["candidates"]})
     _, transform = transforms_for(model.clip)
@@ -206,6 +218,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
                 on_task(task, None)
             continue
         line = {"key": task.key, "dataset": task.name, "checkpoint": ckpt_name, "step": step, "protocol": PROTOCOL}
+        if not has_data(task, task.data_dir(eval_root, world)):
+            line["missing_data"] = True  # a failure the download fixes: said once for all such tasks
         try:
             metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size, cache,
                                     lambda n, task=task: on_images(task, n))

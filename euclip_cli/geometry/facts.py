@@ -1,17 +1,17 @@
-"""What each geometry *is*, without its math: the one description config, CLI, model, analyses and
-reports read. Standard library only, so ``euclip recipes validate`` and ``euclip report`` know
-every geometry without importing torch.
+"""What each geometry *is*, without its math: the facts config, CLI, model, analyses and reports
+read. Standard library only, so ``euclip recipes validate`` and ``euclip report`` know the
+built-in geometries without importing torch.
 
-The math lives in ``registry.py`` (one class per geometry, each pointing at its facts); a geometry
-registered there with new facts is known here too, so adding a geometry takes its math file, its
-registry entry and a recipe.
+Each geometry's facts are written once: here for the built-in ones, beside its class for any
+other (a class registered in ``registry.py`` or in a plugin package, which declares its facts when
+the registry is imported). Read them through ``euclip_cli.geometry.lookup`` / ``describe`` /
+``names``, which consult the registry when a name is not declared yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from euclip_cli.errors import UsageError
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,14 @@ def declare(facts: GeometryFacts) -> GeometryFacts:
     return facts
 
 
-def names() -> list[str]:
+def declared(name: str) -> Optional[GeometryFacts]:
+    """The facts declared so far under ``name`` (the built-in ones, and those of geometries
+    registered in this process); ``euclip_cli.geometry.lookup`` also asks the registry."""
+    return _FACTS.get(name)
+
+
+def declared_names() -> list[str]:
     return sorted(_FACTS)
-
-
-def describe(name: str) -> GeometryFacts:
-    if name not in _FACTS:
-        raise UsageError(f"unknown geometry '{name}' (known: {', '.join(names())})")
-    return _FACTS[name]
 
 
 CLIP = declare(GeometryFacts("clip", ("cos",), root="mean"))

@@ -38,8 +38,7 @@ def list_geometries() -> list[str]:
 def get_geometry(name: str, logit: str = "default", blocks: int = 8) -> "Geometry":
     """The geometry ``name`` with the given logit ("default" = its first) and, for product-sphere, m blocks."""
     if name not in _REGISTRY:
-        F.describe(name)  # raises, naming the known geometries
-        raise UsageError(f"geometry '{name}' is described but has no math registered")
+        raise UsageError(f"unknown geometry '{name}' (known: {', '.join(list_geometries())})")
     return _REGISTRY[name](logit=logit, blocks=blocks)
 
 
@@ -249,3 +248,19 @@ class Hyperbolic(Geometry):
 
     def entailment(self, x, y, min_radius, curv=None):
         return lorentz.entailment(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv, min_radius)
+
+
+# The entry point group under which a package names the modules that register its geometries.
+PLUGINS = "euclip.geometries"
+
+
+def _load_plugins() -> None:
+    """Import every module a package names under ``euclip.geometries``: their ``@register``
+    classes join the registry in every process, as the built-in ones do."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGINS):
+        entry.load()
+
+
+_load_plugins()

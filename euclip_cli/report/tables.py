@@ -15,7 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
-from euclip_cli.geometry.facts import describe
+from euclip_cli.geometry import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
@@ -117,6 +117,33 @@ def paper_table(runs: list[Run], table: int) -> pd.DataFrame:
             row[f"{title} Δ"] = f"{100 * statistics.mean(values) - published:+.2f}" if values else MISSING
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def without_runs(name: str, df: pd.DataFrame) -> bool:
+    """Whether a report table (``euclip report --table NAME``) holds published rows only."""
+    if df.empty:
+        return True
+    if name.isdigit():
+        return bool((df[[c for c in df.columns if c.endswith(" (ours)")]] == MISSING).all(axis=None))
+    if name == "traversal":
+        return bool((df["run"] == MISSING).all())
+    return False
+
+
+def fill_command(name: str) -> str:
+    """The command that would put a run of ours into report table ``name``."""
+    if name.isdigit():
+        from euclip_cli import config as C
+
+        recipes = [r for r in C.list_recipes() if not C.is_study_recipe(r)
+                   and any(row.split(":", 1)[0] == name for row in C.load_config(r).report.paper_rows)]
+        others = f" or another of the {len(recipes)} recipes of its rows (euclip recipes list)" if len(recipes) > 1 else ""
+        return f"euclip train --recipe {recipes[0]}{others}, then euclip eval" if recipes else "no recipe reproduces it"
+    if name == "traversal":
+        return "euclip analyze traverse RUN"
+    if name == "released":
+        return "euclip import openclip | euclip-authors | meru SOURCE --name RUN, then euclip eval"
+    return "euclip report --help"
 
 
 def traversal_table(runs_dir: Path) -> pd.DataFrame:
