@@ -31,6 +31,8 @@ from typing import Any, Callable, Optional
 from euclip_cli.errors import Failure, UsageError
 
 RUNS_DIR = Path("results") / "runs"
+# Where `euclip study` keeps each study (its runs are run directories too).
+STUDIES_DIR = Path("results") / "studies"
 CHECKPOINT_PREFIX = "step_"
 # The longest name most filesystems give one folder, in bytes.
 NAME_BYTES = 255

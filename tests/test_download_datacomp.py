@@ -469,7 +469,7 @@ def test_an_unavailable_device_is_a_usage_error(tmp_path):
         pytest.skip("this machine has a GPU")
     one_line_error(runner.invoke(app, ["download", "datacomp", "--scale", "small", "--device", "cuda", "--filter",
                                        "image-based-clip-l14-30", "--out", str(tmp_path / "o")]),
-                   2, "--device 'cuda' is not available")
+                   2, "device 'cuda': this machine has no CUDA GPU")
     assert not (tmp_path / "o").exists()
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import time
+import typing
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from euclip_cli.cli import common
+from euclip_cli.config import Precision
 from euclip_cli.errors import UsageError
 
 app = typer.Typer(help="Speed benchmarks (targets live here, never in tests).", no_args_is_help=True)
@@ -19,7 +21,7 @@ app = typer.Typer(help="Speed benchmarks (targets live here, never in tests).", 
 KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = typing.get_args(Precision)
 
 
 def write_result(out: Path, kind: str, result: dict, stamp: Optional[str] = None) -> Path:
@@ -97,8 +99,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
 
     from euclip_cli.device import resolve_precision
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _bench_device(device)
     precision = resolve_precision(precision, torch.device(device))
     if workers is None:
         # A GPU consumes batches faster than one process decodes them (measured on an H100's machine:

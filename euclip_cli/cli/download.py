@@ -129,12 +129,10 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
     from euclip_cli.data.webshards import download_datacomp
 
     if filter_name == "image-based-clip-l14-30" and uid_file is None:  # the only stage that computes
-        import torch
+        from euclip_cli.device import resolve_device
 
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
-            fail(f"--device '{device}' is not available here: use auto, cpu or cuda[:N] on a machine with a GPU", 2)
+        with errors():
+            device = str(resolve_device(device))
     bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
     with errors():

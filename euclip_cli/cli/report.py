@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from euclip_cli.cli.common import console, errors, fail
-from euclip_cli.rundir import RUNS_DIR
+from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
 TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "equilibrium", "all")
 
@@ -20,7 +20,7 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
-           studies_dir: Path = typer.Option(Path("results") / "studies", help="Where studies live (euclip study)."),
+           studies_dir: Path = typer.Option(STUDIES_DIR, help="Where studies live (euclip study)."),
            out: Path = typer.Option(Path("results") / "tables", help="Where the tables are written."),
            readme: Optional[Path] = typer.Option(None, help="Instead: rewrite this README's results blocks from "
                                                              "the study tables they name (euclip study --publish).")

@@ -30,12 +30,11 @@ from euclip_cli import stats
 from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS, list_tasks, select
-from euclip_cli.rundir import RunDir, read_json, write_text_atomic
+from euclip_cli.rundir import STUDIES_DIR, RunDir, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
 from euclip_cli.stats import CLAIMS_HEADER, claim_cells
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime, regime_lines
 
-STUDIES_DIR = Path("results") / "studies"
 DONE = ".study-done"
 GROUP_METRICS = (*GROUPS, "average")
 
