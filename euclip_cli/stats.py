@@ -193,6 +193,6 @@ def claim_cells(c: dict) -> tuple[str, ...]:
     verdict = c["verdict"] + (f" (margin {c['margin']:g})" if _given(c.get("margin")) else "")
     seeds = c["seeds_for_80pct_power"]
     return (f"{c['statement']} ({c['metric']})", effect, family, verdict,
-            paper_cell(c["paper_effect"], c["paper_source"]) if c["read_against"] else "–",
+            paper_cell(c["paper_effect"], c["paper_source"]) if isinstance(c["read_against"], str) and c["read_against"] else "–",
             c["beside"] if isinstance(c["beside"], str) and c["beside"] else "–",
-            str(int(seeds)) if _given(seeds) else "–")
+            "–" if not _given(seeds) else "more than 1,000" if seeds == math.inf else str(int(seeds)))

@@ -494,3 +494,12 @@ def test_a_bootstrap_study_of_three_seeds_is_refused(tmp_path):
     result = runner.invoke(app, ["study", "--recipe", str(path)])
     assert result.exit_code == 2 and "needs at least 8 seeds, not 3" in " ".join(result.output.split())
     assert load_study(str(path), seeds=8).interval == "bootstrap"
+
+
+def test_an_effect_too_small_to_resolve_says_so_rather_than_nothing():
+    study = load_study("study-geometries")
+    shapes = {"euclip": {0: 30.0, 1: 40.0, 2: 25.0}, "meru": {0: 20.0, 1: 26.0, 2: 21.0}}
+    by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    assert row["paper_effect"] == pytest.approx(3.476 - 3.214) and row["seeds_for_80pct_power"] == math.inf
+    assert stats.claim_cells(row)[-1] == "more than 1,000"

@@ -18,21 +18,24 @@ from euclip_cli.rundir import write_text_atomic
 BLOCK = re.compile(r"(<!-- results (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
-def results_block(folder: Path) -> str:
-    """The results of one published study: its provenance and regime, the configurations' table and
-    the claims with their verdicts (the tables ``euclip report`` prints)."""
+def results_block(folder: Path, name: str) -> str:
+    """The results of one published study (in ``folder``, named ``name`` on the page): its
+    provenance and regime, the configurations' table and the claims with their verdicts (the
+    tables ``euclip report`` prints)."""
     from euclip_cli.report.tables import render, study_tables
 
-    for name in ("study.csv", "claims.csv", "regime.json", "provenance.json"):
-        if not (folder / name).exists():
-            raise UsageError(f"{folder / name} is missing: publish the study first (euclip study --recipe NAME "
+    for needed in ("study.csv", "claims.csv", "regime.json", "provenance.json"):
+        if not (folder / needed).exists():
+            raise UsageError(f"{folder / needed} is missing: publish the study first (euclip study --recipe NAME "
                              f"--publish {folder})")
     made = json.loads((folder / "provenance.json").read_text())
     regime = json.loads((folder / "regime.json").read_text())
     results, claims = study_tables(folder)
     frozen = sorted({f"{r['config']}'s {r['scalar']}" for r in regime["scalars"] if r["frozen"]})
+    if frozen and len(frozen) == len(regime["scalars"]):
+        frozen = ["every learnable scalar"]
     lines = [f"`{made['command']}`: {made['runs']} runs at euclip {', '.join(made['euclip_commits'])} on "
-             f"{', '.join(made['cpus'])} ({', '.join(made['precisions'])}); tables in `{folder}`.",
+             f"{', '.join(made['cpus'])} ({', '.join(made['precisions'])}); tables in `{name}`.",
              f"Each run is {regime['steps']:,} steps of {regime['batch_size']} (the learning rates sum to "
              f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
              f"(Table 8 where the paper has a row there); frozen (moved < 5%): "
@@ -51,7 +54,7 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
 
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
-        body = results_block(readme.parent / match["folder"])
+        body = results_block(readme.parent / match["folder"], match["folder"])
         if check and body != match["body"]:
             raise UsageError(f"{readme}: the results from {match['folder']} differ from its files: run "
                              f"'euclip report --readme {readme}'")

@@ -154,6 +154,8 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         sign = -1 if published is not None and published < 0 else +1
         margin = claim.margin if sign > 0 else None
         seeds = stats.seeds_needed(raw.sd if raw else None, published, adjusted) if published else None
+        if seeds is None and published and raw and raw.sd:
+            seeds = math.inf  # more than stats.seeds_needed looks at
         metric = claim.metric if claim.kind == "compare" else claim.measure
         out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
                     "configs": " vs ".join(claim.configs) if claim.kind == "compare" else
