@@ -125,7 +125,9 @@ def test_html_report_is_one_self_contained_page_with_every_table_and_figure(runs
     assert result.exit_code == 0, result.output
     analyze(runs, world, "distances", "tiny-meru")
     out = tmp_path / "tables"
-    result = runner.invoke(app, ["report", "--format", "html", "--runs-dir", str(runs), "--out", str(out)])
+    # No studies (the working tree's results/studies may hold some).
+    result = runner.invoke(app, ["report", "--format", "html", "--runs-dir", str(runs), "--out", str(out),
+                                 "--studies-dir", str(tmp_path / "no-studies")])
     assert result.exit_code == 0, result.output
     assert [p.name for p in out.iterdir()] == ["report.html"]
     page = (out / "report.html").read_text()

@@ -503,3 +503,16 @@ def test_an_effect_too_small_to_resolve_says_so_rather_than_nothing():
     (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
     assert row["paper_effect"] == pytest.approx(3.476 - 3.214) and row["seeds_for_80pct_power"] == math.inf
     assert stats.claim_cells(row)[-1] == "more than 1,000"
+
+
+def test_a_temperature_that_barely_moved_is_reported_frozen_not_converged():
+    study = load_study("study-geometries")
+    by_config = {"clip": {0: {"temperature_init": 14.29, "temperature_final": 14.35}},
+                 "meru": {0: {"temperature_init": 14.29, "temperature_final": 20.0}}}
+    rows = [{"config": c, "metric": m, "n_seeds": 1, "mean": v, "sd": None}
+            for c, m, v in (("clip", "temperature_final", 14.35), ("clip", "temperature_converged_step", 1.0),
+                            ("meru", "temperature_final", 20.0), ("meru", "temperature_converged_step", 200.0))]
+    text = R.to_markdown(study, {"rows": rows, "claims": [], "noise": [], "seeds": [0],
+                                 "regime": V.regime(study, by_config)})
+    table = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| frozen |" in table["clip"] and "| 200 |" in table["meru"]
