@@ -61,7 +61,7 @@ analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of e
 	done
 	$(EUCLIP) report --format html
 
-test: $(STAMP)  ## Run the whole test suite (about 10 minutes in two workers on the project's 2 cores, install apart).
+test: $(STAMP)  ## Run the whole test suite.
 	$(PYTEST)
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.

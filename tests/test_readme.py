@@ -14,15 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
-def test_the_readme_quotes_its_committed_results_exactly(tmp_path):
-    blocks = list(BLOCK.finditer(README.read_text()))
-    assert blocks, "the README has no results block"
-    for block in blocks:
-        assert (ROOT / block["folder"] / "provenance.json").exists(), block["folder"]
-    copy = tmp_path / "README.md"
-    copy.write_text(README.read_text())
-    for block in blocks:  # the folders, beside the copy as beside the README
-        shutil.copytree(ROOT / block["folder"], tmp_path / block["folder"])
+# Pages whose results blocks are rendered from committed study tables.
+PAGES = [README, ROOT / "docs" / "results" / "budget.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_each_page_quotes_its_committed_results_exactly(page, tmp_path):
+    if not page.exists():
+        pytest.fail(f"{page} is gone: drop it from PAGES")
+    blocks = list(BLOCK.finditer(page.read_text()))
+    assert blocks, f"{page} has no results block"
+    copy = tmp_path / page.name
+    copy.write_text(page.read_text())
+    for block in blocks:  # the folders, beside the copy as beside the page
+        assert (page.parent / block["folder"] / "provenance.json").exists(), block["folder"]
+        shutil.copytree(page.parent / block["folder"], tmp_path / block["folder"])
     update_readme(copy, check=True)  # raises where a number differs from its file
 
 

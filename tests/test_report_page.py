@@ -14,6 +14,7 @@ from euclip_cli.cli import app
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, select
 from euclip_cli.report.figures import study_figure
 from euclip_cli.study import runner as R
+from euclip_cli.study import tables as T
 from euclip_cli.study.spec import load_claims, load_study
 from tests import browser
 
@@ -39,7 +40,7 @@ def report_page(tmp_path_factory):
     mp.setattr(R, "run_values", invented)
     summary = R.summarize(study, plans, claims)
     mp.undo()
-    R.write_tables(study, summary, folder)
+    T.write_tables(study, summary, folder)
     study_figure(summary["rows"], list(study.configs), study.baseline, {**SUITE_COLUMNS["world"]}, folder / "study")
     result = CliRunner().invoke(app, ["report", "--format", "html", "--studies-dir", str(tmp / "studies"),
                                       "--runs-dir", str(tmp / "no-runs"), "--out", str(tmp / "tables")])

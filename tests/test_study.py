@@ -14,6 +14,7 @@ from euclip_cli import stats
 from euclip_cli.cli import app
 from euclip_cli.config import list_recipes
 from euclip_cli.study import runner as R
+from euclip_cli.study import tables as T
 from euclip_cli.config import is_study_recipe
 from euclip_cli.study import verdicts as V
 from euclip_cli.study.spec import load_claims, load_study
@@ -276,7 +277,7 @@ def test_a_claim_with_a_published_effect_says_how_many_seeds_give_eighty_percent
     (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
     assert row["claim"] == "no-final-ln-helps-euclip" and row["paper_effect"] == pytest.approx(6.75)
     assert row["seeds_for_80pct_power"] == stats.seeds_needed(4.0, 6.75, 0.95) == 5  # a family of one claim
-    text = R.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2],
+    text = T.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2],
                                  "regime": V.regime(study, {})})
     assert "| 5 |" in text and "read against the paper's small scale" in text
 
@@ -512,7 +513,7 @@ def test_a_temperature_that_barely_moved_is_reported_frozen_not_converged():
     rows = [{"config": c, "metric": m, "n_seeds": 1, "mean": v, "sd": None}
             for c, m, v in (("clip", "temperature_final", 14.35), ("clip", "temperature_converged_step", 1.0),
                             ("meru", "temperature_final", 20.0), ("meru", "temperature_converged_step", 200.0))]
-    text = R.to_markdown(study, {"rows": rows, "claims": [], "noise": [], "seeds": [0],
+    text = T.to_markdown(study, {"rows": rows, "claims": [], "noise": [], "seeds": [0],
                                  "regime": V.regime(study, by_config)})
     table = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "| frozen |" in table["clip"] and "| 200 |" in table["meru"]

@@ -40,7 +40,8 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
     from euclip_cli.report.figures import study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR
-    from euclip_cli.study.runner import plan, publish as publish_tables, run_study, to_markdown, write_tables
+    from euclip_cli.study.runner import plan, publish as publish_tables, run_study
+    from euclip_cli.study.tables import to_markdown, write_tables
     from euclip_cli.study.spec import load_claims
     from euclip_cli.study.spec import load_study
 

@@ -1,0 +1,147 @@
+"""A study's tables as files: study.csv, claims.csv, noise.csv, regime.json and study.md (the one
+renderer of study.md; ``euclip report`` shows the same rows through ``report.tables``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Optional
+
+from euclip_cli import config as C
+from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS
+from euclip_cli.rundir import write_text_atomic
+from euclip_cli.stats import CLAIMS_HEADER, claim_cells
+from euclip_cli.study.spec import Study
+from euclip_cli.study.verdicts import regime_lines
+
+GROUP_METRICS = (*GROUPS, "average")
+# What a study writes, in the order it writes them; ``--publish`` copies them.
+PUBLISHED = ("study.csv", "claims.csv", "noise.csv", "regime.json", "study.md")
+CONVERGED_WITHIN = 0.02
+
+
+def to_csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def to_markdown(study: Study, summary: dict) -> str:
+    """The study table (groups and average, mean ± sd and the paired difference to the baseline),
+    the claims with verdicts, and the noise floor."""
+    names = SUITE_COLUMNS["world"]
+    interval = "Student's t" if study.interval == "t" else "percentile bootstrap"
+    lines = [f"# Study {study.name}", "",
+             f"Seeds {', '.join(map(str, summary['seeds']))}; zero-shot {study.tasks} tasks in %; 95% intervals "
+             f"over seeds ({interval}); Δ is the difference to `{study.baseline}` paired by seed.", ""]
+    header = ["config"] + [f"{names[m]}" for m in GROUP_METRICS] + [f"Δ {names['main']}", f"Δ {names['average']}"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = {(r["config"], r["metric"]): r for r in summary["rows"]}
+    for config in study.configs:
+        cells = [config]
+        for metric in GROUP_METRICS:
+            r = rows.get((config, metric))
+            cells.append("missing" if r is None else f"{_fmt(r['mean'])} ± {_fmt(r['sd'])}")
+        for metric in ("main", "average"):
+            r = rows.get((config, metric), {})
+            cells.append("baseline" if config == study.baseline else
+                         (f"{r['diff_mean']:+.1f} [{_fmt(r.get('diff_low'))}, {_fmt(r.get('diff_high'))}]"
+                          if r.get("diff_mean") is not None else "–"))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Regime", "", *regime_lines(summary["regime"])]
+    lines += ["", "## Claims", "",
+              "Each claim is read against the published result of the study's regime (\"read against\"), in "
+              "the direction that result shows; the others are beside it. The verdict comes from the "
+              f"family-wise interval: Bonferroni over the {max((c['family_size'] for c in summary['claims']), default=0)} "
+              "claims this study tests with an interval, so that "
+              "all of them hold together with 95% confidence. A measured property is credited with the change "
+              "training made relative to its control's. The last column: the seeds a family-wise interval needs "
+              "to exclude 0 with 80% chance if the true effect were the paper's, at the paired spread measured "
+              "here (a yardstick: the paper's effects are ImageNet points at DataComp scale).", "",
+              "| " + " | ".join(CLAIMS_HEADER) + " |", "|" + "---|" * len(CLAIMS_HEADER)]
+    lines += ["| " + " | ".join(claim_cells(c)) + " |" for c in summary["claims"]]
+    lines += temperature_section(study, rows, summary["regime"])
+    if summary["noise"]:
+        lines += ["", "## Noise floor", "",
+                  "In points: the seed standard deviation of each configuration (median over configurations, and "
+                  "its range), that of each configuration's difference to the baseline paired by seed (median), "
+                  "and the evaluation sampling error of one run's score (binomial, median over runs).", "",
+                  "| metric | seed sd, median (range) | paired Δ sd, median | sampling error |", "|---|---|---|---|"]
+        for r in summary["noise"]:
+            label = names[r["metric"]] if r["metric"] in names else TASKS[r["metric"]].name
+            lines.append(f"| {label} | {r['seed_sd_median']:.2f} "
+                         f"({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f}) | {_fmt(r['paired_sd_median'], 2)} | "
+                         f"{_fmt(r['sampling_se_median'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
+    if row is None:
+        return "–"
+    return f"{row['mean']:.{digits}f}" + (f" ± {row['sd']:.{digits}f}" if row["sd"] is not None else "")
+
+
+def temperature_section(study: Study, rows: dict, reading: dict) -> list[str]:
+    """The learned temperature of each configuration, and (where configurations name one) the
+    published row of Sun and Li beside ours."""
+    lines = ["", "## Temperature", "",
+             f"β = exp(t) at the end of training, and the first logged step from which it stays within "
+             f"{CONVERGED_WITHIN:.0%} of that value (mean over seeds).", ""]
+    papered = {name: c.paper for name, c in study.configs.items() if c.paper}
+    published = None
+    if papered:
+        from euclip_cli.published import sun_li_temperature
+
+        published = sun_li_temperature()
+    header = ["config", "β final", "converged at step", "main", "retrieval"]
+    if published is not None:
+        header += ["Sun and Li row", "temperature init → final, as printed", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for config, spec in study.configs.items():
+        step = rows.get((config, "temperature_converged_step"))
+        # A temperature that is not learned, or barely moved, has no step it converged at: "frozen".
+        frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale or any(
+            r["config"] == config and r["scalar"] == "β" and r["frozen"] for r in reading["scalars"])
+        cells = [config, _mean_sd(rows.get((config, "temperature_final")), 2),
+                 "frozen" if frozen else "–" if step is None else f"{step['mean']:.0f}",
+                 _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
+        if published is not None:
+            label = papered.get(config)
+            if label is None:
+                cells += [""] * 5
+            else:
+                row = published.loc[label]
+                final = "" if row["temp_final"] != row["temp_final"] else f" → {row['temp_final']:.3f}"  # NaN: Table 6
+                cells += [f"Table {row['table']} {label}", f"{row['temp_init']:.3f}{final}",
+                          row["converge_step"] if isinstance(row["converge_step"], str) else "",
+                          f"{row['zero_shot']:.2f}", f"{row['i2t_r1']:.1f} / {row['t2i_r1']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if published is not None:
+        lines += ["", "The published rows are ViT-S/16 trained on YFCC-15M (batch 2,048, 108k steps); the world's "
+                  "runs are tiny towers trained for minutes. Compare directions and orderings, not values; "
+                  "the paper's temperatures are printed as it prints them (see the CSV's source line)."]
+    return lines
+
+
+def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    texts = {"study.csv": to_csv(summary["rows"]), "claims.csv": to_csv(summary["claims"]),
+             "noise.csv": to_csv(summary["noise"]), "regime.json": json.dumps(summary["regime"], indent=2),
+             "study.md": to_markdown(study, summary)}
+    for name in PUBLISHED:
+        text = texts[name]
+        write_text_atomic(out / name, text)
+        written.append(out / name)
+    return written
