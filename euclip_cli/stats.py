@@ -106,6 +106,9 @@ def power(n: int, effect: float, sd: float, level: float = 0.95) -> float:
 
 
 POWER = 0.8
+# A learnable scalar that moved less than this share of its initial value is reported "frozen":
+# a study says nothing about where it would settle.
+FROZEN_BELOW = 0.05
 
 
 def seeds_needed(sd: Optional[float], effect: float, level: float = 0.95, target: float = POWER,

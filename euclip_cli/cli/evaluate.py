@@ -94,10 +94,6 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             absent: list = []
             outcome = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
                                    on_images=on_images)
-            if absent:
-                keys = ", ".join(t.key for t in absent) if len(absent) <= 3 else f"{len(absent)} tasks"
-                progress.console.print(f"  no evaluation data for {keys}: run '{fetch_command(absent)}'",
-                                       highlight=False)
             for suite in ("world", "datacomp"):
                 agg = aggregate(outcome.results, suite)
                 if agg["tasks_done"]:
@@ -106,9 +102,12 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                     progress.console.print(f"  {suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): "
                                            + ", ".join(parts), highlight=False)
             failed_tasks += len(outcome.failed)
-            failures += [f"{run_dir.name}: {why}" for key, why in outcome.failed.items()
-                         if key not in {t.key for t in absent}]
+            missing = {t.key for t in absent}
+            failures += [f"{run_dir.name}: {why}" for key, why in outcome.failed.items() if key not in missing]
             if absent:
+                keys = ", ".join(sorted(missing)) if len(absent) <= 3 else f"{len(absent)} tasks"
+                progress.console.print(f"  no evaluation data for {keys}: run '{fetch_command(absent)}'",
+                                       highlight=False)
                 failures.append(f"{run_dir.name}: {len(absent)} task(s) without evaluation data: run "
                                 f"'{fetch_command(absent)}'")
     if failures:

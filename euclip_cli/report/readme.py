@@ -14,6 +14,7 @@ from pathlib import Path
 
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import write_text_atomic
+from euclip_cli.stats import FROZEN_BELOW
 
 BLOCK = re.compile(r"(<!-- results (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
@@ -38,7 +39,7 @@ def results_block(folder: Path, name: str) -> str:
              f"{', '.join(made['cpus'])} ({', '.join(made['precisions'])}); tables in `{name}`.",
              f"Each run is {regime['steps']:,} steps of {regime['batch_size']} (the learning rates sum to "
              f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
-             f"(Table 8 where the paper has a row there); frozen (moved < 5%): "
+             f"(its table of that scale where the paper has one); frozen (moved < {FROZEN_BELOW:.0%}): "
              f"{', '.join(frozen) if frozen else 'none'}.", "",
              render(results, "md").rstrip("\n"), "", render(claims, "md").rstrip("\n"), ""]
     return "\n".join(lines)

@@ -17,9 +17,6 @@ from euclip_cli.optim import summed_lr
 from euclip_cli.study.spec import Claim, Study
 
 LEVEL = 0.95
-# A learnable scalar that moved less than this share of its initial value is reported "frozen":
-# its verdicts say nothing about what it would learn.
-FROZEN_BELOW = 0.05
 # The suffix of a measure's value on the untrained model, in a run's values.
 AT_INIT = "_init"
 SUN_LI = "Sun and Li (YFCC-15M)"
@@ -101,7 +98,7 @@ def regime(study: Study, by_config: dict[str, dict[int, dict[str, float]]]) -> d
             start, end = sum(init) / len(init), sum(final) / len(final)
             moved = abs(end - start) / abs(start) if start else math.inf
             scalars.append({"config": config, "scalar": label, "init": start, "final": end, "relative_change": moved,
-                            "frozen": moved < FROZEN_BELOW})
+                            "frozen": moved < stats.FROZEN_BELOW})
     return {"steps": steps, "batch_size": cfg.data.batch_size, "samples": steps * cfg.data.batch_size,
             "summed_lr": summed_lr(cfg.optim.lr, cfg.optim.warmup_steps, steps), "scalar_lr_scale": cfg.optim.scalar_lr_scale,
             "scale": scale, "scale_steps": SCALES[scale].steps, "scale_batch": BATCH,
@@ -189,6 +186,6 @@ def regime_lines(reading: dict) -> list[str]:
         for r in reading["scalars"]:
             lines.append(f"| {r['config']} | {r['scalar']} | {r['init']:.3g} | {r['final']:.3g} | "
                          f"{100 * r['relative_change']:.1f}% | {'frozen' if r['frozen'] else ''} |")
-        lines += ["", f"\"frozen\": moved less than {FROZEN_BELOW:.0%} of its initial value; the study says nothing "
+        lines += ["", f"\"frozen\": moved less than {stats.FROZEN_BELOW:.0%} of its initial value; the study says nothing "
                       f"about where it would settle."]
     return lines
