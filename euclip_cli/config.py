@@ -31,16 +31,16 @@ DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
 @dataclass
 class ModelConfig:
     # An open_clip model name (``ViT-B-32``, ``ViT-B-16``) or one of euclip's in-code
-    # configs for CPU-sized runs (``euclip_cli.model.LOCAL_ARCHS``).
+    # configs for CPU-sized runs (``euclip_cli.towers.archs``).
     arch: str = "ViT-B-32"
     # False removes the vision tower's ``ln_post`` and the text tower's ``ln_final``.
     final_ln: bool = True
-    # m class tokens per tower, Multi(D/m, m) (Sun and Li, section 3; ``euclip_cli.multitoken``): each
+    # m class tokens per tower, Multi(D/m, m) (Sun and Li, section 3; ``euclip_cli.towers``): each
     # token's state projected to D/m and the m projections a point of the product sphere PS(D/m, m).
     # Needs geometry.name = "product-sphere" with geometry.blocks = m. 1 = open_clip's towers.
     class_tokens: int = 1
     # The most groups of equal context length a batch of captions runs in through the text tower
-    # (exact trimming, ``euclip_cli.model.text_features``); 0: every length its own group; unset: by
+    # (exact trimming, ``euclip_cli.towers.text.text_features``); 0: every length its own group; unset: by
     # the device's kind, 0 on a CPU and 2 on a GPU, where each group launches the whole tower again.
     text_groups: Optional[int] = None
 

@@ -14,7 +14,7 @@ Formats (``FORMATS``):
   (beside the checkpoint or one folder up, as OpenCLIP writes it) or from the command line.
 
 - ``meru``: MERU's released checkpoints (facebookresearch/meru, ``{"model": state_dict}``), MERU
-  or its CLIP baseline, into euclip's MERU towers (``model.MERU_TIMM``: timm's ViT as MERU builds
+  or its CLIP baseline, into euclip's MERU towers (``towers.archs.meru_arch``: timm's ViT as MERU builds
   it, open_clip's text transformer under MERU's weights); MERU's clamps (logit scale, alphas,
   curvature) applied at import as its forward applies them.
 """
@@ -210,7 +210,7 @@ def convert_authors(source: str, geometry: Optional[str], logit: Optional[str], 
     return Converted(overrides, state, meta)
 
 
-# MERU's ViT widths: euclip's MERU archs (``model.MERU_TIMM``).
+# MERU's ViT widths: euclip's MERU archs (``towers.archs``).
 MERU_WIDTHS = {384: "meru-vit-s", 768: "meru-vit-b", 1024: "meru-vit-l"}
 # MERU's pixel normalisation, a buffer in its checkpoints; euclip's MERU towers apply the same in
 # their transform, so a checkpoint with other values cannot be imported as they are.

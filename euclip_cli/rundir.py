@@ -359,3 +359,15 @@ def all_runs(runs_dir: Path = RUNS_DIR) -> list[RunDir]:
 
 def runs_of_recipe(recipe: str, runs_dir: Path = RUNS_DIR) -> list[RunDir]:
     return [run for run in all_runs(runs_dir) if run.config().get("recipe") == recipe]
+
+
+def select_runs(names: list[str], recipe: Optional[str] = None, runs_dir: Path = RUNS_DIR) -> list[RunDir]:
+    """The runs a command names: each of ``names`` (paths or names under ``runs_dir``), then every run
+    of ``recipe``; a recipe with no run is a usage error naming the command that makes one."""
+    found = [resolve(name, runs_dir) for name in names]
+    if recipe:
+        of_recipe = runs_of_recipe(recipe, runs_dir)
+        if not of_recipe:
+            raise UsageError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
+        found += of_recipe
+    return found

@@ -20,7 +20,8 @@ from typing import Callable, Optional
 import torch
 
 from euclip_cli.loss import objective
-from euclip_cli.model import EuclipModel, TextPlan
+from euclip_cli.model import EuclipModel
+from euclip_cli.towers.text import TextPlan
 
 
 def _plain_backward(loss: torch.Tensor) -> None:

@@ -70,8 +70,8 @@ def test_the_paper_root_of_clip_is_the_normalised_mean_of_training_embeddings(ru
 
     from euclip_cli.analysis.embeddings import paper_root
     from euclip_cli.encode import embed_texts, load_model
-    from euclip_cli.model import tokenizer_for, transforms_for
     from euclip_cli.rundir import RunDir
+    from euclip_cli.towers import tokenizer_for, transforms_for
 
     run = runs / "tiny-clip"
     root, reference = paper_root(run, torch.device("cpu"), 40)

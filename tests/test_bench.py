@@ -248,7 +248,8 @@ def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
     from torch.utils.flop_counter import FlopCounterMode
 
     from euclip_cli.bench import ensure_world, shard_captions
-    from euclip_cli.model import build_clip, text_features, tokenizer_for
+    from euclip_cli.towers import build_clip, tokenizer_for
+    from euclip_cli.towers.text import text_features
 
     result = CliRunner().invoke(app, ["bench", "profile", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "1",
                                       "--out", str(tmp_path)])
@@ -292,13 +293,15 @@ def test_an_unknown_precision_is_one_line_naming_the_option(tmp_path, command):
 def test_euclip_flops_count_each_caption_on_its_trimmed_context(monkeypatch):
     """Against independent counts: a caption filling the context costs the model's full count, and
     a short one what the same tower built with an 8-token context costs."""
+    import dataclasses
+
     from euclip_cli import bench
-    from euclip_cli.model import LOCAL_ARCHS
+    from euclip_cli.towers import archs
 
     arch = "tiny-vit"
-    cfg = LOCAL_ARCHS[arch]
-    short = dict(cfg, text_cfg=dict(cfg["text_cfg"], context_length=8))
-    monkeypatch.setitem(LOCAL_ARCHS, "tiny-vit-ctx8", short)
+    cfg = archs.ARCHS[arch]
+    short = dataclasses.replace(cfg, name="tiny-vit-ctx8", text_cfg=dict(cfg.text_cfg, context_length=8))
+    monkeypatch.setitem(archs.ARCHS, short.name, short)
     full = bench.flops_per_sample(arch)
     eight = bench.flops_per_sample("tiny-vit-ctx8")
     assert eight < full

@@ -8,10 +8,9 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.data.feed import SLOTS, DeviceFeed
-from euclip_cli.data.loader import (Batch, BatchLayout, TrainBatches, list_shards, pack, segment_steps_for,
-                                    unpack)
-from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+from euclip_cli.data.loader import Batch, BatchLayout, TrainBatches, list_shards, pack, segment_steps_for, unpack
 from euclip_cli.rundir import RunDir
+from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 from euclip_cli.train import loop
 
 TINY = ["data.batch_size=16", "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false",
@@ -240,10 +239,10 @@ def test_the_data_path_settings_are_checked_with_the_rest_of_the_config(override
 
 
 def test_the_text_groups_default_by_device_and_a_set_value_everywhere():
-    from euclip_cli.model import text_groups_for
+    from euclip_cli.towers.text import groups_for
 
-    assert text_groups_for(None, torch.device("cpu")) == 0 and text_groups_for(None, torch.device("cuda", 0)) == 2
-    assert text_groups_for(3, torch.device("cuda", 0)) == 3 and text_groups_for(0, torch.device("cuda", 0)) == 0
+    assert groups_for(None, torch.device("cpu")) == 0 and groups_for(None, torch.device("cuda", 0)) == 2
+    assert groups_for(3, torch.device("cuda", 0)) == 3 and groups_for(0, torch.device("cuda", 0)) == 0
     assert C.load_config("tiny-clip", ["model.text_groups=none"]).model.text_groups is None
     assert json.loads(json.dumps(C.to_dict(C.load_config("tiny-clip", ["model.text_groups=2"]))))["model"][
         "text_groups"] == 2

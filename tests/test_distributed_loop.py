@@ -14,8 +14,8 @@ import torch
 import torch.multiprocessing as mp
 
 from euclip_cli import config as C
-from euclip_cli.model import batchnorm_statistics
 from euclip_cli.rundir import RunDir, load_checkpoint
+from euclip_cli.towers import batchnorm_statistics
 from euclip_cli.train import loop
 from tests.test_multiprocess import free_port
 

@@ -188,10 +188,11 @@ def test_an_openclip_checkpoint_is_evaluated_as_a_clip_run(world, tmp_path):
     from euclip_cli import config as C
     from euclip_cli.cli import app
     from euclip_cli.evaluate.runner import evaluate_task
-    from euclip_cli.model import LOCAL_ARCHS, EuclipModel
+    from euclip_cli.model import EuclipModel
+    from euclip_cli.towers.archs import ARCHS
 
     # A stand-in for a published checkpoint: an open_clip model config and a weights file.
-    (tmp_path / "euclip-test-vit.json").write_text(_json.dumps(LOCAL_ARCHS["tiny-vit"]))
+    (tmp_path / "euclip-test-vit.json").write_text(_json.dumps(ARCHS["tiny-vit"].open_clip_config()))
     open_clip.add_model_config(tmp_path / "euclip-test-vit.json")
     torch.manual_seed(3)
     clip = open_clip.create_model("euclip-test-vit")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from euclip_cli.errors import UsageError
-from euclip_cli.geometry import euclidean, get_geometry, list_geometries, lorentz, sphere
+from euclip_cli.geometry import euclidean, get_geometry, list_geometries, lorentz
 
 torch.manual_seed(0)
 

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from euclip_cli.cli import app
 from euclip_cli.encode import load_model
-from euclip_cli.model import build_clip, remove_final_layernorm, tokenizer_for
 from euclip_cli.rundir import RunDir
+from euclip_cli.towers import build_clip, remove_final_layernorm, tokenizer_for
 
 runner = CliRunner()
 ARCH = "tiny-vit"
@@ -208,18 +208,15 @@ def test_an_imported_run_evaluates_analyses_and_reports_like_a_trained_one(tmp_p
 
 
 # ---- MERU's checkpoints (facebookresearch/meru): its key names, written out; small towers for speed.
-MERU_TEST = dict(embed_dim=32, text_cfg=dict(context_length=77, vocab_size=49408, width=64, heads=2, layers=2),
-                 vision_cfg=dict(timm_model_name="vit_tiny_patch16_224", timm_model_pretrained=False,
-                                 timm_pool="token", timm_proj="linear", image_size=224))
+MERU_TEST = dict(embed_dim=32, text_cfg=dict(context_length=77, vocab_size=49408, width=64, heads=2, layers=2))
 MERU_SCALARS = {"visual_alpha": 0.3, "textual_alpha": -2.5, "curv": 3.0}  # alpha > 0 and c = 20: both clamped
 
 
 @pytest.fixture
 def meru_test_arch(monkeypatch):
-    from euclip_cli import model as M
+    from euclip_cli.towers import archs
 
-    monkeypatch.setitem(M.LOCAL_ARCHS, "meru-test", MERU_TEST)
-    monkeypatch.setitem(M.MERU_TIMM, "meru-test", "vit_tiny_patch16_224")
+    monkeypatch.setitem(archs.ARCHS, "meru-test", archs.meru_arch("meru-test", "vit_tiny_patch16_224", **MERU_TEST))
     return "meru-test"
 
 
@@ -306,7 +303,7 @@ def meru_reference(state, images01, tokens, hyperbolic):
 
 @pytest.mark.parametrize("hyperbolic", [True, False])
 def test_a_meru_checkpoint_gives_merus_embeddings_and_logits(tmp_path, meru_test_arch, hyperbolic):
-    from euclip_cli.model import transforms_for
+    from euclip_cli.towers import transforms_for
 
     path = tmp_path / ("meru_vit_test.pth" if hyperbolic else "clip_vit_test.pth")
     state = meru_checkpoint(path, hyperbolic)
@@ -344,8 +341,8 @@ def test_a_meru_checkpoint_with_a_wrong_geometry_or_unknown_width_is_named(tmp_p
 
 def test_merus_released_towers_hold_merus_key_layout():
     """euclip's meru-vit-s|b|l take MERU's checkpoint keys one to one (shapes from MERU's configs)."""
-    from euclip_cli.model import build_clip
     from euclip_cli.released import _meru_key
+    from euclip_cli.towers import build_clip
 
     for arch, width, depth in (("meru-vit-s", 384, 12), ("meru-vit-b", 768, 12)):
         with torch.device("meta"):

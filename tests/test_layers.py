@@ -78,8 +78,8 @@ CORE_FLOORS = (
     ("facilities", ("device", "rundir", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks")),
     ("geometries", ("geometry", "geometry.registry")),
     ("config", ("config",)),
-    ("parts", ("loss", "multitoken", "optim", "data.feed", "data.openclip_pipeline", "data.webshards",
-               "data.world_files")),
+    ("parts", ("loss", "optim", "data.feed", "data.openclip_pipeline", "data.webshards", "data.world_files")),
+    ("towers", ("towers", "towers.archs", "towers.attention", "towers.text", "towers.vision")),
     ("model", ("model",)),
     ("model users", ("step", "encode")),
 )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from euclip_cli.data.loader import TrainBatches, list_shards, shards_for_rank
-from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_a_script_that_never_closes_its_loader_still_exits(world, tmp_path):
     script = (
         "from pathlib import Path\n"
         "from euclip_cli.data.loader import TrainBatches, list_shards\n"
-        "from euclip_cli.model import build_clip, tokenizer_for, transforms_for\n"
+        "from euclip_cli.towers import build_clip, tokenizer_for, transforms_for\n"
         f"tf, _ = transforms_for(build_clip('tiny'))\n"
         f"stream = TrainBatches(list_shards(Path({str(world / 'train')!r}), 'x'), 8, tf, tokenizer_for('tiny'), seed=0,\n"
         "                      shuffle_buffer=20, segment_steps=10, workers=2)\n"

@@ -1,12 +1,15 @@
 """open_clip surgery and the learnable scalars."""
 
+import copy
 import math
 
 import pytest
 import torch
+from euclip_cli.towers.archs import ARCHS, WithConvStem
 
 from euclip_cli import config as C
-from euclip_cli.model import CONV_STEMS, EuclipModel, batchnorm_statistics, build_clip, remove_final_layernorm
+from euclip_cli.model import EuclipModel
+from euclip_cli.towers import batchnorm_statistics, build_clip, remove_final_layernorm
 
 
 def test_removing_the_final_layernorm_removes_exactly_ln_post_and_ln_final():
@@ -25,7 +28,7 @@ def test_final_ln_flag_builds_the_model_without_them():
     assert any("ln_pre" in n for n in names)  # everything else stays
 
 
-@pytest.mark.parametrize("arch", list(CONV_STEMS))
+@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if isinstance(a.finish, WithConvStem)])
 def test_a_conv_stem_feeds_the_vit_its_token_grid_and_keeps_images_independent(arch):
     clip = build_clip(arch).double()  # training mode, where a BatchNorm would use batch statistics
     torch.manual_seed(0)
@@ -98,7 +101,7 @@ def test_weight_decay_spares_gains_biases_and_scalars():
 
 def test_an_unknown_arch_is_a_usage_error_naming_the_key():
     from euclip_cli.errors import UsageError
-    from euclip_cli.model import build_clip
+    from euclip_cli.towers import build_clip
 
     with pytest.raises(UsageError, match="model.arch 'vit-tiny-typo'"):
         build_clip("vit-tiny-typo")
@@ -123,7 +126,8 @@ def _captions(tokenizer) -> torch.Tensor:
 ])
 def test_trimmed_text_context_is_exact_in_embeddings_and_gradients(final_ln, max_groups, expected):
     """Padding after a caption's end-of-text token cannot matter under a causal mask (fp64)."""
-    from euclip_cli.model import context_groups, text_features, tokenizer_for
+    from euclip_cli.towers import tokenizer_for
+    from euclip_cli.towers.text import context_groups, text_features
 
     torch.manual_seed(0)
     clip = build_clip("tiny").double()
@@ -154,8 +158,8 @@ def test_trimming_runs_on_device_tokens_from_a_host_plan(recipe, max_groups):
     copy. The meta device stands in for a GPU: its tensors have shapes but no values, so any host
     decision taken from a device tensor (the captions' lengths) fails there, as it would synchronise
     a GPU."""
-    from euclip_cli import multitoken
-    from euclip_cli.model import text_features, text_plan, tokenizer_for
+    from euclip_cli.towers import tokenizer_for
+    from euclip_cli.towers.text import class_tokens, text_features, text_plan
 
     cfg = C.load_config(recipe)
     clip = build_clip(cfg.model.arch, cfg.model.class_tokens).to("meta")
@@ -165,7 +169,7 @@ def test_trimming_runs_on_device_tokens_from_a_host_plan(recipe, max_groups):
     clip.token_embedding.register_forward_pre_hook(lambda module, args: seen.append(args[0].device.type))
     out = text_features(clip, tokens.to("meta"), plan)
     assert seen and set(seen) == {"meta"}, seen
-    width = clip.text_projection.shape[-1] * multitoken.text_class_tokens(clip)
+    width = clip.text_projection.shape[-1] * class_tokens(clip)
     assert out.device.type == "meta" and out.shape == (4, width)
 
 
@@ -174,7 +178,7 @@ def test_at_most_k_length_groups_compute_the_fewest_padded_tokens():
     import itertools
     import random
 
-    from euclip_cli.model import _merge_lengths
+    from euclip_cli.towers.text import _merge_lengths
 
     def tokens(lengths, counts, ends):
         total, start = 0, 0
@@ -199,7 +203,8 @@ def test_at_most_k_length_groups_compute_the_fewest_padded_tokens():
 
 
 def test_trimming_is_refused_where_it_would_not_be_exact():
-    from euclip_cli.model import context_groups, tokenizer_for
+    from euclip_cli.towers import tokenizer_for
+    from euclip_cli.towers.text import context_groups
 
     clip = build_clip("tiny")
     tokens = _captions(tokenizer_for("tiny"))
@@ -214,11 +219,9 @@ def test_trimming_is_refused_where_it_would_not_be_exact():
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_packed_attention_equals_torchs_multihead_attention(mask, batch_first):
     """Outputs and every gradient equal to ``nn.MultiheadAttention``'s on the same parameters (fp64)."""
-    import copy
-
     from torch import nn
 
-    from euclip_cli.model import PackedSelfAttention
+    from euclip_cli.towers.attention import PackedSelfAttention
 
     torch.manual_seed(0)
     batch, length, width, heads = 3, 7, 32, 4
@@ -254,17 +257,18 @@ def test_built_towers_load_open_clips_weights_and_compute_what_open_clip_compute
     either way), and the same embeddings and gradients (fp64)."""
     import open_clip
 
-    from euclip_cli.model import LOCAL_ARCHS, PackedSelfAttention, tokenizer_for
+    from euclip_cli.towers import tokenizer_for
+    from euclip_cli.towers.attention import PackedSelfAttention
 
     torch.manual_seed(0)
-    ours, theirs = build_clip(arch).double(), open_clip.CLIP(**LOCAL_ARCHS[arch]).double()
-    if arch in CONV_STEMS:
-        theirs.visual.conv1 = ours.visual.conv1.__class__(LOCAL_ARCHS[arch]["vision_cfg"]["width"], CONV_STEMS[arch]).double()
+    ours, theirs = build_clip(arch).double(), open_clip.CLIP(**ARCHS[arch].open_clip_config()).double()
+    if ARCHS[arch].finish is not None:  # a conv stem: open_clip's config cannot say it, so both get ours
+        theirs.visual.conv1 = copy.deepcopy(ours.visual.conv1)
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
     theirs.load_state_dict(ours.state_dict())
     assert any(isinstance(m, PackedSelfAttention) for m in ours.modules())
     assert not any(isinstance(m, PackedSelfAttention) for m in theirs.modules())
-    size = LOCAL_ARCHS[arch]["vision_cfg"]["image_size"]
+    size = ARCHS[arch].vision_cfg["image_size"]
     images = torch.randn(2, 3, size, size, dtype=torch.float64)
     tokens = tokenizer_for(arch)(["a red circle", "a picture of a small blue square on a green field"])
 
@@ -282,3 +286,30 @@ def test_built_towers_load_open_clips_weights_and_compute_what_open_clip_compute
         assert (grad is None) == (expected is None), name
         if grad is not None:
             torch.testing.assert_close(grad, expected, atol=1e-10, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_every_registered_arch_builds_at_its_dimension_and_context(name):
+    """The registry's entries as ``model.arch`` names them: the towers project to the entry's dimension
+    and the tokenizer's context is the text tower's."""
+    from euclip_cli.towers import tokenizer_for
+
+    arch = ARCHS[name]
+    clip = build_clip(name)
+    assert clip.text_projection.shape[-1] == arch.embed_dim
+    assert clip.positional_embedding.shape[0] == arch.context_length == tokenizer_for(name).context_length
+
+
+def test_an_arch_registered_by_a_user_builds_through_the_model(monkeypatch):
+    """``towers.archs.register`` is the way the docs give to add towers: the model builds them by name."""
+    import dataclasses
+
+    from euclip_cli.towers import archs
+
+    mine = dataclasses.replace(ARCHS["tiny-vit"], name="my-vit", embed_dim=64)
+    monkeypatch.setattr(archs, "ARCHS", dict(ARCHS))
+    archs.register(mine)
+    with pytest.raises(ValueError, match="registered twice"):
+        archs.register(mine)
+    model = EuclipModel(C.load_config("tiny-clip", ["model.arch=my-vit"]))
+    assert model.encode_image(torch.randn(2, 3, 64, 64)).shape == (2, 64)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import copy
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 
 from euclip_cli import config as C
-from euclip_cli import multitoken
 from euclip_cli.geometry import get_geometry
-from euclip_cli.model import EuclipModel, build_clip, text_features, tokenizer_for
-from euclip_cli.multitoken import MultiQueryAttentionPool, MultiTokenViT
+from euclip_cli.model import EuclipModel
+from euclip_cli.towers import build_clip, tokenizer_for
+from euclip_cli.towers.text import _context_features, text_features
+from euclip_cli.towers.vision import MultiQueryAttentionPool, MultiTokenViT
 
 CAPTIONS = ["a red square", "two small blue circles at the top left of the picture, over a grey field",
             "one green triangle", "x"]
@@ -43,7 +43,7 @@ def test_one_class_token_is_the_tower_it_extends(arch):
     assert torch.allclose(clip.encode_image(images), single.encode_image(images), atol=1e-9, rtol=0)
     tokens = captions(arch)
     # The text tower's reduction: class token 1 is the caption's end-of-text token, pooled as open_clip pools it.
-    assert torch.allclose(multitoken.multi_text_features(clip, tokens, tokens.shape[1]),
+    assert torch.allclose(_context_features(clip, tokens, tokens.shape[1]),
                           single.encode_text(tokens), atol=1e-9, rtol=0)
 
 
@@ -99,8 +99,8 @@ def test_text_class_tokens_ignore_everything_after_the_end_of_text():
     for row, end in enumerate(ends.tolist()):
         noisy[row, end + 1:] = torch.randint(1, 40000, (tokens.shape[1] - end - 1,))
     full = tokens.shape[1]
-    assert torch.allclose(multitoken.multi_text_features(clip, noisy, full),
-                          multitoken.multi_text_features(clip, tokens, full), atol=1e-9, rtol=0)
+    assert torch.allclose(_context_features(clip, noisy, full),
+                          _context_features(clip, tokens, full), atol=1e-9, rtol=0)
 
 
 def test_trimming_is_exact_for_multi_token_text_embeddings_and_gradients():
@@ -114,7 +114,7 @@ def test_trimming_is_exact_for_multi_token_text_embeddings_and_gradients():
         (out * weights).sum().backward()
         return out.detach(), {n: p.grad.clone() for n, p in clip.named_parameters() if p.grad is not None}
 
-    full, full_grads = run(lambda: multitoken.multi_text_features(clip, tokens, tokens.shape[1]))
+    full, full_grads = run(lambda: _context_features(clip, tokens, tokens.shape[1]))
     trimmed, trimmed_grads = run(lambda: text_features(clip, tokens))
     assert torch.allclose(trimmed, full, atol=1e-9, rtol=0)
     assert full_grads.keys() == trimmed_grads.keys() and "class_positional_embedding" in full_grads

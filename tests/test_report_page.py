@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli.cli import app
-from euclip_cli.evaluate.tasks import SUITE_COLUMNS, select
+from euclip_cli.evaluate.tasks import SUITE_COLUMNS
 from euclip_cli.report.figures import study_figure
 from euclip_cli.study import runner as R
 from euclip_cli.study import tables as T
@@ -27,7 +27,6 @@ def report_page(tmp_path_factory):
     study, claims = load_study("study-geometries"), load_claims()
     folder = tmp / "studies" / study.name
     plans = R.plan(study, folder, claims)
-    tasks = [t.key for t in select(study.tasks)]
 
     def invented(p, keys):
         rng = random.Random(f"{p.config}-{p.seed}")

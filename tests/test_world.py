@@ -6,7 +6,6 @@ import random
 import tarfile
 
 import pytest
-import torch
 
 from euclip_cli.data import world as w
 from euclip_cli.data.loader import DataError, list_shards

@@ -20,8 +20,8 @@ from euclip_cli.encode import embed_images, embed_texts, feature_cache, load_mod
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import TASKS, list_tasks
 from euclip_cli.geometry import Geometry
-from euclip_cli.model import tokenizer_for, transforms_for
 from euclip_cli.rundir import RunDir
+from euclip_cli.towers import tokenizer_for, transforms_for
 
 
 @dataclass

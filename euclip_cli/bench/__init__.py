@@ -1,6 +1,6 @@
 """Training speed: euclip's trainer against OpenCLIP's reference trainer, measured in one invocation.
 
-Both run as child processes on the same model (``LOCAL_ARCHS["bench-vit"]``, written out as an
+Both run as child processes on the same model (``bench-vit`` of ``towers.archs``, written out as an
 open_clip model config for OpenCLIP), the same batch size, precision, device, thread count and
 loader workers, and both read the same img2dataset-format shards of the embedded world (euclip
 through its loader, OpenCLIP through its webdataset pipeline): a ratio of two trainers, not of a
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from euclip_cli.errors import Failure, UsageError
+from euclip_cli.errors import Failure
 from euclip_cli.rundir import RunDir
 
 BENCH_ARCH = "bench-vit"
@@ -99,7 +99,7 @@ def ratio_over_rounds(numerator: list[float], denominator: list[float]) -> dict:
 
 @dataclass
 class Settings:
-    arch: str = BENCH_ARCH  # a key of LOCAL_ARCHS, or an open_clip model
+    arch: str = BENCH_ARCH  # one of euclip's archs (towers.archs), or an open_clip model
     batch_size: int = 256
     steps: int = 10
     warmup: int = 2
@@ -209,12 +209,12 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
     images), or (``math_attention``) with the attention kernel euclip uses on a CPU
     (``train.sdpa_math``): a setting anyone could flip, shown apart from euclip's own gains.
     ``step_samples`` > 0: its model computes on that many samples of each batch (``bench feed``)."""
-    from euclip_cli.model import LOCAL_ARCHS
+    from euclip_cli.towers.archs import ARCHS
 
-    if s.arch in LOCAL_ARCHS:  # euclip's in-code towers, given to OpenCLIP as a model config of its own
+    if s.arch in ARCHS:  # euclip's in-code towers, given to OpenCLIP as a model config of its own
         model_name = f"euclip-{s.arch}"
         model_config = work / f"{model_name}.json"
-        model_config.write_text(json.dumps(LOCAL_ARCHS[s.arch]))
+        model_config.write_text(json.dumps(ARCHS[s.arch].open_clip_config()))
     else:  # one of OpenCLIP's own models (ViT-B-32)
         model_name, model_config = s.arch, "-"
     if world_train is None:
@@ -283,14 +283,15 @@ def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = Non
 
     Without ``captions`` the text tower runs on its full context, as OpenCLIP's trainer computes it.
     With them it runs as euclip's trainer runs it, each caption on its trimmed context
-    (``model.text_features``), and the text tower's count is the mean over the captions: the arithmetic
+    (``towers.text.text_features``), and the text tower's count is the mean over the captions: the arithmetic
     euclip really does, so that its fraction of peak does not count the padding it skips.
     """
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.model import build_clip, image_size, text_features, tokenizer_for
+    from euclip_cli.towers import build_clip, image_size, tokenizer_for
+    from euclip_cli.towers.text import text_features
 
     clip = build_clip(arch)
     size, ctx = image_size(clip), clip.context_length
@@ -433,8 +434,8 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
 
     import torch
 
-    from euclip_cli.model import build_clip, context_groups, text_features, tokenizer_for
-    from euclip_cli.multitoken import end_positions
+    from euclip_cli.towers import build_clip, tokenizer_for
+    from euclip_cli.towers.text import context_groups, end_positions, text_features
 
     torch.manual_seed(0)
     clip = build_clip(arch)
@@ -536,7 +537,7 @@ def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, ba
     ``warmup`` batches, then times ``batches``, fed to ``device`` as euclip's trainer feeds them.
     """
     from euclip_cli.data.loader import list_shards
-    from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+    from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 
     parts = transforms_for(build_clip(arch))[0], tokenizer_for(arch)
     shards = list_shards(world_train, "euclip bench loader")
@@ -591,9 +592,10 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
 
     from euclip_cli import config as C
     from euclip_cli.device import autocast_factory
-    from euclip_cli.model import EuclipModel, image_size, tokenizer_for
+    from euclip_cli.model import EuclipModel
     from euclip_cli.optim import build_optimizer
     from euclip_cli.step import forward_backward
+    from euclip_cli.towers import image_size, tokenizer_for
 
     cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={batch_size}",
                                        f"train.precision={precision}", f"train.compile={str(compile).lower()}"])

@@ -69,7 +69,7 @@ import functools, json, sys
 from pathlib import Path
 from euclip_cli.bench import make_loader, time_loader
 from euclip_cli.data.loader import list_shards
-from euclip_cli.model import build_clip, tokenizer_for, transforms_for
+from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 kind, arch, world, batch, workers, steps, warmup = sys.argv[1:]
 parts = transforms_for(build_clip(arch))[0], tokenizer_for(arch)
 make = functools.partial(make_loader, kind, list_shards(Path(world), "euclip bench feed"), parts, int(batch), int(workers))

@@ -70,9 +70,10 @@ def euclip_phases(arch: str, tokens: torch.Tensor, text_groups: int, accum_steps
     from euclip_cli import config as C
     from euclip_cli.bench import STUDY_RECIPE
     from euclip_cli.device import autocast_factory
-    from euclip_cli.model import EuclipModel, image_size
+    from euclip_cli.model import EuclipModel
     from euclip_cli.optim import build_optimizer
     from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
+    from euclip_cli.towers import image_size
 
     cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={len(tokens)}",
                                        f"optim.accum_steps={accum_steps}", f"model.text_groups={text_groups}"])
@@ -109,10 +110,11 @@ def openclip_phases(arch: str, tokens: torch.Tensor) -> dict[str, Callable]:
     import open_clip
     from open_clip.loss import ClipLoss
 
-    from euclip_cli.model import LOCAL_ARCHS, image_size, open_clip_model
+    from euclip_cli.towers import image_size
+    from euclip_cli.towers.archs import ARCHS, open_clip_model
 
     torch.manual_seed(0)
-    clip = open_clip.CLIP(**LOCAL_ARCHS[arch]) if arch in LOCAL_ARCHS else open_clip_model(arch)
+    clip = open_clip.CLIP(**ARCHS[arch].open_clip_config()) if arch in ARCHS else open_clip_model(arch)
     exempt = [p for n, p in clip.named_parameters() if p.ndim < 2 or "bn" in n or "ln" in n or "bias" in n
               or "logit_scale" in n]
     ids = {id(p) for p in exempt}
@@ -154,7 +156,7 @@ def text_flops(clip: torch.nn.Module, tokens: torch.Tensor, text_groups: int) ->
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.model import text_features
+    from euclip_cli.towers.text import text_features
 
     counts = []
     for run in (lambda: text_features(clip, tokens, max_groups=text_groups), lambda: clip.encode_text(tokens)):
@@ -172,7 +174,8 @@ GROUPINGS = (1, 2, 3, 0)
 
 def bench_ops(arch: str, captions: list[str], batch_size: int) -> dict:
     """Operations per step of euclip (at each of ``GROUPINGS``) and of OpenCLIP on one batch of ``captions``."""
-    from euclip_cli.model import build_clip, text_plan, tokenizer_for
+    from euclip_cli.towers import build_clip, tokenizer_for
+    from euclip_cli.towers.text import text_plan
 
     tokens = tokenizer_for(arch)(captions[:batch_size])
     openclip = step_ops(openclip_phases(arch, tokens))

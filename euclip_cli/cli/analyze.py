@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from euclip_cli.analysis.protocol import protocol as pick_protocol
-from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.cli.common import console, errors
 from euclip_cli.errors import UsageError
-from euclip_cli.geometry import describe
-from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
+from euclip_cli.rundir import RUNS_DIR
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
                   no_args_is_help=True)
 
 
-def _collect(run: str, runs_dir: Path, world: Optional[Path], device: str, at_init: bool = False):
-    from euclip_cli.analysis.embeddings import collect
-    from euclip_cli.device import resolve_device
-
-    run_dir = resolve(run, runs_dir).path
-    with console.status(f"embedding the world's evaluation images and captions with {run_dir.name}"):
-        return run_dir, collect(run_dir, resolve_device(device), world, at_init=at_init)
-
-
-def _write(run_dir: Path, name: str, result: dict) -> Path:
-    out = RunDir(run_dir).analysis_dir / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    return out
+def _status(text: str):
+    return console.status(text)
 
 
 PROTOCOL_HELP = ("paper: the published procedures ([ROOT] from training pairs and in the traversal pool, the "
@@ -61,44 +47,19 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
       euclip analyze distances tiny-clip --split train --samples 5000
       euclip analyze distances tiny-clip --protocol euclip
     """
-    import torch
-
-    from euclip_cli.analysis.embeddings import paper_root, training_pairs
-    from euclip_cli.analysis.studies import distance_study
-    from euclip_cli.device import resolve_device
+    from euclip_cli.analysis import runner
     from euclip_cli.report.figures import distance_histogram
 
-    if split not in ("eval", "train"):
-        fail(f"--split '{split}' is not one of eval, train")
     with errors():
-        chosen = pick_protocol(protocol)
-        if split == "eval":
-            run_dir, emb = _collect(run, runs_dir, world, device, at_init)
-            geometry, curv, image, text = emb.geometry, emb.curv, emb.image, emb.text
-        else:
-            run_dir = resolve(run, runs_dir).path
-            with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
-                geometry, curv, image, text, _ = training_pairs(run_dir, resolve_device(device), samples,
-                                                                at_init=at_init)
-        if chosen.root_from_training:
-            with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
-                root, reference = paper_root(run_dir, resolve_device(device), root_samples, at_init)
-        else:
-            reference = torch.cat([image, text])
-            root = geometry.root(reference)
-        result = distance_study(geometry, image, text, curv, chosen, root, reference)
-        result["split"], result["at_init"] = split, at_init
-        if chosen.root_from_training:
-            result["root_pairs"] = len(reference) // 2  # fewer than asked when the shards hold fewer
-    out = RunDir(run_dir).distances_file(split, at_init)
-    state = "untrained, " if at_init else ""
-    figures = distance_histogram(result, f"{run_dir.name} ({state}{result['geometry']}, {result['logit']}), {split} "
-                                         f"pairs, {protocol} protocol", out.with_suffix(""))
-    out = _write(run_dir, out.stem, result)
+        found = runner.distances(run, device, split, samples, protocol, root_samples, world, at_init,
+                                  runs_dir, _status)
+    result, out, state = found.result, found.path, "untrained, " if at_init else ""
+    figures = distance_histogram(result, f"{found.run_dir.name} ({state}{result['geometry']}, {result['logit']}), "
+                                         f"{split} pairs, {protocol} protocol", out.with_suffix(""))
     console.print(f"protocol {protocol}: distances from [ROOT] are {result['scale']}", highlight=False)
     if "average_norm" in result:
         console.print(f"[ROOT] is the embedding average, norm {result['average_norm']:.4f} before "
-                      f"{'normalising' if chosen.root_from_training else 'projecting'}", highlight=False)
+                      f"{'normalising' if pick_protocol(protocol).root_from_training else 'projecting'}", highlight=False)
     for ref, d in result["references"].items():
         name = "[ROOT]" if ref == "root" else "the embedding average"
         console.print(f"||{name}|| = {d['norm']:.4f}; mean distance from it: image {d['image']['mean']:.4f}, "
@@ -123,23 +84,13 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     """
     from rich.table import Table
 
-    from euclip_cli.analysis.studies import isotropy_study
+    from euclip_cli.analysis import runner
     from euclip_cli.report.figures import spectra_plot
 
     with errors():
-        chosen = pick_protocol(protocol)
-        run_dir, emb = _collect(run, runs_dir, world, device)
-        dim = emb.image.shape[1]
-        if not 0 <= k <= dim:
-            raise UsageError(f"--k {k}: must lie in [1, {dim}] (the embedding size), or 0 for {dim // 2}")
-        half = len(emb.image) // 2
-        if loss_batch == 1 or loss_batch > half:
-            raise UsageError(f"--loss-batch {loss_batch}: must lie in [2, {half}] so that each half of the "
-                             f"{len(emb.image)} pairs fills a batch")
-        loss_batch = loss_batch or min(100, half)
-        result = isotropy_study(emb, k or dim // 2, chosen, loss_batch)
-    figures = spectra_plot(result, f"{run_dir.name}: singular values", RunDir(run_dir).analysis_dir / "isotropy_spectra")
-    out = _write(run_dir, "isotropy", result)
+        found = runner.isotropy(run, device, k, protocol, loss_batch, world, runs_dir, _status)
+    result, out, run_dir = found.result, found.path, found.run_dir
+    figures = spectra_plot(result, f"{run_dir.name}: singular values", out.parent / "isotropy_spectra")
     table = Table(title=f"{run_dir.name}: isotropy on {result['pairs'] - result['fit_pairs']} held-out pairs "
                         f"(fitted on {result['fit_pairs']}; {protocol} protocol)")
     columns = {"I1_image": "I1 img", "I2_image": "I2 img", "I1_text": "I1 txt", "I2_text": "I2 txt",
@@ -155,7 +106,7 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     own = result["zero_shot_own_geometry"]
     console.print(f"zero-shot in the run's own geometry: shapes {own['world/shapes']:.3f}, "
                   f"mean over {len(own)} tasks {sum(own.values()) / len(own):.3f}; CLIP loss at the run's scale "
-                  f"{result['loss_scale']:.1f}, batches of {loss_batch}")
+                  f"{result['loss_scale']:.1f}, batches of {result['loss_batch']}")
     console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
 
@@ -188,37 +139,17 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
     """
     from rich.table import Table
 
-    from euclip_cli.analysis.embeddings import training_pairs
-    from euclip_cli.analysis.equilibrium import equilibrium_study, temperature_grid
-    from euclip_cli.device import resolve_device
+    from euclip_cli.analysis import runner
     from euclip_cli.report.figures import equilibrium_plot
 
     with errors():
-        percents = _numbers("--shuffle", shuffle)
-        sizes = _numbers("--batch-sizes", batch_sizes, int)
-        grid = _numbers("--temperatures", temperatures)
-        if any(not 0 <= p <= 100 for p in percents):
-            raise UsageError(f"--shuffle {shuffle}: percentages lie in [0, 100]")
-        if any(b < 2 for b in sizes):
-            raise UsageError(f"--batch-sizes {batch_sizes}: a contrastive batch needs at least 2 pairs")
-        if len(grid) != 3 or not 0 < grid[0] < grid[1] or grid[2] < 2 or grid[2] != int(grid[2]):
-            raise UsageError(f"--temperatures {temperatures}: expected LOW,HIGH,POINTS with 0 < LOW < HIGH "
-                             f"and at least 2 points, e.g. 1,100,25")
-        if max(sizes) > samples:
-            raise UsageError(f"--batch-sizes {batch_sizes}: the largest batch exceeds --samples {samples}")
-        run_dir = resolve(run, runs_dir).path
-        with console.status(f"embedding {samples} training pairs with {run_dir.name}"):
-            geometry, curv, image, text, learned = training_pairs(run_dir, resolve_device(device), samples)
-        if len(image) < max(sizes):
-            raise UsageError(f"{run_dir.name}'s training shards hold {len(image)} pairs, fewer than the largest "
-                             f"batch {max(sizes)}: lower --batch-sizes")
-        # The run's own temperature joins the grid, so the table reads the ratio exactly there.
-        points = sorted({*temperature_grid(grid[0], grid[1], int(grid[2])), learned})
-        result = equilibrium_study(geometry, image, text, curv, percents, sizes, points, batches, seed)
-    result["learned_temperature"] = learned
+        found = runner.equilibrium(run, _numbers("--shuffle", shuffle), _numbers("--batch-sizes", batch_sizes, int),
+                                   _numbers("--temperatures", temperatures), batches, samples, seed, device, runs_dir,
+                                   _status)
+    result, out, run_dir = found.result, found.path, found.run_dir
+    learned = result["learned_temperature"]
     figures = equilibrium_plot(result, f"{run_dir.name} ({result['geometry']}, {result['logit']}): "
-                                       f"equilibrium of the contrastive loss", RunDir(run_dir).analysis_dir / "equilibrium")
-    out = _write(run_dir, "equilibrium", result)
+                                       f"equilibrium of the contrastive loss", out.parent / "equilibrium")
     table = Table(title=f"{run_dir.name}: equilibrium over {batches} batches of its training pairs "
                         f"(learned temperature {learned:.2f})")
     for label in ("shuffled %", "batch", "equilibrium temperature", "ratio at the run's temperature"):
@@ -260,58 +191,28 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     """
     from rich.table import Table
 
-    from euclip_cli.analysis.studies import traversal_study
-    from euclip_cli.data import world as W
-    from euclip_cli.device import resolve_device
+    from euclip_cli.analysis import runner
 
     with errors():
-        chosen = pick_protocol(protocol)
-        ks: list[Optional[float]] = [None]
-        for item in (entail or "").split(","):
-            if item.strip():
-                try:
-                    ks.append(float(item))
-                except ValueError:
-                    raise UsageError(f"--entail: '{item}' is not a number (e.g. --entail 0.1,0.3)") from None
-        from euclip_cli import config as C
-        from euclip_cli.analysis.embeddings import collect
-
-        run_dir = resolve(run, runs_dir).path
-        cfg = C.from_dict(RunDir(run_dir).config())
-        facts = describe(cfg.geometry.name)
-        if len(ks) > 1 and not facts.has_entailment:
-            raise UsageError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
-                             f"entailment cones")
+        ks: list[Optional[float]] = [None, *_numbers("--entail", entail)] if entail else [None]
         if image_dir is None and any(p is not None for p in (text_pool, captions, nouns, adjectives)):
             raise UsageError("--text-pool, --captions, --nouns and --adjectives go with --image-dir")
         if image_dir is not None:
             from euclip_cli.analysis.traverse import text_pool as read_pool
 
-            if not image_dir.is_dir():
-                raise UsageError(f"--image-dir {image_dir} is not a folder")
             pool = read_pool(text_pool, captions, nouns, adjectives)  # checked before any embedding is computed
-        root, root_pairs = None, None
-        if chosen.root_from_training and facts.root == "mean":
-            from euclip_cli.analysis.embeddings import paper_root
-
-            with console.status(f"[ROOT]: embedding {root_samples} training pairs with {run_dir.name}"):
-                root, reference = paper_root(run_dir, resolve_device(device), root_samples)
-            root_pairs = len(reference) // 2
-        if image_dir is not None:
-            _folder_traversal(run_dir, image_dir, pool, steps, ks, chosen, root, root_pairs, device)
+            found = runner.traverse_folder(run, image_dir, pool, device, steps, tuple(ks), protocol,
+                                           root_samples, runs_dir, _status)
+            for name, row in found.result["filters"].items():
+                console.print(f"[bold]{name}[/]: {row['captions_per_image']:.2f} captions per image, [ROOT] "
+                              f"excluded ({protocol} protocol)")
+                for n, seq in row["traversals"].items():
+                    console.print(f"  {n}: " + " → ".join(seq), highlight=False)
+            console.print(f"written: {found.path}")
             return
-        world = world or C.world_dir(cfg)
-        specs = W.traversal_vocabulary()
-        with console.status(f"embedding images, captions and {len(specs)} vocabulary captions"):
-            emb = collect(run_dir, resolve_device(device), world, vocabulary=[W.caption_text(s) for s in specs])
-        if root is None:
-            import torch
-
-            root = emb.geometry.root(torch.cat([emb.image, emb.text]))
-        scenes = [W.scene_from_json(s) for s in json.loads((world / "eval" / "retrieval" / "scenes.json").read_text())]
-        result = traversal_study(emb, specs, scenes, images, steps, ks, chosen, root)
-        result["root_pairs"] = root_pairs
-    out = _write(run_dir, "traverse", result)
+        found = runner.traverse(run, device, images, steps, tuple(ks), protocol, root_samples, world, runs_dir,
+                                _status)
+    result, out, run_dir = found.result, found.path, found.run_dir
     table = Table(title=f"{run_dir.name}: traversals of {result['images']} images, {steps} steps, "
                         f"{result['vocabulary']} captions ({protocol} protocol)")
     for column in ("filter", "captions/image", "none but [ROOT]", "true of the image", "generic order",
@@ -328,28 +229,4 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
         console.print(f"entailment test {name}: precision {test['precision']:.3f}, recall {test['recall']:.3f} "
                       f"(cones contain {100 * test['predicted_share']:.1f}% of pairs; "
                       f"{100 * test['true_share']:.1f}% are true)", highlight=False)
-    console.print(f"written: {out}")
-
-
-def _folder_traversal(run_dir: Path, image_dir: Path, captions: list[str], steps: int, ks: list, chosen, root,
-                      root_pairs, device: str) -> None:
-    """Traversals of a folder of images over MERU's text pool (no ground truth to score)."""
-    import torch
-
-    from euclip_cli.analysis.embeddings import folder_embeddings
-    from euclip_cli.analysis.studies import folder_traversal_study
-    from euclip_cli.device import resolve_device
-
-    with console.status(f"embedding the images in {image_dir} and {len(captions)} captions"):
-        g, curv, names, images, texts = folder_embeddings(run_dir, resolve_device(device), image_dir, captions)
-    if root is None:
-        root = g.root(torch.cat([images, texts]))
-    result = folder_traversal_study(g, curv, names, images, captions, texts, root, steps, ks, chosen)
-    result.update(image_dir=str(image_dir), root_pairs=root_pairs)
-    for name, row in result["filters"].items():
-        console.print(f"[bold]{name}[/]: {row['captions_per_image']:.2f} captions per image, [ROOT] excluded "
-                      f"({chosen.name} protocol)")
-        for n, seq in row["traversals"].items():
-            console.print(f"  {n}: " + " → ".join(seq), highlight=False)
-    out = _write(run_dir, "traverse_custom", result)
     console.print(f"written: {out}")

@@ -40,25 +40,25 @@ def _check_precision(precision: str) -> None:
 
 
 def _check_local_arch(arch: str) -> None:
-    from euclip_cli.model import LOCAL_ARCHS
+    from euclip_cli.towers.archs import local_names
 
-    if arch not in LOCAL_ARCHS:
-        common.fail(f"--arch: '{arch}' is not one of {', '.join(LOCAL_ARCHS)}")
+    if arch not in local_names():
+        common.fail(f"--arch: '{arch}' is not one of {', '.join(local_names())}")
 
 
 def _check_model_arch(arch: str) -> None:
     """One of euclip's local models or an open_clip model, as ``model.arch`` takes."""
     from open_clip import list_models
 
-    from euclip_cli.model import LOCAL_ARCHS
+    from euclip_cli.towers.archs import local_names
 
-    if arch not in LOCAL_ARCHS and arch not in list_models():
-        common.fail(f"--arch: '{arch}' is neither one of {', '.join(LOCAL_ARCHS)} nor an open_clip model "
+    if arch not in local_names() and arch not in list_models():
+        common.fail(f"--arch: '{arch}' is neither one of {', '.join(local_names())} nor an open_clip model "
                     "(open_clip.list_models())")
 
 
 @app.command("train")
-def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.model.LOCAL_ARCHS (the default "
+def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.towers.archs (the default "
                                                              "is the one OpenCLIP was first measured with on a CPU) "
                                                              "or an open_clip model (ViT-B-32)."),
                 batch_size: int = typer.Option(256, min=2, help="Global batch (the reference measurement used 256)."),
@@ -171,10 +171,10 @@ def _spread(ratio: dict) -> str:
 def summary_lines(result: dict) -> list[str]:
     """The bench's verdict lines: each ratio with its spread over rounds and its target."""
     from euclip_cli.bench import STUDY_RECIPE
-    from euclip_cli.data.loader import loader_reading
     from euclip_cli.bench import TARGET_ACCUM_OVERHEAD as overhead
     from euclip_cli.bench import TARGET_FRACTION_OF_PEAK as fraction
     from euclip_cli.bench import TARGET_SPEEDUP as speedup
+    from euclip_cli.data.loader import loader_reading
 
     def verdict(met: bool) -> str:
         return "met" if met else "missed"
@@ -254,7 +254,7 @@ def _captions(shards: Optional[Path], caption_words: Optional[float], count: int
 
 
 @app.command("text")
-def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.model.LOCAL_ARCHS (tiny is the "
+def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.towers.archs (tiny is the "
                                                       "embedded study's) or an open_clip model (ViT-B-32, "
                                                       "DataComp's small and medium tower, context 77)."),
                batch_size: int = typer.Option(128, min=2, help="Captions per batch."),
@@ -369,7 +369,7 @@ def _bench_device(device: str) -> str:
 
 
 @app.command("profile")
-def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.model.LOCAL_ARCHS)."),
+def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.towers.archs)."),
                   batch_size: int = typer.Option(256, min=2, help="Batch (bench train's default)."),
                   steps: int = typer.Option(3, min=1, help="Profiled steps, after two untimed ones."),
                   threads: int = typer.Option(0, min=0, help="Torch threads; 0 = every core of this machine."),
@@ -426,7 +426,7 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
 
 
 @app.command("feed")
-def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.model.LOCAL_ARCHS): its image size and "
+def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.towers.archs): its image size and "
                                                             "context set the loaders' work; the default's towers "
                                                             "are tiny, so that a step costs next to nothing."),
                batch_size: int = typer.Option(256, min=2, help="Samples per batch, as the loaders make them."),
@@ -493,7 +493,7 @@ def feed_summary(result: dict, target: float) -> list[str]:
 
 
 @app.command("ops")
-def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.model.LOCAL_ARCHS or an open_clip "
+def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.towers.archs or an open_clip "
                                                           "model (ViT-B-32, DataComp's small and medium tower)."),
               batch_size: int = typer.Option(256, min=2, help="Captions (and images) in the step."),
               shards: Optional[Path] = typer.Option(None, help="Captions of these img2dataset shards (e.g. DataComp's) "

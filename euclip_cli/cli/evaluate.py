@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 
 from euclip_cli.cli.common import console, errors, fail
-from euclip_cli.errors import UsageError
 from euclip_cli.rundir import RUNS_DIR
 
 
@@ -40,32 +39,25 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             console.print(f"{t.key:55s} {t.suite:9s} {t.group or '-':11s} {t.main_metric or '-'}", highlight=False)
         return
     with errors():
-        from euclip_cli import rundir
+        from euclip_cli.evaluate.tasks import select
+        from euclip_cli.rundir import select_runs
 
-        targets = [rundir.resolve(r, runs_dir).path for r in runs or []]
-        if recipe:
-            found = rundir.runs_of_recipe(recipe, runs_dir)
-            if not found:
-                raise UsageError(f"no runs of recipe '{recipe}' in {runs_dir}: run 'euclip train --recipe {recipe}'")
-            targets += [run.path for run in found]
+        targets = [run.path for run in select_runs(runs or [], recipe, runs_dir)]
         if openclip:
             from euclip_cli.released import import_run, openclip_run_name
 
             targets += [import_run("openclip", spec, openclip_run_name(spec), runs_dir).path for spec in openclip]
         if not targets:
             fail("name runs to evaluate, --recipe NAME or --openclip ARCH:TAG (euclip eval --help)", 2)
-        from euclip_cli.evaluate.tasks import select
-
         chosen = select(tasks) if tasks else None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from euclip_cli.device import resolve_device
-    from euclip_cli.evaluate.aggregate import aggregate
-    from euclip_cli.evaluate.runner import evaluate_run, fetch_command
+    from euclip_cli.evaluate.runner import evaluate_run, task_status
 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
                TimeElapsedColumn()]
-    failures: list[str] = []
+    problems: list[str] = []
     failed_tasks = 0
     with errors(), Progress(*columns, console=console, transient=True) as progress:
         for run_dir in targets:
@@ -79,38 +71,20 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             def on_task(task, line):
                 if task.key in bars:
                     progress.remove_task(bars.pop(task.key))
-                if line is None:
-                    progress.console.print(f"  {task.key}: already evaluated", highlight=False)
-                elif line.get("missing_data"):
-                    absent.append(task)
-                elif line.get("failed"):
-                    progress.console.print(f"  {task.key}: [red]failed[/]: {escape(line['error'])}", highlight=False)
-                else:
-                    value = line["metrics"]["main_metric"]
-                    shown = "scored (no main metric)" if value is None else f"{value:.4f}"
-                    progress.console.print(f"  {task.key}: {shown}", highlight=False)
+                if not (line or {}).get("missing_data"):  # said once for the run, below
+                    status = escape(task_status(line)).replace("failed:", "[red]failed[/]:", 1)
+                    progress.console.print(f"  {task.key}: {status}", highlight=False)
 
             progress.console.print(f"[bold]{run_dir}[/]")
-            absent: list = []
             outcome = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
                                    on_images=on_images)
-            for suite in ("world", "datacomp"):
-                agg = aggregate(outcome.results, suite)
-                if agg["tasks_done"]:
-                    parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()
-                             if k in ("main", "shifts", "attributes", "retrieval", "average")]
-                    progress.console.print(f"  {suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): "
-                                           + ", ".join(parts), highlight=False)
+            for line in outcome.suite_lines():
+                progress.console.print(f"  {line}", highlight=False)
+            if outcome.missing_line():
+                progress.console.print(f"  {outcome.missing_line()}", highlight=False)
             failed_tasks += len(outcome.failed)
-            missing = {t.key for t in absent}
-            failures += [f"{run_dir.name}: {why}" for key, why in outcome.failed.items() if key not in missing]
-            if absent:
-                keys = ", ".join(sorted(missing)) if len(absent) <= 3 else f"{len(absent)} tasks"
-                progress.console.print(f"  no evaluation data for {keys}: run '{fetch_command(absent)}'",
-                                       highlight=False)
-                failures.append(f"{run_dir.name}: {len(absent)} task(s) without evaluation data: run "
-                                f"'{fetch_command(absent)}'")
-    if failures:
+            problems += outcome.problems(run_dir.name)
+    if problems:
         fail(f"{failed_tasks} task(s) failed; the others are scored, and rerunning retries only the failed ones:\n"
-             + "\n".join(failures), 1)
+             + "\n".join(problems), 1)
     console.print("next: euclip report")

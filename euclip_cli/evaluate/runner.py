@@ -19,14 +19,15 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
-from euclip_cli.data.fetch import FetchError
 from euclip_cli.encode import FeatureCache, embed_images, embed_texts, feature_cache, load_model
 from euclip_cli.errors import EuclipError, UsageError
+from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
-                                         retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
-from euclip_cli.model import EuclipModel, tokenizer_for, transforms_for
-from euclip_cli.rundir import RunDir, checkpoint_meta
+                                          retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
+from euclip_cli.model import EuclipModel
+from euclip_cli.rundir import RunDir
+from euclip_cli.towers import tokenizer_for, transforms_for
 
 # Bump when a change alters any metric's value; lines of another protocol are not reused.
 PROTOCOL = "euclip-eval-1"
@@ -185,10 +186,49 @@ def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: 
 
 @dataclass
 class EvalOutcome:
-    """What ``evaluate_run`` did: the run's newest line per task, and the tasks that failed with why."""
+    """What ``evaluate_run`` did: the run's newest line per task, the tasks that failed with why, and of
+    those the ones without evaluation data (one download fetches them all)."""
 
     results: list[dict]
     failed: dict[str, str] = field(default_factory=dict)
+    missing_data: list[Task] = field(default_factory=list)
+
+    def missing_line(self) -> Optional[str]:
+        """The tasks without evaluation data and the one command that fetches them all, or None."""
+        if not self.missing_data:
+            return None
+        keys = ", ".join(sorted(t.key for t in self.missing_data))
+        return (f"no evaluation data for {keys if len(self.missing_data) <= 3 else f'{len(self.missing_data)} tasks'}: "
+                f"run '{fetch_command(self.missing_data)}'")
+
+    def problems(self, run_name: str) -> list[str]:
+        """One line per failed task, and one for all the tasks without data."""
+        missing = {t.key for t in self.missing_data}
+        lines = [f"{run_name}: {why}" for key, why in self.failed.items() if key not in missing]
+        if self.missing_data:
+            lines.append(f"{run_name}: {self.missing_line()}")
+        return lines
+
+    def suite_lines(self) -> list[str]:
+        """Each suite with a task scored: its groups' and average's main metric."""
+        lines = []
+        for suite in ("world", "datacomp"):
+            agg = aggregate(self.results, suite)
+            if agg["tasks_done"]:
+                parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()
+                         if k in ("main", "shifts", "attributes", "retrieval", "average")]
+                lines.append(f"{suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): " + ", ".join(parts))
+        return lines
+
+
+def task_status(line: Optional[dict]) -> str:
+    """What became of one task, in words: ``evaluate_run``'s line for it (None: scored before)."""
+    if line is None:
+        return "already evaluated"
+    if line.get("failed"):
+        return f"failed: {line['error']}"
+    value = line["metrics"]["main_metric"]
+    return "scored (no main metric)" if value is None else f"{value:.4f}"
 
 
 def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]] = None,
@@ -211,7 +251,7 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     done = {r["key"] for r in run.eval_lines() if r.get("checkpoint") == ckpt_name and r.get("protocol") == PROTOCOL
             and not r.get("failed")}
     cache = feature_cache(run, ckpt, model)
-    failed = {}
+    failed, missing_data = {}, []
     for task in tasks:
         if task.key in done:
             if on_task:
@@ -220,6 +260,7 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         line = {"key": task.key, "dataset": task.name, "checkpoint": ckpt_name, "step": step, "protocol": PROTOCOL}
         if not has_data(task, task.data_dir(eval_root, world)):
             line["missing_data"] = True  # a failure the download fixes: said once for all such tasks
+            missing_data.append(task)
         try:
             metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size, cache,
                                     lambda n, task=task: on_images(task, n))
@@ -237,4 +278,4 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         run.write_datacomp_results()
         if on_task:
             on_task(task, line)
-    return EvalOutcome(run.latest_results(), failed)
+    return EvalOutcome(run.latest_results(), failed, missing_data)

@@ -28,7 +28,7 @@ from euclip_cli import stats
 from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.rundir import STUDIES_DIR, RunDir, read_json, write_text_atomic
+from euclip_cli.rundir import RunDir, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime

@@ -21,7 +21,7 @@ overrides, and the seeds, tasks, baseline and interval of the comparison::
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 

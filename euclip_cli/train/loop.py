@@ -29,13 +29,13 @@ from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
-from euclip_cli.model import (EuclipModel, batchnorm_statistics, initial_model, load_run_weights, tokenizer_for,
-                              transforms_for)
+from euclip_cli.model import EuclipModel, initial_model, load_run_weights
+from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
+from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
+from euclip_cli.towers import batchnorm_statistics, tokenizer_for, transforms_for
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
-from euclip_cli.optim import build_optimizer, cosine_lr
-from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
 
 # Consecutive skipped (non-finite) steps after which the run stops (seen at the next logging or
 # checkpoint step: the steps between do not wait for the device to count them).

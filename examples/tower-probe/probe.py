@@ -2,7 +2,7 @@
 
     python examples/tower-probe/probe.py --arch tiny-vit-conv --steps 200 --lr 2e-3
 
-Builds ``--arch``'s image tower (``euclip_cli.model.build_clip``) and trains it on single-object
+Builds ``--arch``'s image tower (``euclip_cli.towers.build_clip``) and trains it on single-object
 world scenes rendered on the fly, JPEG-encoded as the shards are, through the arch's eval
 transform. ``--objective labels`` (the default): two linear heads, cross-entropy on the shape (12
 classes) and the position (5 cells). ``--objective contrastive``: CLIP's symmetric loss between
@@ -36,11 +36,12 @@ import torch
 from PIL import Image
 from torch import nn
 
-from euclip_cli.data.world import (LEVELS, POSITION_PHRASE, POSITIONS, SHAPES, encode_jpeg, render, sample_scene,
+from euclip_cli.data.world import (LEVELS, POSITIONS, POSITION_PHRASE, SHAPES, encode_jpeg, render, sample_scene,
                                    training_pair)
 from euclip_cli.errors import EuclipError
 from euclip_cli.loss import contrastive as contrastive_loss
-from euclip_cli.model import arch_embed_dim, build_clip, tokenizer_for, transforms_for
+from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
+from euclip_cli.towers.archs import lookup
 
 
 def as_read_from_shards(image: Image.Image, transform) -> torch.Tensor:
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     clip = build_clip(args.arch)
     tower = clip.visual.train()
     _, transform = transforms_for(clip)
-    width = arch_embed_dim(args.arch)
+    width = lookup(args.arch).embed_dim
     heads = nn.ModuleDict({"shape": nn.Linear(width, len(SHAPES)), "position": nn.Linear(width, len(POSITIONS))})
     every_caption = torch.arange(len(SHAPES) * len(POSITIONS))
     # CLIP's initial temperature 0.07, learned in log space as open_clip does.

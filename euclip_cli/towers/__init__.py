@@ -1,0 +1,68 @@
+"""The towers: open_clip's image and text encoders as euclip builds them.
+
+``build_clip`` makes an arch of the registry (``towers.archs``) with euclip's attention
+(``towers.attention``) and m class tokens (``towers.vision``, ``towers.text``); the text tower
+runs each caption on its shortest exact context (``towers.text.text_features``).
+"""
+
+from __future__ import annotations
+
+import open_clip
+import torch
+from torch import nn
+
+from euclip_cli.errors import UsageError
+from euclip_cli.towers import archs, text, vision
+from euclip_cli.towers.attention import pack_attention
+
+
+def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
+    """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m): each class token
+    projected to D/m, so the concatenated feature keeps the arch's dimension D."""
+    found = archs.lookup(arch)
+    if found.embed_dim % class_tokens:
+        raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension "
+                         f"{found.embed_dim}")
+    clip = found.build(found.embed_dim // class_tokens)
+    pack_attention(clip)
+    if class_tokens > 1:
+        text.add_class_tokens(clip, class_tokens)
+        vision.add_class_tokens(clip.visual, class_tokens)
+    return clip
+
+
+def batchnorm_statistics(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The running statistics of every BatchNorm layer (``running_mean``, ``running_var``,
+    ``num_batches_tracked``) by their state-dict names; empty for towers without BatchNorm."""
+    return {f"{name}.{key}": buffer for name, layer in module.named_modules()
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm)
+            for key, buffer in layer.named_buffers(recurse=False) if buffer is not None}
+
+
+def remove_final_layernorm(clip: open_clip.CLIP) -> None:
+    """Replace the vision ``ln_post`` and text ``ln_final`` with identities; nothing else changes.
+
+    A ResNet image tower has no final LayerNorm (its attention pool projects directly), so only
+    the text tower changes there.
+    """
+    if hasattr(clip.visual, "ln_post"):
+        clip.visual.ln_post = nn.Identity()
+    clip.ln_final = nn.Identity()
+
+
+def image_size(clip: open_clip.CLIP) -> int:
+    size = clip.visual.image_size
+    return size[0] if isinstance(size, (tuple, list)) else size
+
+
+def tokenizer_for(arch: str):
+    return archs.lookup(arch).tokenizer()
+
+
+def transforms_for(clip: open_clip.CLIP):
+    """open_clip's (train, eval) image transforms at the model's resolution, with the tower's mean
+    and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's."""
+    size = image_size(clip)
+    stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
+    return (open_clip.image_transform(size, is_train=True, **stats),
+            open_clip.image_transform(size, is_train=False, **stats))
