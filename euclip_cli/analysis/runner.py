@@ -20,9 +20,9 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.analysis.protocol import protocol as pick_protocol
+from euclip_cli.device import resolve_device
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import describe
-from euclip_cli.device import resolve_device
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
 
 Status = Callable[[str], ContextManager]
