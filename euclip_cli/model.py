@@ -23,7 +23,7 @@ from euclip_cli.device import autocast_factory
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
-from euclip_cli.towers import build_clip, remove_final_layernorm
+from euclip_cli.towers import build_clip, remove_final_layernorm, token_width
 from euclip_cli.towers.text import TextPlan, class_tokens, groups_for, text_features, text_plan
 
 
@@ -62,6 +62,23 @@ def load_run_weights(model: nn.Module, state: dict, source: Path) -> None:
     model.load_state_dict(state["model"])
 
 
+def _geometry(cfg: Config, embed_dim: int):
+    """The configured geometry for embeddings of ``embed_dim``; a usage error where its blocks do not divide it."""
+    g = cfg.geometry
+    geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
+    if geometry.facts.uses_blocks and embed_dim % g.blocks:
+        raise UsageError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {embed_dim}")
+    return geometry
+
+
+def check_buildable(cfg: Config) -> None:
+    """What ``EuclipModel(cfg)`` would refuse in the configuration (an unknown arch, class tokens or
+    geometry blocks that do not divide its dimension), found from names and sizes without building a
+    tower: the trainer checks this before it looks at the data, and builds the model after."""
+    width = token_width(cfg.model.arch, cfg.model.class_tokens)
+    _geometry(cfg, width * cfg.model.class_tokens)
+
+
 class EuclipModel(nn.Module):
     def __init__(self, cfg: Config, clip: Optional[open_clip.CLIP] = None):
         """``clip``: already-built towers (e.g. an open_clip pretrained model) instead of fresh ones."""
@@ -71,11 +88,9 @@ class EuclipModel(nn.Module):
             remove_final_layernorm(self.clip)
         self.text_groups = cfg.model.text_groups
         g = cfg.geometry
-        self.geometry = get_geometry(g.name, logit=resolved_logit(cfg), blocks=g.blocks)
         # Multi(n, m) towers project each of their m class tokens to n = text_projection's width.
         self.embed_dim = self.clip.text_projection.shape[-1] * class_tokens(self.clip)
-        if self.geometry.facts.uses_blocks and self.embed_dim % g.blocks:
-            raise UsageError(f"geometry.blocks={g.blocks} does not divide the embedding dimension {self.embed_dim}")
+        self.geometry = _geometry(cfg, self.embed_dim)
         if clip is None:
             with torch.no_grad():
                 self.clip.logit_scale.fill_(initial_logit_scale(cfg))

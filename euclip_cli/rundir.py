@@ -24,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -40,7 +41,8 @@ NAME_BYTES = 255
 
 def plain_name(name: str, option: str) -> str:
     """``name`` if it can name one folder inside another (a run under the runs folder), else a UsageError
-    naming ``option``: empty, ``.``, ``..``, a name with a path separator or a NUL, one that starts
+    naming ``option``: empty, ``.``, ``..``, a name with a path separator, a NUL or another control
+    character (a tab or line break would garble every listing that shows the run), one that starts
     with ``-`` (it reads as an option) or one too long for a folder would put the run elsewhere, or
     nowhere."""
     problem = None
@@ -48,6 +50,8 @@ def plain_name(name: str, option: str) -> str:
         problem = "is not a folder name"
     elif "/" in name or "\\" in name or "\0" in name:
         problem = "is a path, not a name"
+    elif any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
+        problem = "holds a control character or line break"
     elif name.startswith("-"):
         problem = "starts with '-'"
     elif len(name.encode("utf-8", "surrogateescape")) > NAME_BYTES:
@@ -56,6 +60,35 @@ def plain_name(name: str, option: str) -> str:
         raise UsageError(f"{option} {name!r} {problem}: give a plain name such as tiny-clip-seed1 (the run goes "
                          f"into --runs-dir)")
     return name
+
+
+# The longest path the operating system takes (Linux's PATH_MAX, with its closing NUL).
+PATH_BYTES = 4095
+
+
+def path_problem(path: Path) -> Optional[str]:
+    """Why no file system could hold ``path`` (a name in it longer than ``NAME_BYTES``, or the whole longer
+    than ``PATH_BYTES``), or None."""
+    if len(os.fsencode(path)) > PATH_BYTES:
+        return f"{str(path)[:60]}... is longer than {PATH_BYTES} bytes: give a shorter path"
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_BYTES:
+            return f"a name in {path} ({part[:40]}...) is longer than {NAME_BYTES} bytes: give a shorter one"
+    return None
+
+
+def folder_problem(path: Path) -> Optional[str]:
+    """Why a command cannot write a folder at ``path`` (``path_problem``, or it, or a folder it would be
+    made under, is a file), or None: an absent path is made on the first write."""
+    if path_problem(path):
+        return path_problem(path)
+    for part in (path, *path.parents):
+        if part.exists():
+            if part.is_dir():
+                return None
+            within = f" (in the path {path})" if part != path else ""
+            return f"{part} is a file where a folder is needed{within}: give a folder path, or move the file away"
+    return None
 
 
 class RunConflict(UsageError):

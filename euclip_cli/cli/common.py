@@ -1,16 +1,17 @@
 """What every command shares: the consoles and the error funnel.
 
 User mistakes (``euclip_cli.errors.UsageError``: bad recipe, unknown key, missing data or run)
-exit with code 2 and one line per problem; failures (``Failure``) exit with 1. Neither prints
-a traceback; anything else is a bug and does.
+exit with code 2 and one ``error:`` line per problem; failures (``Failure``) exit with 1 and one
+line. Neither prints a traceback; anything else is a bug and does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import unicodedata
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional, Union
 
 import typer
 from rich.console import Console
@@ -21,19 +22,48 @@ from euclip_cli.errors import EuclipError
 console = Console()
 err_console = Console(stderr=True)
 
-def fail(message: str, code: int = 2) -> None:
-    for line in message.splitlines():
+def one_line(text: str) -> str:
+    """``text`` with its control characters and line separators written as escapes (``\\n``): a value a
+    user typed, quoted in a message, cannot break that message over several lines."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+
+
+def fail(message: Union[str, list[str]], code: int = 2) -> NoReturn:
+    """Exit with ``code`` after one ``error:`` line per problem: each item of a list is one problem (a
+    configuration's, reported together); a string is one problem whose further lines follow it, indented,
+    as details (a child process's output, the tasks that failed)."""
+    problems = [one_line(p) for p in message] if isinstance(message, list) else [message]
+    for problem in problems:
+        first, *details = problem.split("\n")
         # escape: messages quote things like "[model]" that Rich would take for markup.
-        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(one_line(first))}", highlight=False, soft_wrap=True)
+        for line in details:
+            err_console.print(f"  {escape(one_line(line))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def _file_in_the_way(path: Path) -> Path:
-    """The first component of ``path`` that exists and is a file, or ``path`` itself."""
-    for part in reversed([path, *path.parents]):
-        if part.exists() and not part.is_dir():
-            return part
-    return path
+def checked_path(ctx, param, value):
+    """Typer callback of every option or argument that names a path to read: refused as the command line
+    is parsed where no file system could hold it (``rundir.path_problem``). A list is checked item by item."""
+    from euclip_cli.rundir import path_problem
+
+    for path in value if isinstance(value, (list, tuple)) else [value]:
+        problem = None if path is None else path_problem(Path(path))
+        if problem:
+            raise typer.BadParameter(problem)
+    return value
+
+
+def writable_folder(ctx, param, value: Optional[Path]) -> Optional[Path]:
+    """Typer callback of every option that names a folder a command writes (``--out``, ``--runs-dir``,
+    ``--root``, ``--publish``): checked as the command line is parsed, before anything is read, fetched,
+    generated or trained (``rundir.folder_problem`` says what may be one)."""
+    from euclip_cli.rundir import folder_problem
+
+    problem = None if value is None else folder_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
 
 
 def environment_fault(err: OSError) -> Optional[tuple[str, int]]:
@@ -46,10 +76,16 @@ def environment_fault(err: OSError) -> Optional[tuple[str, int]]:
                 f"(nothing already written was deleted)", 1)
     if path is None:
         return None
-    culprit = _file_in_the_way(path)
-    if err.errno in (errno.ENOTDIR, errno.EEXIST) and culprit.is_file():
-        within = f" (in the path {path})" if culprit != path else ""
-        return f"{culprit} is a file where a folder is needed{within}: give a folder path, or move the file away", 2
+    if err.errno == errno.ENAMETOOLONG:
+        from euclip_cli.rundir import path_problem
+
+        return path_problem(path) or f"{path}: {err.strerror.lower()}: give a shorter path", 2
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        from euclip_cli.rundir import folder_problem
+
+        problem = folder_problem(path)
+        if problem:
+            return problem, 2
     if err.errno == errno.EISDIR:
         return f"{path} is a folder where a file is needed: give a file path", 2
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -70,7 +106,7 @@ def errors():
     except KeyboardInterrupt:
         fail("interrupted", 1)
     except EuclipError as err:
-        fail(str(err), err.exit_code)
+        fail(getattr(err, "problems", None) or str(err), err.exit_code)
     except OSError as err:
         fault = environment_fault(err)
         if fault is None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
 from euclip_cli.config import DataConfig
 from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 from euclip_cli.data.fetch import HF_DATASETS
@@ -149,12 +149,12 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
 
 
 @app.command()
-def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
+def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder, help="Output folder."),
           seed: int = typer.Option(_DATA.world_seed, help="Everything is deterministic from this seed."),
           samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
           mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
           eval_size: int = typer.Option(_DATA.world_eval_size, help="Images per evaluation task."),
-          workers: int = typer.Option(WORKERS, help="Generator processes.")) -> None:
+          workers: int = typer.Option(WORKERS, min=1, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 
     Example: euclip download world --out data/world --samples 100000
@@ -166,7 +166,7 @@ def world(out: Path = typer.Option(Path("data/world"), help="Output folder."),
 
 @app.command()
 def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or task keys (euclip eval --list-tasks)."),
-             root: Path = typer.Option(Path("data/eval"), help="Where task folders go (eval.root in recipes)."),
+             root: Path = typer.Option(Path("data/eval"), callback=writable_folder, help="Where task folders go (eval.root in recipes)."),
              base_url: str = typer.Option(HF_DATASETS, help="Dataset host; a mirror or a local server for tests.")) -> None:
     """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
 
@@ -228,15 +228,15 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
              filter: Optional[str] = typer.Option(None, "--filter",
                                                   help="none | clip-l14-30 (default) | image-based-clip-l14-30 "
                                                        "(the paper's subsets)."),
-             uids: Optional[Path] = typer.Option(None, help="Instead of --filter: a DataComp uid file (.npy of "
+             uids: Optional[Path] = typer.Option(None, callback=checked_path, help="Instead of --filter: a DataComp uid file (.npy of "
                                                             "u8,u8) to download, e.g. another baseline's subset."),
-             out: Optional[Path] = typer.Option(None, help="Output folder (default data/datacomp-SCALE-FILTER, "
+             out: Optional[Path] = typer.Option(None, callback=writable_folder, help="Output folder (default data/datacomp-SCALE-FILTER, "
                                                            "where the recipes' data.train_dir looks)."),
-             metadata_dir: Optional[Path] = typer.Option(None, help="Pool metadata (default OUT/metadata); share one "
+             metadata_dir: Optional[Path] = typer.Option(None, callback=checked_path, help="Pool metadata (default OUT/metadata); share one "
                                                                     "between filters of a scale."),
              hub_url: Optional[str] = typer.Option(None, help="Hugging Face endpoint (default HF_ENDPOINT or "
                                                               "huggingface.co)."),
-             assets_dir: Path = typer.Option(ASSET_CACHE,
+             assets_dir: Path = typer.Option(ASSET_CACHE, callback=writable_folder,
                                              help="Cache of the image-based filter's centroids, ImageNet embeddings "
                                                   "and fastText model."),
              device: str = typer.Option("auto", help="Where the image-based filter's nearest-centroid search runs."),
@@ -269,8 +269,8 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
 
 
 @app.command()
-def urls(parquet: Path = typer.Option(..., help="A parquet file of image URLs and captions."),
-         out: Path = typer.Option(..., help="Output folder (shards in OUT/shards; point data.train_dir there)."),
+def urls(parquet: Path = typer.Option(..., callback=checked_path, help="A parquet file of image URLs and captions."),
+         out: Path = typer.Option(..., callback=writable_folder, help="Output folder (shards in OUT/shards; point data.train_dir there)."),
          url_col: str = typer.Option("url", help="The URL column."),
          caption_col: str = typer.Option("caption", help="The caption column."),
          uid_col: Optional[str] = typer.Option(None, help="A unique-id column (default: derived from url and caption)."),

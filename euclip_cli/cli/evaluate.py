@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.cli.common import checked_path, console, errors, fail
 from euclip_cli.rundir import RUNS_DIR
 
 
@@ -21,10 +21,10 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                                                               "ARCH:TAG (or ARCH:checkpoint.pt), evaluated as a "
                                                               "clip-geometry run; repeatable."),
                  list_tasks: bool = typer.Option(False, "--list-tasks", help="List the task registry and exit."),
-                 eval_root: Optional[Path] = typer.Option(None, help="DataComp evaluation sets (default: eval.root)."),
-                 world: Optional[Path] = typer.Option(None, help="Embedded world folder (default: the one trained on)."),
+                 eval_root: Optional[Path] = typer.Option(None, callback=checked_path, help="DataComp evaluation sets (default: eval.root)."),
+                 world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on)."),
                  device: str = typer.Option("auto", help="cpu, cuda, cuda:1, or auto."),
-                 runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live.")) -> None:
+                 runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
     """Zero-shot evaluation of runs; results append to RUN/eval.jsonl as each task finishes.
 
     Examples:

@@ -67,5 +67,5 @@ def validate(names: Optional[list[str]] = typer.Argument(None, help="Recipe name
         except ConfigError as err:
             problems += err.problems
     if problems:
-        fail("\n".join(problems), 2)
+        fail(problems, 2)
     console.print(f"{len(targets)} recipe(s) valid")

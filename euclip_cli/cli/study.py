@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import console, errors
+from euclip_cli.cli.common import checked_path, console, errors, writable_folder
 
 
 def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe (recipes/study-*.toml)."),
@@ -18,9 +18,9 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
           configs: Optional[str] = typer.Option(None, help="Comma-separated configurations to keep (default: all)."),
           seeds: Optional[int] = typer.Option(None, min=1, help="Seeds 0..N-1 instead of the recipe's count."),
           jobs: int = typer.Option(1, min=1, help="Runs trained at once (each gets cores / jobs threads)."),
-          out: Optional[Path] = typer.Option(None, help="Study folder (default: results/studies/NAME)."),
-          world: Optional[Path] = typer.Option(None, help="Embedded world to evaluate on (default: the one trained on)."),
-          publish: Optional[Path] = typer.Option(None, help="Also copy the tables (study.md, study.csv, claims.csv, "
+          out: Optional[Path] = typer.Option(None, callback=writable_folder, help="Study folder (default: results/studies/NAME)."),
+          world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world to evaluate on (default: the one trained on)."),
+          publish: Optional[Path] = typer.Option(None, callback=writable_folder, help="Also copy the tables (study.md, study.csv, claims.csv, "
                                                             "noise.csv, regime.json) with their provenance to this "
                                                             "folder, for committing: euclip report --readme "
                                                             "renders the README's results from it.")

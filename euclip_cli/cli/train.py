@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import console, errors, fail
+from euclip_cli.cli.common import console, errors, fail, writable_folder
 from euclip_cli.rundir import RUNS_DIR, plain_name
 
 
@@ -29,7 +29,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
                                                            show_default=False),
           name: Optional[str] = typer.Option(None, help="Run name under --runs-dir (default: the recipe, "
                                                         "plus -seedN when train.seed is overridden)."),
-          runs_dir: Path = typer.Option(RUNS_DIR, help="Where run directories live."),
+          runs_dir: Path = typer.Option(RUNS_DIR, callback=writable_folder, help="Where run directories live."),
           nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1,
                                              help="Processes on this machine (one per GPU, or CPU processes with "
                                                   "gloo), started through torchrun; data.batch_size stays global.")

@@ -16,14 +16,20 @@ from euclip_cli.towers import archs, text, vision
 from euclip_cli.towers.attention import pack_attention
 
 
-def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
-    """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m): each class token
-    projected to D/m, so the concatenated feature keeps the arch's dimension D."""
+def token_width(arch: str, class_tokens: int = 1) -> int:
+    """n, the width each of m = ``class_tokens`` class tokens projects to (D/m for the arch's dimension D),
+    found without building anything; a usage error for an unknown arch or an m that does not divide D."""
     found = archs.lookup(arch)
     if found.embed_dim % class_tokens:
         raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension "
                          f"{found.embed_dim}")
-    clip = found.build(found.embed_dim // class_tokens)
+    return found.embed_dim // class_tokens
+
+
+def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
+    """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m): each class token
+    projected to D/m, so the concatenated feature keeps the arch's dimension D."""
+    clip = archs.lookup(arch).build(token_width(arch, class_tokens))
     pack_attention(clip)
     if class_tokens > 1:
         text.add_class_tokens(clip, class_tokens)

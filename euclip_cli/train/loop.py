@@ -29,7 +29,7 @@ from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
-from euclip_cli.model import EuclipModel, initial_model, load_run_weights
+from euclip_cli.model import EuclipModel, check_buildable, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
@@ -120,12 +120,14 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     if cfg.data.batch_size % (ranks.world * cfg.optim.accum_steps):
         raise RunError(f"data.batch_size {cfg.data.batch_size} (the global batch) must divide evenly into "
                        f"{ranks.world} processes x {cfg.optim.accum_steps} accumulation steps")
-    # The model first: a configuration it cannot build (an unknown model.arch) is the user's first
-    # problem to hear about, before whatever the data folder lacks.
-    model = initial_model(cfg).to(device)
+    # The configuration first: what the model cannot be built from (an unknown model.arch) is the
+    # user's first problem to hear about, before whatever the data folder lacks; the towers are built
+    # only once the data is there (a large arch takes a while).
+    check_buildable(cfg)
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)
+    model = initial_model(cfg).to(device)
     # The data and the model are checked before the run directory exists: a corrected command must
     # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)

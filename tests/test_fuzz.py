@@ -1,0 +1,333 @@
+"""The fault fuzzer: generated overrides, names, recipe files and option values, through the CLI.
+
+Every generated invocation is held to the fault suite's rules (tests/test_faults.py): exit 0 where
+the input is good, else 1 with exactly one ``error:`` line that names the culprit, or 2 with one
+``error:`` line per problem (a configuration reports all of its problems at once), each naming its
+culprit; no traceback, an answer within a time limit, and nothing already in the folder changed. Where
+every input is good the command still stops early on purpose: each invocation carries a
+*stopper*, an input that is wrong in a known way (a training folder that does not exist, a run
+that was never trained), so the error names either a generated value or the stopper, and never
+anything a valid value could have started (a training run, a download, a world).
+
+``make test`` runs a few dozen examples per property, the same ones each time (derandomised);
+``EUCLIP_FUZZ=long make test`` (or ``pytest tests/test_fuzz.py``) runs a thousand, freshly drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import tempfile
+import typing
+from pathlib import Path
+
+import click
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from euclip_cli import config as C
+from euclip_cli.cli import app
+
+settings.register_profile("suite", max_examples=25, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("long", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+LONG = os.environ.get("EUCLIP_FUZZ") == "long"
+settings.load_profile("long" if LONG else "suite")
+
+runner = CliRunner()
+TIME_LIMIT_S = 60
+ABSENT_TRAIN = "{tmp}/absent-world/train"
+ABSENT_RUN = "never-trained"
+
+# Values that have broken command lines before, or that each kind of check must refuse: empty and
+# blank, option look-alikes, path tricks, numbers out of every range, list punctuation, non-ASCII.
+# No NUL: a shell cannot put one into an argument (execve ends each at the first).
+NASTY = ["", " ", "-", "--", "--help", "-1", "0", "1", "2", "1e309", "-1e309", "nan", "inf", "1.5", "0x10",
+         "9" * 40, "true", "null", ",", ",,", "a,,b", "1,2", ".", "..", "/", "./..", "../outside", "~", "a\\b",
+         "\n", "\t", "é", "🦆", "x" * 300, "{tmp}", "{tmp}/absent", "{tmp}/a-file", "{tmp}/a-file/below",
+         "{tmp}/a-folder", "http://127.0.0.1:9/", "tiny", "auto", "cpu", "cuda:7", "md", "world", "datacomp"]
+text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=24)
+values = st.one_of(st.sampled_from(NASTY), text, st.integers(-2 ** 70, 2 ** 70).map(str),
+                   st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+
+@contextlib.contextmanager
+def folder():
+    """A fresh working folder with a file and a folder in it (what the nasty paths point at)."""
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "a-file").write_text("not a folder\n")
+        (Path(tmp) / "a-folder").mkdir()
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(previous)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def invoke(argv: list[str], tmp: Path):
+    """``euclip ARGV`` under the time limit, with ``{tmp}`` filled in, checked against the rules; returns
+    the result and its errors, each whitespace-normalised (Rich wraps long lines) with the lines that
+    continue it."""
+    argv = [a.replace("{tmp}", str(tmp)) for a in argv]
+
+    def expired(signum, frame):
+        raise TimeoutError(f"euclip {argv} did not answer within {TIME_LIMIT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TIME_LIMIT_S)
+    try:
+        before = snapshot(tmp)
+        result = runner.invoke(app, argv)
+        after = snapshot(tmp)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    output = result.output
+    context = f"euclip {argv!r}\n{output}"
+    assert result.exit_code in (0, 1, 2), context
+    assert "Traceback" not in output, context
+    assert not (result.exception and not isinstance(result.exception, SystemExit)), (repr(result.exception), context)
+    assert {k: v for k, v in after.items() if k in before} == before, context  # nothing already there changed
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    if result.exit_code == 0:
+        assert not errors, context
+        return result, []
+    assert errors and (len(errors) == 1 or result.exit_code == 2), context
+    ends = errors[1:] + [len(lines)]
+    return result, [" ".join(" ".join(lines[start:end]).split()) for start, end in zip(errors, ends)]
+
+
+def named(errors: list[str], *culprits: str) -> bool:
+    """Whether each error names one of ``culprits`` (as the user gave it, or as Python shows it)."""
+    def forms(culprit: str) -> set[str]:
+        controls_escaped = re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", lambda m: repr(m.group())[1:-1], culprit)
+        return {culprit, repr(culprit), repr(culprit)[1:-1], culprit.strip(), controls_escaped}
+
+    def names(error: str) -> bool:
+        return any(form.strip() and " ".join(form.split()) in error for culprit in culprits for form in forms(culprit))
+    return all(names(error) for error in errors)
+
+
+# ---- overrides: every key of the schema, and keys that are not, with every kind of value
+
+def schema_keys() -> list[str]:
+    def walk(table: dict, prefix: str):
+        for key, value in table.items():
+            if isinstance(value, dict):
+                yield from walk(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+    return sorted(walk(C.to_dict(C.Config()), ""))
+
+
+KEYS = schema_keys()
+keys = st.one_of(st.sampled_from(KEYS), st.sampled_from(KEYS).map(lambda k: k.upper()),
+                 st.sampled_from(KEYS).map(lambda k: k.replace(".", "..", 1)), st.sampled_from(KEYS).map(lambda k: k + ".x"),
+                 st.sampled_from(KEYS).map(lambda k: k.split(".")[0]), text)
+overrides = st.lists(st.one_of(st.tuples(keys, values).map(lambda kv: f"{kv[0]}={kv[1]}"), text), max_size=4)
+
+
+@given(items=overrides)
+def test_generated_overrides_are_taken_or_refused_by_name_before_anything_is_written(items):
+    """Each generated list of overrides on ``euclip train``, with the training folder absent: a usage
+    error naming an override, or (all good) the failure naming the absent folder; no run is created."""
+    with folder() as tmp:
+        argv = ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", *items, f"data.train_dir={ABSENT_TRAIN}"]
+        result, errors = invoke(argv, tmp)
+        assert result.exit_code in (1, 2)
+        items = [item.replace("{tmp}", str(tmp)) for item in items]
+        given_keys = [item.split("=", 1)[0].strip() for item in items]
+        assert named(errors, *items, *given_keys, str(tmp / "absent-world")), (items, errors)
+        assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir()), items
+
+
+# ---- names: what becomes a folder
+
+@given(name=st.one_of(st.sampled_from(NASTY), text))
+@pytest.mark.parametrize("command", ["train", "import"])
+def test_a_generated_name_is_a_plain_folder_name_or_refused_naming_the_option(command, name):
+    """``--name`` on the commands that make a run: refused as a usage error naming ``--name``, or
+    taken and then stopped by the absent input; either way nothing appears outside the runs folder."""
+    with folder() as tmp:
+        argv = {"train": ["train", "--recipe", "tiny-clip", f"data.train_dir={ABSENT_TRAIN}"],
+                "import": ["import", "openclip", "{tmp}/absent.pt"]}[command]
+        before = set(os.listdir(tmp))
+        result, errors = invoke([*argv, "--name", name, "--runs-dir", "{tmp}/runs"], tmp)
+        assert result.exit_code in (1, 2)
+        if result.exit_code == 2 and named(errors, "--name"):
+            assert named(errors, name.replace("{tmp}", str(tmp))) or not name.strip(), errors
+        else:
+            assert named(errors, "absent"), errors
+        assert set(os.listdir(tmp)) <= before | {"runs"}, os.listdir(tmp)
+
+
+# ---- recipe files: TOML of every shape, extends chains and cycles, bytes that are not TOML
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return {float("inf"): "inf", float("-inf"): "-inf"}.get(value, "nan" if value != value else repr(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+
+
+scalars = st.one_of(st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), text, st.sampled_from(NASTY))
+toml_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                            st.dictionaries(text, inner, max_size=2)), max_leaves=4)
+sections = st.sampled_from(sorted({k.split(".")[0] for k in KEYS}) + ["nosuch", "extends"])
+recipe_tables = st.dictionaries(sections, st.dictionaries(st.one_of(st.sampled_from([k.split(".")[-1] for k in KEYS]),
+                                                                    text), toml_values, max_size=3), max_size=3)
+
+
+def recipe_text(tables: dict, extends) -> str:
+    lines = [] if extends is None else [f"extends = {toml_value(extends)}"]
+    for section, table in tables.items():
+        lines.append(f"[{json.dumps(section)}]")
+        lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@given(chain=st.lists(st.tuples(recipe_tables, st.one_of(st.none(), st.sampled_from(["next", "self", "first", "absent",
+                                                                                      "tiny-clip"]), toml_values)),
+                      min_size=1, max_size=3),
+       damage=st.one_of(st.none(), st.binary(max_size=8), st.integers(0, 200)))
+def test_a_generated_recipe_file_validates_or_is_refused_naming_the_file_or_key(chain, damage):
+    """Files ``r0.toml`` .. ``rN.toml``, each perhaps extending the next, itself, the first (a cycle),
+    a recipe that does not exist or a shipped one, some cut short or with bytes that are not UTF-8:
+    ``recipes validate`` says ok or names the file (and the key) at fault, exit 2; ``train`` on the
+    first file fails only on its absent training folder or with that usage error."""
+    with folder() as tmp:
+        for i, (tables, extends) in enumerate(chain):
+            target = {"next": f"{tmp}/r{i + 1}.toml", "self": f"{tmp}/r{i}.toml", "first": f"{tmp}/r0.toml",
+                      "absent": "no-such-recipe"}.get(extends, extends) if isinstance(extends, str) else extends
+            data = recipe_text(tables, target).encode()
+            if isinstance(damage, int):
+                data = data[:damage]
+            elif isinstance(damage, bytes):
+                data = damage + data
+            (tmp / f"r{i}.toml").write_bytes(data)
+        first = f"{tmp}/r0.toml"
+        result, errors = invoke(["recipes", "validate", first], tmp)
+        assert result.exit_code in (0, 2)
+        if result.exit_code:
+            assert named(errors, "r0.toml", "r1.toml", "r2.toml", "r3.toml", "no-such-recipe", *KEYS), errors
+        result, errors = invoke(["train", "--recipe", first, "--runs-dir", "{tmp}/runs",
+                                f"data.train_dir={ABSENT_TRAIN}"], tmp)
+        assert result.exit_code in (1, 2)
+        if result.exit_code == 1:
+            assert named(errors, str(tmp / "absent-world")), errors
+
+
+# ---- every option of every command
+
+def commands() -> dict[str, click.Command]:
+    root = get_command(app)
+    ctx = click.Context(root)
+    found = {}
+
+    def walk(cmd, path):
+        if hasattr(cmd, "list_commands"):
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), path + [name])
+        else:
+            found[" ".join(path)] = cmd
+
+    walk(root, [])
+    return found
+
+
+# Each command with its stopper: arguments that make it stop early whatever the generated option's
+# value, so that no valid value can start a long computation.
+STOPPERS = {
+    "train": ["--recipe", "tiny-clip", f"data.train_dir={ABSENT_TRAIN}"],
+    "eval": [ABSENT_RUN],
+    "import": ["openclip", "{tmp}/absent.pt", "--name", "imported"],
+    "report": [],
+    "study": ["--recipe", "study-geometries", "--out", "{tmp}/a-file"],
+    "recipes list": [],
+    "recipes show": ["tiny-clip"],
+    "recipes validate": [],
+    "download world": ["--out", "{tmp}/a-file"],
+    "download evalsets": ["--root", "{tmp}/a-file"],
+    "download datacomp": ["--scale", "small", "--out", "{tmp}/a-file"],
+    "download urls": ["--parquet", "{tmp}/absent.parquet", "--out", "{tmp}/a-file"],
+    "analyze distances": [ABSENT_RUN],
+    "analyze isotropy": [ABSENT_RUN],
+    "analyze equilibrium": [ABSENT_RUN],
+    "analyze traverse": [ABSENT_RUN],
+}
+# Not fuzzed, and why: the benches measure for minutes with any valid value (their option checks are
+# tests/test_bench.py's); --nproc-per-node > 1 replaces the process with torchrun; an option that
+# holds a command's stopper would let a valid value start the work the stopper prevents (a folder
+# that is a file stops a command as its line is parsed: cli.common.writable_folder).
+UNFUZZED = {"bench"}
+UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("study", "--out"), ("download world", "--out"),
+                    ("download evalsets", "--root"), ("download datacomp", "--out"), ("download urls", "--out")}
+OPTION_EXAMPLES = 200 if LONG else 6
+
+
+def fuzzed_options() -> list[tuple[str, str]]:
+    pairs = []
+    for path, cmd in commands().items():
+        if path.split()[0] in UNFUZZED:
+            continue
+        for param in cmd.params:
+            if param.param_type_name == "option" and not param.is_flag and param.name != "help" \
+                    and (path, param.opts[0]) not in UNFUZZED_OPTIONS:
+                pairs.append((path, param.opts[0]))
+    return pairs
+
+
+def test_every_command_has_a_stopper():
+    assert set(commands()) - set(STOPPERS) == {p for p in commands() if p.split()[0] in UNFUZZED}
+
+
+@pytest.mark.parametrize("command, option", fuzzed_options())
+@settings(max_examples=OPTION_EXAMPLES)
+@given(value=values)
+def test_a_generated_option_value_is_taken_or_refused_naming_the_option(command, option, value):
+    with folder() as tmp:
+        result, errors = invoke([*command.split(), *STOPPERS[command], option, value], tmp)
+        if result.exit_code:
+            # Refused by name (or for an option it needs beside), or taken and then stopped: by the
+            # stopper, or by what the value names.
+            options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
+            assert named(errors, *options, value.replace("{tmp}", str(tmp)), "absent", ABSENT_RUN, "a-file",
+                         "127.0.0.1"), (option, value, errors)
+
+
+def test_every_path_a_command_takes_is_checked_as_its_line_is_parsed():
+    """The path kind has one owner: every option or argument typed as a path goes through
+    ``cli.common.checked_path`` (read) or ``writable_folder`` (written), so a path no file system could
+    hold, or a folder that is a file, is refused before the command reads, fetches or trains."""
+    from euclip_cli.cli.common import checked_path, writable_folder
+
+    def is_path(param) -> bool:
+        annotation = param.type_descriptor.annotation
+        return Path in (annotation, *typing.get_args(annotation))
+
+    paths = [(path, param) for path, cmd in commands().items() for param in cmd.params if is_path(param)]
+    unchecked = [f"{path} {param.name}" for path, param in paths
+                 if param.type_descriptor.parameter_info.callback not in (checked_path, writable_folder)]
+    assert len(paths) > 30 and not unchecked, unchecked
