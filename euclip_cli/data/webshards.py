@@ -206,6 +206,38 @@ def load_language_model(path: Path):
     return fasttext.load_model(str(path))
 
 
+def load_asset(path: Path):
+    """A DataComp asset (the centroids are a pickled NumPy array, the ImageNet files a dict of tensors)
+    through torch's weights-only unpickler, which builds tensors and containers and no other object:
+    NumPy's array reconstruction is the one callable it is allowed beside them, so a file that would run
+    code is refused (one line naming it) even though its sha256 matched a pin."""
+    import numpy as np
+    import torch
+
+    rebuild = np._core.multiarray._reconstruct
+    allowed = [np.ndarray, np.dtype, rebuild, (rebuild, "numpy.core.multiarray._reconstruct"),
+               *(type(np.dtype(t)) for t in ("float16", "float32", "float64"))]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch reports refused globals and damaged files with several types
+        raise FetchError(f"{path} is not an asset of DataComp's kind ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200]}): delete it and rerun") from None
+
+
+def _matrix(value, path: Path):
+    """``value`` if it is a 2-D array or tensor of floats (what every DataComp asset is), else a FetchError."""
+    import numpy as np
+    import torch
+
+    ok = (isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 2
+          and (value.dtype.is_floating_point if isinstance(value, torch.Tensor) else value.dtype.kind == "f"))
+    if not ok:
+        raise FetchError(f"{path} holds {type(value).__name__} {getattr(value, 'shape', '')}, not a matrix of "
+                         f"embeddings: delete it and rerun")
+    return value
+
+
 def image_based_inputs(scale: str, assets: dict[str, Path], device: str, chunk: int) -> ImageBasedInputs:
     """Load the language model, the pool centroids and the ImageNet clusters onto ``device``."""
     import fasttext
@@ -213,12 +245,20 @@ def image_based_inputs(scale: str, assets: dict[str, Path], device: str, chunk: 
 
     from euclip_cli.data import datacomp as dc
 
-    # Both files passed their pinned sha256, so unpickling them (the centroids are a pickled
-    # NumPy array, the ImageNet files a dict) runs only DataComp's published content.
-    centroids = torch.load(assets[f"{scale}_centroids_l14.pt"], weights_only=False)
-    centroids = torch.as_tensor(centroids, dtype=torch.float32).to(device)
-    imagenet = torch.cat([torch.load(assets[f"in1k_clip_vit_l14_{i}.pt"], weights_only=False)["image_features"]
-                          for i in range(5)])
+    centroids = torch.as_tensor(_matrix(load_asset(assets[f"{scale}_centroids_l14.pt"]),
+                                        assets[f"{scale}_centroids_l14.pt"]), dtype=torch.float32).to(device)
+    parts = []
+    for i in range(5):
+        path = assets[f"in1k_clip_vit_l14_{i}.pt"]
+        loaded = load_asset(path)
+        if not isinstance(loaded, dict) or "image_features" not in loaded:
+            raise FetchError(f"{path} holds no 'image_features': not DataComp's ImageNet embeddings; delete it "
+                             f"and rerun")
+        parts.append(torch.as_tensor(_matrix(loaded["image_features"], path)))
+    if len({p.shape[1] for p in parts} | {centroids.shape[1]}) != 1:
+        raise FetchError(f"DataComp's assets in {assets[f'{scale}_centroids_l14.pt'].parent} disagree on the "
+                         f"embedding width: delete them and rerun")
+    imagenet = torch.cat(parts)
     target = dc.imagenet_clusters(imagenet, centroids, chunk)
     return dc.ImageBasedInputs(load_language_model(assets["lid.176.bin"]), fasttext.tokenize, centroids, target,
                                chunk)

@@ -18,9 +18,12 @@ downloader is tested offline against one on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -110,6 +113,37 @@ def _csv_and_zip(repo_id: str, folder: Path, base_url: str, on_progress: OnProgr
     return fetch_text(f"{repo}/resolve/main/{csvs[0]}"), archive
 
 
+# An evaluation image is at most a few MB: a member that declares more is not one (a damaged archive, or
+# one built to exhaust memory), and none is read past what it declares.
+MEMBER_BYTES = 64 * 2 ** 20
+
+
+@contextlib.contextmanager
+def open_zip(archive: Path):
+    """The fetched archive, read as untrusted: damage anywhere in it (not a zip, a member whose bytes fail
+    its CRC or differ from its declared size) is one FetchError naming the file; members are read by
+    ``read_member`` and written under names of their own, never the paths the archive gives."""
+    try:
+        with zipfile.ZipFile(archive) as z:
+            yield z
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise FetchError(f"{archive} is damaged ({err}): delete it and rerun to fetch it again") from None
+
+
+def read_member(z: zipfile.ZipFile, member: str) -> bytes:
+    """One member's bytes, no more than it declares and no more than ``MEMBER_BYTES``."""
+    info = z.getinfo(member)
+    if info.file_size > MEMBER_BYTES:
+        raise FetchError(f"{z.filename}: {member} declares {info.file_size:,} bytes, more than any evaluation image "
+                         f"({MEMBER_BYTES:,}): the archive is not DataComp's; delete it and rerun")
+    with z.open(info) as f:
+        data = f.read(info.file_size + 1)
+    if len(data) != info.file_size:
+        raise FetchError(f"{z.filename}: {member} holds other than the {info.file_size:,} bytes it declares: "
+                         f"the archive is damaged; delete it and rerun")
+    return data
+
+
 def retrieval_rows(table, images: dict[str, str]) -> list[tuple[str, list[str]]]:
     """``(zip member, captions)`` per csv row, in the csv's order, as DataComp's loader yields them
     (``image`` from the row's ``filename``, ``caption`` the JSON list in its ``raw`` column).
@@ -135,8 +169,6 @@ def download_retrieval(task: Task, folder: Path, base_url: str = HF_DATASETS,
     """DataComp's Flickr30k or MSCOCO retrieval set, converted to clip-benchmark's ``wds`` retrieval
     layout: ``test/{i}.tar`` of ``KEY.jpg`` (the zip's bytes, unchanged) and ``KEY.txt`` (the captions,
     one per line), ``dataset_type.txt`` = retrieval, and ``test/nshards.txt`` written last."""
-    import zipfile
-
     import pandas as pd
     import webdataset as wds
 
@@ -149,13 +181,13 @@ def download_retrieval(task: Task, folder: Path, base_url: str = HF_DATASETS,
                              f"the folder and rerun")
         return {"task": task.key, "folder": str(folder), "shards": int(marker.read_text()), "fetched": 0, "present": 1}
     text, archive = _csv_and_zip(repo_id, folder, base_url, on_progress)
-    with zipfile.ZipFile(archive) as z:
+    with open_zip(archive) as z:
         images = {Path(m).name: m for m in z.namelist() if m.lower().endswith((".jpg", ".jpeg"))}
         rows = retrieval_rows(pd.read_csv(io.StringIO(text)), images)
         (folder / "test").mkdir(parents=True, exist_ok=True)
         with wds.ShardWriter(str(folder / "test" / "%d.tar"), maxcount=RETRIEVAL_PER_SHARD, verbose=0) as sink:
             for i, (member, captions) in enumerate(rows):
-                sink.write({"__key__": f"s{i:06d}", "jpg": z.read(member), "txt": "\n".join(captions)})
+                sink.write({"__key__": f"s{i:06d}", "jpg": read_member(z, member), "txt": "\n".join(captions)})
     shards = -(-len(rows) // RETRIEVAL_PER_SHARD)
     (folder / "dataset_type.txt").write_text("retrieval\n")
     source.write_text(repo_id + "\n")
@@ -172,8 +204,6 @@ def download_winogavil(folder: Path, base_url: str = HF_DATASETS,
     The repo's files are listed through the Hub API (its csv and its image zip); ``instances.jsonl``
     is written last, so a folder with it is complete.
     """
-    import zipfile
-
     import pandas as pd
 
     marker = folder / "instances.jsonl"
@@ -182,10 +212,10 @@ def download_winogavil(folder: Path, base_url: str = HF_DATASETS,
     text, archive = _csv_and_zip(WINOGAVIL_REPO, folder, base_url, on_progress)
     images = folder / "images"
     images.mkdir(exist_ok=True)
-    with zipfile.ZipFile(archive) as z:
+    with open_zip(archive) as z:
         for member in z.namelist():
             if member.lower().endswith(".jpg"):
-                (images / Path(member).name).write_bytes(z.read(member))
+                (images / Path(member).name).write_bytes(read_member(z, member))
     table = pd.read_csv(io.StringIO(text))
     lines = []
     for row in table.itertuples():
