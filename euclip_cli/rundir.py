@@ -27,7 +27,7 @@ import os
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from euclip_cli.errors import Failure, UsageError
 
@@ -91,6 +91,29 @@ def folder_problem(path: Path) -> Optional[str]:
     return None
 
 
+@contextlib.contextmanager
+def folder_lock(folder: Path, busy: Callable[[str], Exception]):
+    """Hold ``folder`` for this process, or raise ``busy(holder's pid)`` when another holds it. The lock is
+    the kernel's (flock on ``folder/.lock``), so it dies with its process: nothing stale is left to remove."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise busy(handle.read().strip() or "unknown") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class RunConflict(UsageError):
     """The run directory holds a run with another configuration."""
 
@@ -116,17 +139,38 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSON-lines file; a line cut short by a crash mid-write is skipped."""
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    """The records of a JSON-lines file, one at a time (a file of any length in constant memory); a line
+    cut short by a crash mid-write is skipped."""
     if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+        return
+    with path.open() as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every record of a JSON-lines file (``iter_jsonl``), as a list."""
+    return list(iter_jsonl(path))
+
+
+def thinned(records: Iterable[dict], most: int) -> list[dict]:
+    """At most about ``most`` of ``records``, evenly spaced (every k-th, k doubling whenever more than
+    ``most`` are held) and the last always among them: a curve of any length in bounded memory."""
+    kept: list[dict] = []
+    stride, last = 1, None
+    for i, record in enumerate(records):
+        last = record
+        if i % stride == 0:
+            kept.append(record)
+            if len(kept) > most:
+                kept, stride = kept[::2], 2 * stride
+    if last is not None and (not kept or kept[-1] is not last):
+        kept.append(last)
+    return kept
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -205,6 +249,17 @@ class RunDir:
     def meta(self) -> dict:
         return read_json(self.meta_file) if self.meta_file.exists() else {}
 
+    def difference(self, config: dict, complete: Callable[[dict], dict] = lambda stored: stored) -> Optional[list[str]]:
+        """The ``section.key`` names in which the run's stored configuration (read as ``complete`` fills it
+        in) differs from ``config`` (``["recipe"]`` when only that does), or None: no run yet, or the same."""
+        if not self.exists():
+            return None
+        stored = complete(self.config())
+        if stored == config:
+            return None
+        return sorted(f"{s}.{k}" for s, v in stored.items() if isinstance(v, dict)
+                      for k in v if v[k] != config.get(s, {}).get(k)) or ["recipe"]
+
     def claim(self, config: dict, meta: dict, complete: Callable[[dict], dict] = lambda stored: stored) -> bool:
         """Create the run with ``config`` and ``meta``, or check that it already holds ``config``.
 
@@ -213,13 +268,11 @@ class RunDir:
         Returns True when the directory was created. Raises RunConflict, naming the keys that
         differ, when it holds another configuration.
         """
+        changed = self.difference(config, complete)
+        if changed:
+            raise RunConflict(f"{self.path} holds a run with another configuration (differs in: "
+                              f"{', '.join(changed)}); pass --name NEW to start a separate run")
         if self.exists():
-            stored = complete(self.config())
-            if stored != config:
-                changed = sorted(f"{s}.{k}" for s, v in stored.items() if isinstance(v, dict)
-                                 for k in v if v[k] != config.get(s, {}).get(k))
-                raise RunConflict(f"{self.path} holds a run with another configuration (differs in: "
-                                  f"{', '.join(changed) or 'recipe'}); pass --name NEW to start a separate run")
             return False
         self.path.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.meta_file, json.dumps(meta, indent=2))
@@ -227,30 +280,12 @@ class RunDir:
         write_text_atomic(self.config_file, json.dumps(config, indent=2, sort_keys=True))
         return True
 
-    @contextlib.contextmanager
     def lock(self):
         """Hold the run for one training process: a second one on the same directory would interleave
-        its steps and checkpoints with the first. The lock is the kernel's (flock), so it dies with its
-        process; nothing stale is left to remove by hand."""
-        import fcntl
-
-        self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path / ".lock").open("a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                raise RunBusy(f"{self.path} is being trained by another process (pid {holder}): wait for it to "
-                              f"finish or stop it, or pass --name NEW for a separate run") from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        its steps and checkpoints with the first."""
+        return folder_lock(self.path, lambda pid: RunBusy(
+            f"{self.path} is being trained by another process (pid {pid}): wait for it to finish or stop it, "
+            f"or pass --name NEW for a separate run"))
 
     # ---- checkpoints
 
@@ -353,8 +388,16 @@ class RunDir:
         write_text_atomic(self.datacomp_results_file, "".join(json.dumps(v) + "\n" for v in chosen.values()))
         return self.datacomp_results_file
 
-    def training_records(self) -> list[dict]:
-        return read_jsonl(self.metrics_file)
+    def training_records(self, most: Optional[int] = None) -> list[dict]:
+        """The ``metrics.jsonl`` records; with ``most``, at most about that many, evenly spaced, and the last."""
+        return read_jsonl(self.metrics_file) if most is None else thinned(iter_jsonl(self.metrics_file), most)
+
+    def last_training_record(self) -> Optional[dict]:
+        """The newest ``metrics.jsonl`` record, read in constant memory."""
+        last = None
+        for last in iter_jsonl(self.metrics_file):
+            pass
+        return last
 
 
 def checkpoint_step(path: Path) -> int:

@@ -425,11 +425,15 @@ def test_the_temperature_figure_draws_each_configurations_mean_and_seed_range_in
 
 def test_the_temperature_converges_where_it_stays_within_two_percent_of_its_final_value():
     steps = [8, 16, 24, 32, 40, 48]
-    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.9, 4.05, 4.0]) == 40  # 3.9 is 2.5% off
-    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.95, 4.05, 4.0]) == 32
-    assert R.converged_step(steps, [1.0, 2.0, 3.0, 3.9, 4.05, 4.0], within=0.01) == 48  # 4.05 is 1.25% off
-    assert R.converged_step(steps, [4.0] * 6) == 8  # never moved (a frozen temperature)
-    assert R.converged_step(steps, [4.0, 4.0, 1.0, 4.0, 4.0, 4.0]) == 32  # a later excursion counts
+
+    def converged(values, **kw):
+        return R.converged_step(zip(steps, values), values[-1], **kw)
+
+    assert converged([1.0, 2.0, 3.0, 3.9, 4.05, 4.0]) == 40  # 3.9 is 2.5% off
+    assert converged([1.0, 2.0, 3.0, 3.95, 4.05, 4.0]) == 32
+    assert converged([1.0, 2.0, 3.0, 3.9, 4.05, 4.0], within=0.01) == 48  # 4.05 is 1.25% off
+    assert converged([4.0] * 6) == 8  # never moved (a frozen temperature)
+    assert converged([4.0, 4.0, 1.0, 4.0, 4.0, 4.0]) == 32  # a later excursion counts
 
 
 def test_a_configuration_naming_an_unknown_published_row_is_refused(tmp_path):
@@ -517,3 +521,15 @@ def test_a_temperature_that_barely_moved_is_reported_frozen_not_converged():
                                  "regime": V.regime(study, by_config)})
     table = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "| frozen |" in table["clip"] and "| 200 |" in table["meru"]
+
+
+def test_a_thinned_curve_is_evenly_spaced_bounded_and_keeps_the_last_record():
+    from euclip_cli.rundir import thinned
+
+    for n in (1, 5, 1000, 4097):
+        kept = thinned(({"step": i} for i in range(n)), 100)
+        steps = [r["step"] for r in kept]
+        assert steps[0] == 0 and steps[-1] == n - 1 and len(kept) <= 101 + 1
+        gaps = {b - a for a, b in zip(steps[:-2], steps[1:-1])}
+        assert len(gaps) <= 1  # one stride between the kept records, whatever the length
+        assert n <= 100 or len(kept) > 50  # and not thinned more than needed

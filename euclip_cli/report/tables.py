@@ -289,10 +289,15 @@ def render(df: pd.DataFrame, fmt: str) -> str:
     return df.to_markdown(index=False) + "\n"
 
 
+# Records a run's training curves keep (evenly spaced over a metrics.jsonl of any length, the last included).
+CURVE_POINTS = 2000
+
+
 def training_metrics(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
-    """Each run's ``metrics.jsonl`` records (lines cut short by a crash are skipped)."""
+    """Each run's ``metrics.jsonl`` records for its curves, at most about ``CURVE_POINTS`` (lines cut
+    short by a crash are skipped)."""
     runs = {name: RunDir(runs_dir / name) for name in names}
-    return {name: run.training_records() for name, run in runs.items() if run.metrics_file.exists()}
+    return {name: run.training_records(CURVE_POINTS) for name, run in runs.items() if run.metrics_file.exists()}
 
 
 def _interval(mean, low, high, digits: int = 1) -> str:

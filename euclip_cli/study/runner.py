@@ -19,16 +19,16 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from euclip_cli import config as C
 from euclip_cli import stats
-from euclip_cli.errors import Failure
+from euclip_cli.errors import Failure, UsageError
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.rundir import RunDir, read_json, write_text_atomic
+from euclip_cli.rundir import RunDir, folder_lock, iter_jsonl, read_json, write_text_atomic
 from euclip_cli.study.spec import Claim, Study, load_claims
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
@@ -42,6 +42,8 @@ class RunPlan:
     seed: int
     run_dir: Path
     commands: tuple[tuple[str, ...], ...]
+    # The configuration its training command gives (config.to_dict), as the run stores it.
+    resolved: dict = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -75,7 +77,8 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
                 for state in ((), ("--at-init",)):
                     commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
                                      "--root-samples", "1000", *state, *where))
-            plans.append(RunPlan(name, seed, run_dir, tuple(commands)))
+            resolved = C.to_dict(C.load_config(cfg.recipe, study.overrides(name, seed)))
+            plans.append(RunPlan(name, seed, run_dir, tuple(commands), resolved))
     return plans
 
 
@@ -149,8 +152,29 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     """Train and evaluate every unfinished run, ``jobs`` at a time; returns the tables' rows."""
     claims = load_claims()
     plans = plan(study, out, claims, world)
+    # The study folder first, held for this process: an unusable --out, or a second study on the same
+    # folder (whose trainers would race this one's), fails here, before minutes of world generation.
+    with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
+                                                 f"it to finish, or pass --out NEW for a separate study")):
+        check_configurations(plans, out)
+        return _run(study, out, plans, claims, jobs, world, say)
+
+
+def check_configurations(plans: list[RunPlan], out: Path) -> None:
+    """Refuse a study folder holding runs trained with another configuration than the study's recipes
+    now give (a recipe edited since): they would be counted as finished, or fail one by one."""
+    complete = lambda stored: C.to_dict(C.from_dict(stored))  # noqa: E731  (older runs, as the trainer reads them)
+    changed = [(p.name, keys) for p in plans if (keys := RunDir(p.run_dir).difference(p.resolved, complete))]
+    if changed:
+        shown = "; ".join(f"{name} differs in {', '.join(keys[:3])}" for name, keys in changed[:3])
+        raise UsageError(f"{out} holds {len(changed)} run(s) trained with another configuration than the study's "
+                         f"recipes now give ({shown}): a recipe changed since; pass --out NEW for a new study, "
+                         f"or move {out} away (nothing was run)")
+
+
+def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], jobs: int, world: Optional[Path],
+         say: Callable[[str], None]) -> dict:
     todo = [p for p in plans if not is_done(p)]
-    # The study folder first: an unusable --out fails here, before minutes of world generation.
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if todo:
         prepare_worlds(study, say)
@@ -213,38 +237,42 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     for at_init, key in ((False, "text_nearer_root"), (True, "text_nearer_root" + AT_INIT)):
         if run.distances_file(at_init=at_init).exists():
             values[key] = read_json(run.distances_file(at_init=at_init))["auc_text_closer"]
-    records = run.training_records()
-    cfg = C.from_dict(run.config()) if records else None
-    if records and "logit_scale" in records[-1]:
+    last = run.last_training_record()
+    cfg = C.from_dict(run.config()) if last else None
+    if last and "logit_scale" in last:
         # β starts at exp(t0), capped at logit_scale_max after the first step.
         values["temperature_init"] = min(math.exp(C.initial_logit_scale(cfg)), cfg.geometry.logit_scale_max)
-        values["temperature_final"] = records[-1]["logit_scale"]
-        values["temperature_converged_step"] = converged_step([r["step"] for r in records],
-                                                              [r["logit_scale"] for r in records])
-    if records and "curvature" in records[-1]:
+        values["temperature_final"] = last["logit_scale"]
+        values["temperature_converged_step"] = converged_step(
+            ((r["step"], r["logit_scale"]) for r in iter_jsonl(run.metrics_file) if "logit_scale" in r),
+            last["logit_scale"])
+    if last and "curvature" in last:
         values["curvature_init"] = cfg.geometry.curvature_init
-        values["curvature_final"] = records[-1]["curvature"]
-        values["curvature_fall"] = cfg.geometry.curvature_init - records[-1]["curvature"]
+        values["curvature_final"] = last["curvature"]
+        values["curvature_fall"] = cfg.geometry.curvature_init - last["curvature"]
         values["curvature_fall" + AT_INIT] = 0.0  # by definition: the curvature has not moved yet
     return values
 
 
-def converged_step(steps: list[int], values: list[float], within: float = CONVERGED_WITHIN) -> int:
-    """The first logged step from which ``values`` stay within ``within`` (relative) of their final value.
+def converged_step(points: Iterable[tuple[int, float]], final: float, within: float = CONVERGED_WITHIN) -> int:
+    """The first logged step from which the values of ``(step, value)`` ``points`` stay within ``within``
+    (relative) of ``final``, the value they end at; read once, in constant memory.
 
     Sun and Li's Table 7 counts the step from which the temperature "changes less than 2% for an
     epoch"; the world's runs draw samples with replacement and have no epochs, so this asks that it
     stay within 2% of where it ends.
     """
-    final = values[-1]
-    step = steps[-1]
-    for s, v in zip(reversed(steps), reversed(values)):
+    step, off = None, True  # off: the latest value seen lies farther than ``within`` (or none seen yet)
+    for s, v in points:
         if abs(v - final) > within * abs(final):
-            break
-        step = s
+            off = True
+        elif off:
+            step, off = s, False
     return step
 
 
+# Points a training curve keeps for a figure (evenly spaced over a metrics.jsonl of any length).
+CURVE_POINTS = 1000
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
                 "temperature_converged_step")
 
@@ -329,7 +357,7 @@ def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
     and logit (configurations differing in initialisation, noise or structure share one)."""
     curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
     for p in plans:
-        records = RunDir(p.run_dir).training_records() if p.run_dir.exists() else []
+        records = RunDir(p.run_dir).training_records(CURVE_POINTS) if p.run_dir.exists() else []
         points = [(r["step"], r["logit_scale"]) for r in records if "logit_scale" in r]
         if points:
             curves.setdefault(p.config, {})[p.seed] = points
