@@ -152,3 +152,18 @@ def test_the_gpu_checklists_summary_tables_its_runs_and_the_matrix(tmp_path):
     assert "| loaders-out | 800 | 800 | 3.00 | 50% | 900 (90%) | 1000 |" in text
     assert "| openclip-trainer | 900 | 1000 | 3.37 | 10% | - | - |" in text
     assert "matrix-" not in text.split("The matrix")[0].split("| run |")[1]  # the matrix rows sit in their table
+
+
+@pytest.mark.slow
+def test_the_bookkeeping_scale_script_builds_its_study_and_measures_both_readers(tmp_path, monkeypatch):
+    """A small version (100 runs of 5 records, one of 50): the summary writes the study's tables and the
+    report its own, and each reader's seconds and peak memory are printed."""
+    monkeypatch.chdir(tmp_path)
+    script = Path(__file__).resolve().parents[1] / "examples" / "bookkeeping" / "scale.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "scale"), "--steps", "5",
+                           "--long-steps", "50"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("100 runs") and len(lines) == 3, done.stdout
+    assert all("s, peak resident memory" in line for line in lines[1:])
+    assert (tmp_path / "scale" / "study.csv").exists() and (tmp_path / "scale" / "tables" / "embedded.md").exists()

@@ -533,3 +533,28 @@ def test_a_thinned_curve_is_evenly_spaced_bounded_and_keeps_the_last_record():
         gaps = {b - a for a, b in zip(steps[:-2], steps[1:-1])}
         assert len(gaps) <= 1  # one stride between the kept records, whatever the length
         assert n <= 100 or len(kept) > 50  # and not thinned more than needed
+
+
+def test_reading_a_runs_curve_takes_memory_that_does_not_grow_with_its_length(tmp_path):
+    """A metrics.jsonl ten times longer costs the curve reader no more memory (tracemalloc's peak),
+    where reading every record would cost ten times as much."""
+    import tracemalloc
+
+    from euclip_cli.rundir import RunDir
+
+    def peak(lines: int, read) -> int:
+        run = RunDir(tmp_path / f"run{lines}")
+        run.path.mkdir()
+        run.metrics_file.write_text("".join(f'{{"step": {i}, "loss": 1.5, "logit_scale": 10.0}}\n'
+                                            for i in range(1, lines + 1)))
+        tracemalloc.start()
+        read(run)
+        found = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return found
+
+    def curve(run):
+        return run.training_records(500), run.last_training_record()
+
+    assert peak(200_000, curve) < 1.5 * peak(20_000, curve)
+    assert peak(200_001, lambda run: run.training_records()) > 5 * peak(20_001, lambda run: run.training_records())
