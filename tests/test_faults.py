@@ -169,6 +169,10 @@ CASES = [
          ["study-names.toml: configs", "'../up' is a path"],
          _write("study-names.toml", '[study]\nseeds = 1\n[configs."../up"]\nrecipe = "tiny-clip"\n'
                                     '[configs.clip]\nrecipe = "tiny-clip"\n[configs.euclip]\nrecipe = "tiny-euclip"\n')),
+    Case("a study file whose name leaves no study name", ["study", "--recipe", "{tmp}/study-.toml"], 2,
+         ["study-.toml: the study's name", "is not a folder name"],
+         _write("study-.toml", '[study]\nseeds = 1\n[configs.clip]\nrecipe = "tiny-clip"\n'
+                               '[configs.euclip]\nrecipe = "tiny-euclip"\n')),
     Case("class tokens without product sphere", [*TRAIN, "model.class_tokens=4"], 2, ["model.class_tokens"]),
     # ---- training data
     Case("training data folder missing", ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs",

@@ -163,7 +163,12 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         select(tasks)
     except UsageError as err:
         problems.append(f"{path.name}: tasks: {err}")
-    result = Study(path.stem.removeprefix(C.STUDY_PREFIX), path, configs, tuple(range(count)), tasks, baseline, interval)
+    name = path.stem.removeprefix(C.STUDY_PREFIX)  # the study's folder under results/studies
+    try:
+        plain_name(name, f"{path.name}: the study's name (its file name after '{C.STUDY_PREFIX}')")
+    except UsageError as err:
+        problems.append(str(err))
+    result = Study(name, path, configs, tuple(range(count)), tasks, baseline, interval)
     for name, cfg in configs.items():
         try:
             C.load_config(cfg.recipe, result.overrides(name, 0))
