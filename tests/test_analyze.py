@@ -337,3 +337,24 @@ def test_distances_at_init_measure_the_model_the_run_started_from(runs, world, t
     assert all(torch.allclose(start[k], state["model"][k], rtol=0, atol=1e-20) for k in start)
     other = initial_model(C.from_dict({**state["config"], "train": {**state["config"]["train"], "seed": 4}})).state_dict()
     assert any(not torch.equal(other[k], start[k]) for k in start)  # the seed fixes the start
+
+
+@pytest.mark.parametrize("run", ["tiny-clip", "tiny-meru"])
+def test_hierarchy_scores_the_runs_own_predictions_in_the_worlds_tree(runs, world, run):
+    """Its accuracy is the evaluator's (a separate path: clip-benchmark's loader and euclip's zero-shot
+    classifier), and its tree metrics lie between a perfect classifier's and the bounds of the tree."""
+    from euclip_cli.rundir import RunDir
+
+    analyze(runs, world, "hierarchy", run)
+    found = json.loads((runs / run / "analysis" / "hierarchy.json").read_text())
+    assert list(found["tasks"]) == ["world/shapes", "world/shapes-outline", "world/shapes-palette",
+                                    "world/shapes-clutter"]
+    result = runner.invoke(app, ["eval", str(runs / run), "--tasks", "world/shapes", "--world", str(world)])
+    assert result.exit_code == 0, result.output
+    scored = {line["key"]: line["metrics"] for line in RunDir(runs / run).eval_lines()}
+    shapes = found["tasks"]["world/shapes"]
+    assert shapes["accuracy"] == pytest.approx(scored["world/shapes"]["acc1"])
+    for row in found["tasks"].values():
+        assert 0 <= row["tie"] <= 4 and 1 <= row["lca_error"] <= 3 and 0.2 <= row["jaccard"] <= 1
+        assert (row["accuracy"] == 1) == (row["tie"] == 0)
+    assert found["chance"]["world/shapes"]["accuracy"] == pytest.approx(1 / 12)

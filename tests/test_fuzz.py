@@ -276,6 +276,7 @@ STOPPERS = {
     "analyze isotropy": [ABSENT_RUN],
     "analyze equilibrium": [ABSENT_RUN],
     "analyze traverse": [ABSENT_RUN],
+    "analyze hierarchy": [ABSENT_RUN],
 }
 # Not fuzzed, and why: the benches measure for minutes with any valid value (their option checks are
 # tests/test_bench.py's); --nproc-per-node > 1 replaces the process with torchrun; an option that

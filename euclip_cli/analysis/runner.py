@@ -211,3 +211,29 @@ def traverse_folder(run: Run, image_dir: Path, captions: list[str], device: str 
     result = folder_traversal_study(g, curv, names, images, captions, texts, root, steps, list(ks), chosen)
     result.update(image_dir=str(image_dir), root_pairs=root_pairs)
     return Analysis(result, write_result(run_dir, "traverse_custom", result), run_dir)
+
+
+def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs_dir: Path = RUNS_DIR,
+              status: Status = _quiet) -> Analysis:
+    """HyCoCLIP's hierarchical metrics (``analysis.hierarchy``) of the run's zero-shot predictions, each
+    image given the class its own geometry scores highest, on every world task whose classes are the
+    world tree's shapes; the tree is the world generator's own."""
+    from euclip_cli.analysis.hierarchy import (WORLD_ROOT, chance, hierarchical_metrics, world_hierarchy_tasks,
+                                               world_tree)
+    from euclip_cli.data.world import SHAPES
+
+    run_dir, device = resolve(run, runs_dir).path, resolve_device(device)
+    emb = _world_embeddings(run_dir, device, world, False, status)
+    tree = world_tree()
+    tasks, guessing = {}, {}
+    for key in world_hierarchy_tasks():
+        task = emb.classes[key]
+        predicted = emb.geometry.similarity(task.images, task.prototypes, emb.curv).argmax(dim=1)
+        true = [SHAPES[i] for i in task.labels.tolist()]
+        tasks[key] = hierarchical_metrics([SHAPES[i] for i in predicted.tolist()], true, tree)
+        guessing[key] = chance(true, SHAPES, tree)
+    result = {"geometry": emb.geometry.name, "logit": emb.geometry.logit,
+              "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
+                       "parent": tree.parent},
+              "tasks": tasks, "chance": guessing}
+    return Analysis(result, write_result(run_dir, "hierarchy", result), run_dir)

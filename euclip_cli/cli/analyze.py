@@ -230,3 +230,34 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
                       f"(cones contain {100 * test['predicted_share']:.1f}% of pairs; "
                       f"{100 * test['true_share']:.1f}% are true)", highlight=False)
     console.print(f"written: {out}")
+
+
+@app.command()
+def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
+              world: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                   help="Embedded world folder (default: the one trained on)."),
+              device: str = typer.Option("auto", help="cpu, cuda or auto."),
+              runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+    """How far the run's zero-shot mistakes fall in the world's class tree: HyCoCLIP's tree-induced
+    error, LCA error, Jaccard similarity and hierarchical precision and recall, in the run's geometry.
+
+    Example: euclip analyze hierarchy tiny-meru
+    """
+    from rich.table import Table
+
+    from euclip_cli.analysis import runner
+
+    with errors():
+        found = runner.hierarchy(run, device, world, runs_dir, _status)
+    result = found.result
+    table = Table(title=f"{found.run_dir.name} ({result['geometry']}, {result['logit']}): its mistakes in the "
+                        f"world's class tree")
+    columns = ("accuracy", "tie", "lca_error", "jaccard", "h_precision", "h_recall")
+    table.add_column("task", no_wrap=True)
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for key, row in result["tasks"].items():
+        table.add_row(key, *(f"{row[c]:.3f}" for c in columns))
+        table.add_row("  guessing", *(f"{result['chance'][key][c]:.3f}" for c in columns), style="dim")
+    console.print(table)
+    console.print(f"written: {found.path}")
