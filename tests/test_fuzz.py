@@ -10,7 +10,7 @@ that was never trained), so the error names either a generated value or the stop
 anything a valid value could have started (a training run, a download, a world).
 
 ``make test`` runs a few dozen examples per property, the same ones each time (derandomised);
-``EUCLIP_FUZZ=long make test`` (or ``pytest tests/test_fuzz.py``) runs a thousand, freshly drawn.
+``EUCLIP_FUZZ=long pytest tests/test_fuzz.py`` runs a thousand (two hundred per option), freshly drawn.
 """
 
 from __future__ import annotations
