@@ -233,6 +233,11 @@ class RunDir:
     def analysis_dir(self) -> Path:
         return self.path / "analysis"
 
+    @property
+    def hierarchy_file(self) -> Path:
+        """``euclip analyze hierarchy``'s result."""
+        return self.analysis_dir / "hierarchy.json"
+
     def distances_file(self, split: str = "eval", at_init: bool = False) -> Path:
         """``euclip analyze distances``'s result (figures share its stem): of the trained model, or
         of the untrained one the run started from."""

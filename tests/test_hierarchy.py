@@ -7,7 +7,7 @@ from collections import deque
 
 import pytest
 
-from euclip_cli.analysis.hierarchy import Tree, chance, hierarchical_metrics, world_hierarchy_tasks, world_tree
+from euclip_cli.hierarchy import Tree, chance, hierarchical_metrics, world_hierarchy_tasks, world_tree
 
 # r -> a -> a1, a2;  r -> b -> b1
 SMALL = Tree({"a": "r", "b": "r", "a1": "a", "a2": "a", "b1": "b"})

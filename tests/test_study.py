@@ -558,3 +558,26 @@ def test_reading_a_runs_curve_takes_memory_that_does_not_grow_with_its_length(tm
 
     assert peak(200_000, curve) < 1.5 * peak(20_000, curve)
     assert peak(200_001, lambda run: run.training_records()) > 5 * peak(20_001, lambda run: run.training_records())
+
+
+def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
+    """Each run of a world study gets ``analyze hierarchy``; its Shapes numbers become study measures, and
+    study.md tables them beside uniform guessing."""
+    from euclip_cli.rundir import RunDir
+    from euclip_cli.study.spec import load_claims, load_study
+    from euclip_cli.study.tables import hierarchy_section
+
+    study = load_study("study-geometries")
+    plans = R.plan(study, tmp_path, load_claims())
+    assert all(any(c[3:5] == ("analyze", "hierarchy") for c in p.commands) for p in plans)
+    run = RunDir(plans[0].run_dir)
+    run.analysis_dir.mkdir(parents=True)
+    run.hierarchy_file.write_text(json.dumps({"tasks": {"world/shapes": {"tie": 2.5, "jaccard": 0.45,
+                                                                         "h_precision": 0.55}}}))
+    values = R.run_values(plans[0], [])
+    assert (values["shapes_tie"], values["shapes_jaccard"], values["shapes_h_precision"]) == (2.5, 0.45, 0.55)
+    rows = {(plans[0].config, "shapes_tie"): {"mean": 2.5, "sd": 0.1}}
+    section = "\n".join(hierarchy_section(study, rows))
+    assert f"| {plans[0].config} | – | 2.50 ± 0.10 | – | – |" in section
+    assert "Uniform guessing scores 3.17, 0.34 and 0.47" in section  # (72 + 384) / 144 edges over 12 x 12 guesses
+    assert hierarchy_section(study, {}) == []

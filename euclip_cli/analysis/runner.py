@@ -215,10 +215,10 @@ def traverse_folder(run: Run, image_dir: Path, captions: list[str], device: str 
 
 def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs_dir: Path = RUNS_DIR,
               status: Status = _quiet) -> Analysis:
-    """HyCoCLIP's hierarchical metrics (``analysis.hierarchy``) of the run's zero-shot predictions, each
+    """HyCoCLIP's hierarchical metrics (``hierarchy``) of the run's zero-shot predictions, each
     image given the class its own geometry scores highest, on every world task whose classes are the
     world tree's shapes; the tree is the world generator's own."""
-    from euclip_cli.analysis.hierarchy import (WORLD_ROOT, chance, hierarchical_metrics, world_hierarchy_tasks,
+    from euclip_cli.hierarchy import (WORLD_ROOT, chance, hierarchical_metrics, world_hierarchy_tasks,
                                                world_tree)
     from euclip_cli.data.world import SHAPES
 
@@ -236,4 +236,4 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
               "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
                        "parent": tree.parent},
               "tasks": tasks, "chance": guessing}
-    return Analysis(result, write_result(run_dir, "hierarchy", result), run_dir)
+    return Analysis(result, write_result(run_dir, RunDir(run_dir).hierarchy_file.stem, result), run_dir)

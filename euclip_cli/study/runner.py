@@ -29,6 +29,7 @@ from euclip_cli.errors import Failure, UsageError
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
 from euclip_cli.rundir import RunDir, folder_lock, iter_jsonl, read_json, write_text_atomic
+from euclip_cli.hierarchy import world_hierarchy_tasks
 from euclip_cli.study.spec import Claim, Study, load_claims
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
@@ -62,6 +63,8 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
     euclip = (sys.executable, "-m", "euclip_cli")
     runs_dir = out / "runs"
     distances = measured_configs(claims, study)
+    # Where the study scores the world's shapes, every run's mistakes are also placed in the world's tree.
+    hierarchy = bool(set(world_hierarchy_tasks()) & {t.key for t in select(study.tasks)})
     plans = []
     for seed in study.seeds:
         for name, cfg in study.configs.items():
@@ -71,6 +74,8 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
             commands = [(*euclip, "train", "--recipe", cfg.recipe, "--name", run, "--runs-dir", str(runs_dir),
                          *study.overrides(name, seed)),
                         (*euclip, "eval", str(run_dir), "--tasks", study.tasks, *where)]
+            if hierarchy:
+                commands.append((*euclip, "analyze", "hierarchy", str(run_dir), *where))
             if name in distances:
                 # The claims read P(caption nearer [ROOT]) of origin-rooted models: the same under
                 # either protocol; 1,000 training pairs suffice for the paper protocol's average.
@@ -237,6 +242,11 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     for at_init, key in ((False, "text_nearer_root"), (True, "text_nearer_root" + AT_INIT)):
         if run.distances_file(at_init=at_init).exists():
             values[key] = read_json(run.distances_file(at_init=at_init))["auc_text_closer"]
+    if run.hierarchy_file.exists():
+        shapes = read_json(run.hierarchy_file)["tasks"].get(HIERARCHY_TASK)
+        for metric, key in HIERARCHY_MEASURES.items():
+            if shapes is not None:
+                values[metric] = shapes[key]
     last = run.last_training_record()
     cfg = C.from_dict(run.config()) if last else None
     if last and "logit_scale" in last:
@@ -273,8 +283,12 @@ def converged_step(points: Iterable[tuple[int, float]], final: float, within: fl
 
 # Points a training curve keeps for a figure (evenly spaced over a metrics.jsonl of any length).
 CURVE_POINTS = 1000
+# The hierarchy metrics a study reads from each run's ``analyze hierarchy`` (hierarchy), on the
+# world's main shapes task: study metric -> the analysis's name.
+HIERARCHY_TASK = "world/shapes"
+HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_h_precision": "h_precision"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step")
+                "temperature_converged_step", *HIERARCHY_MEASURES)
 
 
 def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:

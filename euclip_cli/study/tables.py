@@ -72,6 +72,7 @@ def to_markdown(study: Study, summary: dict) -> str:
               "| " + " | ".join(CLAIMS_HEADER) + " |", "|" + "---|" * len(CLAIMS_HEADER)]
     lines += ["| " + " | ".join(claim_cells(c)) + " |" for c in summary["claims"]]
     lines += temperature_section(study, rows, summary["regime"])
+    lines += hierarchy_section(study, rows)
     if summary["noise"]:
         lines += ["", "## Noise floor", "",
                   "In points: the seed standard deviation of each configuration (median over configurations, and "
@@ -90,6 +91,29 @@ def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
     if row is None:
         return "–"
     return f"{row['mean']:.{digits}f}" + (f" ± {row['sd']:.{digits}f}" if row["sd"] is not None else "")
+
+
+def hierarchy_section(study: Study, rows: dict) -> list[str]:
+    """Each configuration's Shapes mistakes in the world's class tree (``euclip analyze hierarchy``), beside
+    what uniform guessing scores; nothing where the study's runs have no hierarchy analysis."""
+    if not any(metric == "shapes_tie" for _, metric in rows):
+        return []
+    from euclip_cli.data.world import SHAPES
+    from euclip_cli.hierarchy import chance, world_tree
+
+    guess = chance(SHAPES, SHAPES, world_tree())
+    lines = ["", "## Hierarchy", "",
+             "HyCoCLIP's hierarchical metrics of the Shapes predictions in the world generator's class tree "
+             "(12 shapes, 3 families, one root), mean ± sd over seeds: the tree-induced error (edges between "
+             "the predicted and the true shape: 0 right, 2 another shape of its family, 4 one of another "
+             f"family), the Jaccard similarity and the hierarchical precision of their ancestor sets. Uniform "
+             f"guessing scores {guess['tie']:.2f}, {guess['jaccard']:.2f} and {guess['h_precision']:.2f}.", "",
+             "| config | Shapes | tree-induced error | Jaccard | hierarchical precision |", "|---|---|---|---|---|"]
+    for config in study.configs:
+        lines.append(f"| {config} | {_mean_sd(rows.get((config, 'world/shapes')))} | "
+                     f"{_mean_sd(rows.get((config, 'shapes_tie')), 2)} | {_mean_sd(rows.get((config, 'shapes_jaccard')), 3)} | "
+                     f"{_mean_sd(rows.get((config, 'shapes_h_precision')), 3)} |")
+    return lines
 
 
 def temperature_section(study: Study, rows: dict, reading: dict) -> list[str]:
