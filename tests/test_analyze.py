@@ -358,3 +358,9 @@ def test_hierarchy_scores_the_runs_own_predictions_in_the_worlds_tree(runs, worl
         assert 0 <= row["tie"] <= 4 and 1 <= row["lca_error"] <= 3 and 0.2 <= row["jaccard"] <= 1
         assert (row["accuracy"] == 1) == (row["tie"] == 0)
     assert found["chance"]["world/shapes"]["accuracy"] == pytest.approx(1 / 12)
+    # Entailment as a score: every geometry's similarity; a cone score where the geometry has cones.
+    images = found["tasks"]["world/shapes"]["n"]
+    assert set(found["entailment"]["text-image"]) == ({"similarity", "cone"} if run == "tiny-meru" else {"similarity"})
+    for pairs, (related, total) in (("text-image", (images, 3 * images)), ("text-text", (12, 36))):
+        for row in found["entailment"][pairs].values():
+            assert 0 <= row["roc_auc"] <= 1 and (row["positives"], row["pairs"]) == (related, total)

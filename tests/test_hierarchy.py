@@ -75,3 +75,22 @@ def test_the_worlds_tree_is_its_generators_families_and_shapes():
     # The tasks scored on it are those whose classes are the shapes, in the order their labels index.
     shape_tasks = [f"world/{t.name}" for t in WORLD_TASKS if t.classes and t.classes[0].endswith(SHAPES[0])]
     assert world_hierarchy_tasks() == shape_tasks and len(shape_tasks) == 4
+
+
+def test_entailment_scores_rank_pairs_inside_the_cones_above_the_others():
+    """Points placed by hand: each specific point lies outward along its own generic point's direction
+    (inside that cone, outside the other's), so the cone score separates the related pairs perfectly."""
+    import torch
+
+    from euclip_cli.analysis.studies import entailment_study
+    from euclip_cli.geometry import get_geometry
+
+    g = get_geometry("euclidean", logit="d")
+    generic = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    specific = torch.tensor([[4.0, 0.1], [0.1, 4.0], [3.0, -0.1]])
+    related = torch.tensor([[True, False, True], [False, True, False]])
+    found = entailment_study(g, None, generic, specific, related, min_radius=0.1)
+    assert found["cone"]["roc_auc"] == 1.0 and found["cone"]["average_precision"] == 1.0
+    assert found["cone"]["positives"] == 3 and found["cone"]["pairs"] == 6
+    assert set(found) == {"similarity", "cone"}
+    assert set(entailment_study(get_geometry("clip"), None, generic, specific, related, 0.1)) == {"similarity"}

@@ -573,11 +573,13 @@ def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
     run = RunDir(plans[0].run_dir)
     run.analysis_dir.mkdir(parents=True)
     run.hierarchy_file.write_text(json.dumps({"tasks": {"world/shapes": {"tie": 2.5, "jaccard": 0.45,
-                                                                         "h_precision": 0.55}}}))
+                                                                         "h_precision": 0.55}},
+                                              "entailment": {"text-image": {"similarity": {"roc_auc": 0.6}}}}))
     values = R.run_values(plans[0], [])
     assert (values["shapes_tie"], values["shapes_jaccard"], values["shapes_h_precision"]) == (2.5, 0.45, 0.55)
+    assert values["family_similarity_auc"] == 0.6 and "family_cone_auc" not in values
     rows = {(plans[0].config, "shapes_tie"): {"mean": 2.5, "sd": 0.1}}
     section = "\n".join(hierarchy_section(study, rows))
-    assert f"| {plans[0].config} | – | 2.50 ± 0.10 | – | – |" in section
+    assert f"| {plans[0].config} | – | 2.50 ± 0.10 | – | – | – | – |" in section
     assert "Uniform guessing scores 3.17, 0.34 and 0.47" in section  # (72 + 384) / 144 edges over 12 x 12 guesses
     assert hierarchy_section(study, {}) == []

@@ -215,15 +215,23 @@ def traverse_folder(run: Run, image_dir: Path, captions: list[str], device: str 
 
 def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs_dir: Path = RUNS_DIR,
               status: Status = _quiet) -> Analysis:
-    """HyCoCLIP's hierarchical metrics (``hierarchy``) of the run's zero-shot predictions, each
-    image given the class its own geometry scores highest, on every world task whose classes are the
-    world tree's shapes; the tree is the world generator's own."""
+    """How the run keeps the world's class tree (the world generator's own): HyCoCLIP's hierarchical
+    metrics (``euclip_cli.hierarchy``) of its zero-shot predictions, each image given the class its own
+    geometry scores highest, on every world task whose classes are the tree's shapes; and entailment as a
+    score (``studies.entailment_study``): family captions against the Shapes images and the shape
+    captions, a pair related where the shape belongs to the family."""
+    from euclip_cli.analysis.embeddings import collect
+    from euclip_cli.analysis.studies import entailment_study
+    from euclip_cli.data.world import FAMILIES, FAMILY_OF, SHAPES, caption_text
     from euclip_cli.hierarchy import (WORLD_ROOT, chance, hierarchical_metrics, world_hierarchy_tasks,
-                                               world_tree)
-    from euclip_cli.data.world import SHAPES
+                                      world_tree)
 
     run_dir, device = resolve(run, runs_dir).path, resolve_device(device)
-    emb = _world_embeddings(run_dir, device, world, False, status)
+    cfg = C.from_dict(RunDir(run_dir).config())
+    generic = [caption_text({"level": "family", "mentions": [{"family": f}]}) for f in FAMILIES]
+    named = [caption_text({"level": "shape", "mentions": [{"shape": s}]}) for s in SHAPES]
+    with status(f"embedding the world's shape tasks and its family and shape captions with {run_dir.name}"):
+        emb = collect(run_dir, device, world, vocabulary=generic + named)
     tree = world_tree()
     tasks, guessing = {}, {}
     for key in world_hierarchy_tasks():
@@ -232,8 +240,20 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
         true = [SHAPES[i] for i in task.labels.tolist()]
         tasks[key] = hierarchical_metrics([SHAPES[i] for i in predicted.tolist()], true, tree)
         guessing[key] = chance(true, SHAPES, tree)
+    families, shapes = emb.vocabulary[:len(generic)], emb.vocabulary[len(generic):]
+    shown = emb.classes[HIERARCHY_IMAGES]
+    of_image = torch.tensor([[FAMILY_OF[SHAPES[i]] == f for i in shown.labels.tolist()] for f in FAMILIES])
+    of_shape = torch.tensor([[FAMILY_OF[s] == f for s in SHAPES] for f in FAMILIES])
+    radius = cfg.loss.entail_min_radius
+    entailment = {"text-image": entailment_study(emb.geometry, emb.curv, families, shown.images, of_image, radius),
+                  "text-text": entailment_study(emb.geometry, emb.curv, families, shapes, of_shape, radius)}
     result = {"geometry": emb.geometry.name, "logit": emb.geometry.logit,
               "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
                        "parent": tree.parent},
-              "tasks": tasks, "chance": guessing}
+              "tasks": tasks, "chance": guessing,
+              "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named, **entailment}}
     return Analysis(result, write_result(run_dir, RunDir(run_dir).hierarchy_file.stem, result), run_dir)
+
+
+# The images whose entailment by their family's caption is scored: the main Shapes task's.
+HIERARCHY_IMAGES = "world/shapes"

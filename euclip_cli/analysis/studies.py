@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import average_precision_score, roc_auc_score
 from sklearn.svm import LinearSVC
 
 from euclip_cli.analysis.embeddings import RunEmbeddings
@@ -210,3 +210,21 @@ def folder_traversal_study(g: Geometry, curv: Optional[torch.Tensor], names: lis
             "no_caption": sum(caption_count(w) == 0 for w in walks) / len(walks),
             "traversals": {n: [ROOT_TEXT if c == ROOT else captions[c] for c in walk] for n, walk in zip(names, walks)}}
     return result
+
+
+def entailment_study(g, curv: Optional[torch.Tensor], generic: torch.Tensor, specific: torch.Tensor,
+                     related: torch.Tensor, min_radius: float) -> dict:
+    """How well a geometry's scores tell the (generic, specific) pairs the tree relates from the others,
+    as ROC AUC and average precision. ``generic (G, D)``, ``specific (S, D)``, ``related (G, S)`` bool.
+
+    ``similarity``: the geometry's own similarity, CLIP's cosine analogue and every geometry's baseline;
+    ``cone``: minus how far the specific point lies outside the generic one's entailment cone (the
+    run's ``loss.entail_min_radius``), for geometries with cones.
+    """
+    scores = {"similarity": g.similarity(generic, specific, curv)}
+    if g.has_entailment:
+        scores["cone"] = -g.cone_violation(generic[:, None], specific[None], min_radius, curv)
+    labels = related.flatten().numpy()
+    return {name: {"roc_auc": float(roc_auc_score(labels, s.flatten().double().numpy())),
+                   "average_precision": float(average_precision_score(labels, s.flatten().double().numpy())),
+                   "positives": int(labels.sum()), "pairs": len(labels)} for name, s in scores.items()}

@@ -238,8 +238,9 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
                                                    help="Embedded world folder (default: the one trained on)."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
-    """How far the run's zero-shot mistakes fall in the world's class tree: HyCoCLIP's tree-induced
-    error, LCA error, Jaccard similarity and hierarchical precision and recall, in the run's geometry.
+    """How the run keeps the world's class tree: HyCoCLIP's tree-induced error, LCA error, Jaccard
+    similarity and hierarchical precision and recall of its zero-shot mistakes, in its own geometry; and
+    entailment as a score (ROC AUC, average precision) of family captions over images and shape captions.
 
     Example: euclip analyze hierarchy tiny-meru
     """
@@ -260,4 +261,12 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
         table.add_row(key, *(f"{row[c]:.3f}" for c in columns))
         table.add_row("  guessing", *(f"{result['chance'][key][c]:.3f}" for c in columns), style="dim")
     console.print(table)
+    scored = Table(title="family captions against the Shapes images and the shape captions: is the pair related?")
+    for column in ("pairs", "score", "ROC AUC", "average precision", "related / all"):
+        scored.add_column(column, justify="left" if column in ("pairs", "score") else "right")
+    for pairs in ("text-image", "text-text"):
+        for score, row in result["entailment"][pairs].items():
+            scored.add_row(pairs, score, f"{row['roc_auc']:.3f}", f"{row['average_precision']:.3f}",
+                           f"{row['positives']} / {row['pairs']}")
+    console.print(scored)
     console.print(f"written: {found.path}")

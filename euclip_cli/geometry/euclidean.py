@@ -55,6 +55,12 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.acos((num / den).clamp(-1 + TRIG_EPS, 1 - TRIG_EPS))
 
 
+def cone_violation(x: torch.Tensor, y: torch.Tensor, min_radius: float) -> torch.Tensor:
+    """ext(x, y) - aper(x): how far y lies outside the cone at x, negative inside it.
+    ``(..., D), (..., D) -> (...)``."""
+    return exterior_angle(x, y) - half_aperture(x, min_radius)
+
+
 def entailment(x: torch.Tensor, y: torch.Tensor, min_radius: float) -> torch.Tensor:
     """max(0, ext(x, y) - aper(x)): how far y lies outside the cone at x. ``(..., D), (..., D) -> (...)``."""
-    return (exterior_angle(x, y) - half_aperture(x, min_radius)).clamp_min(0)
+    return cone_violation(x, y, min_radius).clamp_min(0)

@@ -69,6 +69,12 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor) -> torc
     return torch.acos(cos.clamp(-1 + TRIG_EPS, 1 - TRIG_EPS))
 
 
+def cone_violation(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor, min_radius: float) -> torch.Tensor:
+    """ext(x, y) - aper(x) for hyperboloid points x (apex) and y, negative inside the cone.
+    ``(..., D), (..., D) -> (...)``."""
+    return exterior_angle(x, y, curv) - half_aperture(x, curv, min_radius)
+
+
 def entailment(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor, min_radius: float) -> torch.Tensor:
     """max(0, ext(x, y) - aper(x)) for hyperboloid points x (apex) and y. ``(..., D), (..., D) -> (...)``."""
-    return (exterior_angle(x, y, curv) - half_aperture(x, curv, min_radius)).clamp_min(0)
+    return cone_violation(x, y, curv, min_radius).clamp_min(0)

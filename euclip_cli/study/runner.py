@@ -243,10 +243,14 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
         if run.distances_file(at_init=at_init).exists():
             values[key] = read_json(run.distances_file(at_init=at_init))["auc_text_closer"]
     if run.hierarchy_file.exists():
-        shapes = read_json(run.hierarchy_file)["tasks"].get(HIERARCHY_TASK)
+        found = read_json(run.hierarchy_file)
+        shapes = found["tasks"].get(HIERARCHY_TASK)
         for metric, key in HIERARCHY_MEASURES.items():
             if shapes is not None:
                 values[metric] = shapes[key]
+        for metric, score in ENTAILMENT_MEASURES.items():
+            if score in found.get("entailment", {}).get("text-image", {}):
+                values[metric] = found["entailment"]["text-image"][score]["roc_auc"]
     last = run.last_training_record()
     cfg = C.from_dict(run.config()) if last else None
     if last and "logit_scale" in last:
@@ -287,8 +291,10 @@ CURVE_POINTS = 1000
 # world's main shapes task: study metric -> the analysis's name.
 HIERARCHY_TASK = "world/shapes"
 HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_h_precision": "h_precision"}
+# Entailment as a score, family captions over the Shapes images (ROC AUC): study metric -> score.
+ENTAILMENT_MEASURES = {"family_similarity_auc": "similarity", "family_cone_auc": "cone"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step", *HIERARCHY_MEASURES)
+                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES)
 
 
 def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:

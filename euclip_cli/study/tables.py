@@ -107,12 +107,16 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
              "(12 shapes, 3 families, one root), mean ± sd over seeds: the tree-induced error (edges between "
              "the predicted and the true shape: 0 right, 2 another shape of its family, 4 one of another "
              f"family), the Jaccard similarity and the hierarchical precision of their ancestor sets. Uniform "
-             f"guessing scores {guess['tie']:.2f}, {guess['jaccard']:.2f} and {guess['h_precision']:.2f}.", "",
-             "| config | Shapes | tree-induced error | Jaccard | hierarchical precision |", "|---|---|---|---|---|"]
+             f"guessing scores {guess['tie']:.2f}, {guess['jaccard']:.2f} and {guess['h_precision']:.2f}. "
+             "Entailment as a score: how well the family captions pick out the Shapes images of their family "
+             "(ROC AUC; 0.5 is chance), by the geometry's similarity and, where it has cones, by the cone.", "",
+             "| config | Shapes | tree-induced error | Jaccard | hierarchical precision | AUC, similarity | AUC, cone |",
+             "|---|---|---|---|---|---|---|"]
     for config in study.configs:
-        lines.append(f"| {config} | {_mean_sd(rows.get((config, 'world/shapes')))} | "
-                     f"{_mean_sd(rows.get((config, 'shapes_tie')), 2)} | {_mean_sd(rows.get((config, 'shapes_jaccard')), 3)} | "
-                     f"{_mean_sd(rows.get((config, 'shapes_h_precision')), 3)} |")
+        cells = [_mean_sd(rows.get((config, "world/shapes"))), _mean_sd(rows.get((config, "shapes_tie")), 2),
+                 *(_mean_sd(rows.get((config, m)), 3) for m in ("shapes_jaccard", "shapes_h_precision",
+                                                                  "family_similarity_auc", "family_cone_auc"))]
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
     return lines
 
 
