@@ -308,6 +308,12 @@ def _interval(mean, low, high, digits: int = 1) -> str:
     return f"{mean:+.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+# (study metric, column, digits): the learned temperature, and the Shapes mistakes' tree-induced error and
+# the family captions' entailment AUC (``euclip analyze hierarchy``).
+RUN_COLUMNS = (("temperature_final", "β final", 2), ("shapes_tie", "tree-induced error (Shapes)", 2),
+               ("family_cone_auc", "entailment AUC, cone", 3))
+
+
 def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A study's results (``euclip study``) as two display tables: each configuration's groups as
     mean ± sd over seeds with the paired difference to the baseline, and the claims with verdicts."""
@@ -328,9 +334,11 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             r = by.loc["main"]
             row[f"Δ {names['main']} vs baseline"] = ("baseline" if pd.isna(r["diff_mean"])
                                                      else _interval(r["diff_mean"], r["diff_low"], r["diff_high"]))
-        if "temperature_final" in by.index:
-            r = by.loc["temperature_final"]
-            row["β final"] = f"{r['mean']:.2f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.2f}")
+        # Run measures beside the groups, where the study's runs have them.
+        for metric, heading, digits in RUN_COLUMNS:
+            if metric in by.index:
+                r = by.loc[metric]
+                row[heading] = f"{r['mean']:.{digits}f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.{digits}f}")
         label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
         if label:
             published = sun_li.loc[label]
