@@ -307,7 +307,14 @@ def _apply(cfg: Config, section: str, key: str, value: Any, *, from_text: bool, 
 # ---------------------------------------------------------------- recipes
 
 def recipe_path(name_or_path: str) -> Path:
+    """The file a recipe name (a shipped recipe) or path names; a ConfigError where no file system could
+    hold that path (``rundir.path_problem``), so that looking it up cannot fail in the operating system."""
+    from euclip_cli.rundir import path_problem
+
     path = Path(name_or_path)
+    for candidate in (path, RECIPES_DIR / f"{name_or_path}.toml"):
+        if path_problem(candidate):
+            raise ConfigError([f"recipe: {path_problem(candidate)}"])
     # A run directory named after its recipe (results/runs/tiny-clip) must not shadow the recipe.
     if path.suffix == ".toml" or path.is_file():
         return path
@@ -328,6 +335,8 @@ def list_recipes() -> list[str]:
 
 def recipe_text(path: Path) -> str:
     """A recipe file's text; TOML is UTF-8 by definition, and a recipe must be a file."""
+    if not path.exists():
+        raise ConfigError([f"recipe {str(path)!r} not found (run 'euclip recipes list' to see the recipes)"])
     if path.is_dir():
         raise ConfigError([f"{path} is a folder, not a recipe file: give a .toml file or a recipe name"])
     try:
@@ -401,9 +410,9 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = N
     """
     cfg = Config()
     problems: list[str] = []
-    if recipe and is_study_recipe(recipe):
+    if recipe is not None and is_study_recipe(recipe):
         raise ConfigError([f"'{recipe}' is a study recipe, not a run recipe: run 'euclip study --recipe {recipe}'"])
-    if recipe:
+    if recipe is not None:  # an empty name names no recipe file, not the defaults
         for where, table in _read_recipe(recipe, problems, ()):
             for section, values in table.items():
                 if not isinstance(values, dict):

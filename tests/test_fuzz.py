@@ -330,3 +330,40 @@ def test_every_path_a_command_takes_is_checked_as_its_line_is_parsed():
     unchecked = [f"{path} {param.name}" for path, param in paths
                  if param.type_descriptor.parameter_info.callback not in (checked_path, writable_folder)]
     assert len(paths) > 30 and not unchecked, unchecked
+
+
+# ---- every positional argument of every command, in its place, with the rest of the command's stopper
+
+ARGUMENTS = {
+    ("train", "overrides"): ["train", "--recipe", "tiny-clip", "{value}", f"data.train_dir={ABSENT_TRAIN}"],
+    ("eval", "runs"): ["eval", "{value}"],
+    ("import", "fmt"): ["import", "{value}", "{tmp}/absent.pt", "--name", "imported"],
+    ("import", "source"): ["import", "openclip", "{value}", "--name", "imported"],
+    ("study", "overrides"): ["study", "--recipe", "study-geometries", "--out", "{tmp}/a-file", "{value}"],
+    ("recipes show", "name"): ["recipes", "show", "{value}"],
+    ("recipes validate", "names"): ["recipes", "validate", "{value}"],
+    **{(f"analyze {kind}", "run"): ["analyze", kind, "{value}"]
+       for kind in ("distances", "isotropy", "equilibrium", "traverse", "hierarchy")},
+}
+
+
+def test_every_positional_argument_is_fuzzed():
+    found = {(path, p.name) for path, cmd in commands().items() for p in cmd.params if p.param_type_name == "argument"}
+    assert found == set(ARGUMENTS)
+
+
+@pytest.mark.parametrize("command, argument", list(ARGUMENTS))
+@settings(max_examples=OPTION_EXAMPLES)
+@given(value=values)
+def test_a_generated_argument_is_taken_or_refused_naming_it(command, argument, value):
+    """A name or path where a command takes one (a run, a recipe, a checkpoint, an override): taken, or
+    refused naming the value (or the stopper it then meets)."""
+    if value.startswith("-"):
+        return  # an option to the parser, not an argument: the option fuzz covers those
+    with folder() as tmp:
+        argv = [value if a == "{value}" else a for a in ARGUMENTS[(command, argument)]]
+        result, errors = invoke(argv, tmp)
+        if result.exit_code:
+            options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
+            assert named(errors, argument, value.replace("{tmp}", str(tmp)), *options, "absent", ABSENT_RUN,
+                         "a-file", "recipe"), (argv, errors)
