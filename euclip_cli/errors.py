@@ -13,11 +13,21 @@ only, so the CLI can classify errors without importing torch.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class EuclipError(Exception):
-    """Base of euclip's deliberate errors; ``exit_code`` is what the CLI exits with."""
+    """Base of euclip's deliberate errors; ``exit_code`` is what the CLI exits with.
+
+    The message is one line (a value it quotes may hold line breaks: the CLI shows them escaped);
+    ``details`` are lines of our own that follow it (a child process's output, the runs that failed).
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str = "", details: Sequence[str] = ()):
+        super().__init__(message)
+        self.details = tuple(details)
 
 
 class UsageError(EuclipError):

@@ -363,7 +363,8 @@ def test_a_generated_argument_is_taken_or_refused_naming_it(command, argument, v
     with folder() as tmp:
         argv = [value if a == "{value}" else a for a in ARGUMENTS[(command, argument)]]
         result, errors = invoke(argv, tmp)
-        if result.exit_code:
+        # A blank value (spaces, a no-break space) is quoted but cannot be seen: the rules above hold for it.
+        if result.exit_code and value.strip():
             options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
             assert named(errors, argument, value.replace("{tmp}", str(tmp)), *options, "absent", ABSENT_RUN,
                          "a-file", "recipe"), (argv, errors)

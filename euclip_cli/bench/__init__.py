@@ -118,7 +118,7 @@ def run_child(command: list[str], env: dict, cwd: Path) -> tuple[str, float]:
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise BenchError(f"{' '.join(command[:4])} ... exited with {proc.returncode}:\n{output[-3000:]}")
+        raise BenchError(f"{' '.join(command[:4])} ... exited with {proc.returncode}:", [output[-3000:]])
     return output, usage.ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -235,7 +235,7 @@ def openclip_run(work: Path, s: Settings, world_train: Optional[Path], math_atte
     output, rss = run_child(command, child_env(s.threads), work)
     rates = [float(m) for m in OPENCLIP_RATE.findall(output)][s.warmup:]
     if not rates:
-        raise BenchError(f"no throughput lines in OpenCLIP's output:\n{output[-3000:]}")
+        raise BenchError("no throughput lines in OpenCLIP's output:", [output[-3000:]])
     waits = [float(data) / float(batch) for data, batch in OPENCLIP_TIMES.findall(output)[s.warmup:] if float(batch)]
     name = (("openclip-math-attention" if math_attention else "openclip") + ("-synthetic" if world_train is None else "")
             + ("-sliced" if step_samples else ""))
@@ -275,7 +275,7 @@ def matmul_peak_tflops(work: Path, s: Settings, precision: Optional[str] = None)
     try:
         return float(output.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise BenchError(f"the matrix-product peak printed no number:\n{output[-3000:]}") from None
+        raise BenchError("the matrix-product peak printed no number:", [output[-3000:]]) from None
 
 
 def flops_per_sample(arch: str = BENCH_ARCH, captions: Optional[list[str]] = None) -> float:

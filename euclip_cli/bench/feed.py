@@ -84,7 +84,7 @@ def loader_alone(work: Path, world_train: Path, s: FeedSettings, kind: str) -> f
     try:
         return json.loads(output.strip().splitlines()[-1])["samples_per_s"]
     except (ValueError, IndexError, KeyError):
-        raise BenchError(f"the loader measurement printed no result:\n{output[-3000:]}") from None
+        raise BenchError("the loader measurement printed no result:", [output[-3000:]]) from None
 
 
 def bench_feed(work: Path, s: FeedSettings, on_stage: Callable[[str], None] = lambda stage: None) -> dict:

@@ -11,7 +11,7 @@ import contextlib
 import errno
 import unicodedata
 from pathlib import Path
-from typing import NoReturn, Optional, Union
+from typing import NoReturn, Optional, Sequence, Union
 
 import typer
 from rich.console import Console
@@ -28,16 +28,15 @@ def one_line(text: str) -> str:
     return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
-def fail(message: Union[str, list[str]], code: int = 2) -> NoReturn:
-    """Exit with ``code`` after one ``error:`` line per problem: each item of a list is one problem (a
-    configuration's, reported together); a string is one problem whose further lines follow it, indented,
-    as details (a child process's output, the tasks that failed)."""
-    problems = [one_line(p) for p in message] if isinstance(message, list) else [message]
-    for problem in problems:
-        first, *details = problem.split("\n")
+def fail(message: Union[str, list[str]], code: int = 2, details: Sequence[str] = ()) -> NoReturn:
+    """Exit with ``code`` after one ``error:`` line per problem (a list: a configuration's problems,
+    reported together), each on one line whatever values it quotes, then ``details``, indented (our own
+    lines: a child process's output, the tasks that failed)."""
+    for problem in [message] if isinstance(message, str) else message:
         # escape: messages quote things like "[model]" that Rich would take for markup.
-        err_console.print(f"[bold red]error:[/] {escape(one_line(first))}", highlight=False, soft_wrap=True)
-        for line in details:
+        err_console.print(f"[bold red]error:[/] {escape(one_line(problem))}", highlight=False, soft_wrap=True)
+    for detail in details:
+        for line in detail.splitlines():
             err_console.print(f"  {escape(one_line(line))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -106,7 +105,7 @@ def errors():
     except KeyboardInterrupt:
         fail("interrupted", 1)
     except EuclipError as err:
-        fail(getattr(err, "problems", None) or str(err), err.exit_code)
+        fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
     except OSError as err:
         fault = environment_fault(err)
         if fault is None:

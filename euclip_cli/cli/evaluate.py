@@ -85,6 +85,6 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
             failed_tasks += len(outcome.failed)
             problems += outcome.problems(run_dir.name)
     if problems:
-        fail(f"{failed_tasks} task(s) failed; the others are scored, and rerunning retries only the failed ones:\n"
-             + "\n".join(problems), 1)
+        fail(f"{failed_tasks} task(s) failed; the others are scored, and rerunning retries only the failed ones:", 1,
+             problems)
     console.print("next: euclip report")

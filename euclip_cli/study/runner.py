@@ -210,8 +210,7 @@ def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], job
     if todo:
         say(f"study wall time: {_duration(time.time() - started)} for {len(todo)} runs with {jobs} job(s)")
     if failures:
-        raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:\n"
-                      + "\n".join(failures))
+        raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:", failures)
     return summarize(study, plans, claims, world)
 
 
