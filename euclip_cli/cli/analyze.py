@@ -8,9 +8,8 @@ from typing import Optional
 import typer
 
 from euclip_cli.analysis.protocol import protocol as pick_protocol
-from euclip_cli.cli.common import checked_path, console, errors
+from euclip_cli.cli.common import RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors
 from euclip_cli.errors import UsageError
-from euclip_cli.rundir import RUNS_DIR
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
                   no_args_is_help=True)
@@ -33,12 +32,12 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
               protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
               root_samples: int = typer.Option(5000, min=2, help="Training pairs averaged for [ROOT] and the "
                                                                  "embedding average (paper protocol)."),
-              world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on)."),
+              world: Optional[Path] = WORLD_OPTION,
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               at_init: bool = typer.Option(False, "--at-init", help="Measure the untrained model the run started "
                                                                     "from (its train.seed fixes it), a control for "
                                                                     "what training changed."),
-              runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+              runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """[ROOT], ||[ROOT]||, distance histograms per modality and the modality gap.
 
     Examples:
@@ -74,9 +73,9 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
              protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
              loss_batch: int = typer.Option(0, min=0, help="Pairs per batch of the CLIP-loss rows (0: 100, or "
                                                            "half the pairs when fewer)."),
-             world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on)."),
+             world: Optional[Path] = WORLD_OPTION,
              device: str = typer.Option("auto", help="cpu, cuda or auto."),
-             runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+             runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """I1/I2, singular spectra, centering/whitening/PCA/Procrustes/least squares, separability
     (logistic regression and linear SVC), CLIP loss and zero-shot after each transform.
 
@@ -129,7 +128,7 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
                 samples: int = typer.Option(2048, min=2, help="Training pairs the batches are drawn from."),
                 seed: int = typer.Option(0, help="Seed of the batches and the shuffles."),
                 device: str = typer.Option("auto", help="cpu, cuda or auto."),
-                runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+                runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """The ratio of the alignment to the uniformity part of the contrastive loss against temperature,
     for training batches with P% of captions shuffled (Sun and Li, Figure 1); 1 is the equilibrium.
 
@@ -172,16 +171,21 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
              protocol: str = typer.Option("paper", help=PROTOCOL_HELP),
              root_samples: int = typer.Option(5000, min=2, help="Training pairs averaged for CLIP's [ROOT] "
                                                                 "(paper protocol, mean-rooted geometries)."),
-             image_dir: Optional[Path] = typer.Option(None, callback=checked_path, help="Traverse these images instead of the world's "
-                                                                  "(with --text-pool or --captions/--nouns/--adjectives)."),
-             text_pool: Optional[Path] = typer.Option(None, callback=checked_path, help="MERU's text pool: one JSON file with 'captions' "
-                                                                  "(verbatim), 'nouns' and 'adjectives'."),
-             captions: Optional[Path] = typer.Option(None, callback=checked_path, help="Raw captions, one per line, used verbatim."),
-             nouns: Optional[Path] = typer.Option(None, callback=checked_path, help="One noun per line, captioned 'a photo of a {}.' (MERU)."),
-             adjectives: Optional[Path] = typer.Option(None, callback=checked_path, help="One adjective per line, 'this photo is {}.'"),
-             world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on)."),
+             image_dir: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                      help="Traverse these images instead of the world's "
+                                                           "(with --text-pool or --captions/--nouns/--adjectives)."),
+             text_pool: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                      help="MERU's text pool: one JSON file with 'captions' "
+                                                           "(verbatim), 'nouns' and 'adjectives'."),
+             captions: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                     help="Raw captions, one per line, used verbatim."),
+             nouns: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                  help="One noun per line, captioned 'a photo of a {}.' (MERU)."),
+             adjectives: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                       help="One adjective per line, 'this photo is {}.'"),
+             world: Optional[Path] = WORLD_OPTION,
              device: str = typer.Option("auto", help="cpu, cuda or auto."),
-             runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+             runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """Image traversals to [ROOT]: over the embedded world's captions, scored against its hierarchy,
     or over your own images and MERU's text pool (the papers' Tables 6 and 7).
 
@@ -234,10 +238,9 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
 
 @app.command()
 def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
-              world: Optional[Path] = typer.Option(None, callback=checked_path,
-                                                   help="Embedded world folder (default: the one trained on)."),
+              world: Optional[Path] = WORLD_OPTION,
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
-              runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+              runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """How the run keeps the world's class tree: HyCoCLIP's tree-induced error, LCA error, Jaccard
     similarity and hierarchical precision and recall of its zero-shot mistakes, in its own geometry; and
     entailment as a score (ROC AUC, average precision) of family captions over images and shape captions.

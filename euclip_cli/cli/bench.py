@@ -34,6 +34,11 @@ def write_result(out: Path, kind: str, result: dict, stamp: Optional[str] = None
     return path
 
 
+# Every bench's --out but profile's (which writes a trace beside its result).
+OUT = typer.Option(Path("results") / "bench", callback=common.writable_folder,
+                   help="Where the JSON result and scratch go.")
+
+
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         common.fail(f"--precision: '{precision}' is not one of {', '.join(PRECISIONS)}")
@@ -80,7 +85,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
                 tiny: bool = typer.Option(True, help="Also time the embedded study's run recipe as shipped."),
                 peak_tflops: Optional[float] = typer.Option(None, help="The device's spec-sheet TFLOP/s, for MFU "
                                                                        "(the measured peak is always printed)."),
-                out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and scratch go.")
+                out: Path = OUT
                 ) -> None:
     """Time euclip's trainer and OpenCLIP's (synthetic data), interleaved over rounds; print the ratios.
 
@@ -262,12 +267,13 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.t
                rounds: int = typer.Option(5, min=1, help="Interleaved rounds (full context, then trimmed)."),
                precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16 (autocast); auto is what "
                                                           "train.precision=auto picks on this CPU."),
-               shards: Optional[Path] = typer.Option(None, callback=common.checked_path, help="Time on the captions of these img2dataset shards "
-                                                                "(e.g. DataComp's) instead of the world's."),
+               shards: Optional[Path] = typer.Option(None, callback=common.checked_path,
+                                                     help="Time on the captions of these img2dataset shards "
+                                                          "(e.g. DataComp's) instead of the world's."),
                caption_words: Optional[float] = typer.Option(
                    None, help="Time on synthetic captions whose word counts are log-normal with this mean "
                               "(10: DataComp-1B's captions, as Li et al. 2024 report them) instead of the world's."),
-               out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and scratch go.")
+               out: Path = OUT
                ) -> None:
     """The text tower with open_clip's full context against euclip's exact trimming, on the world's
     captions, on those of any shard folder, or on a DataComp-like length distribution.
@@ -318,7 +324,7 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
                  rounds: int = typer.Option(3, min=1, help="Interleaved rounds (euclip's loader, then OpenCLIP's)."),
                  device: str = typer.Option("auto", help="Where the batches go, as the trainer feeds them: cpu, "
                                                          "cuda or auto."),
-                 out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and scratch go.")
+                 out: Path = OUT
                  ) -> None:
     """The training loaders alone on the embedded world, euclip's against OpenCLIP's pipeline: samples/s,
     what euclip's loaders could give and their CPU share. Beside a training run's records
@@ -376,7 +382,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
                   precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16; auto is what "
                                                              "train.precision=auto picks on this CPU."),
                   compile: bool = typer.Option(False, help="Compile the encoders as train.compile=true does."),
-                  out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and trace go.")
+                  out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder,
+                                       help="Where the JSON result and trace go.")
                   ) -> None:
     """Where a CPU training step goes: the trainer's step under torch's profiler, by kind of op, with
     the matrix products' FLOP/s beside the matrix-product peak measured in the same run.
@@ -437,7 +444,7 @@ def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.to
                threads: int = typer.Option(1, min=1, help="Compute threads of each trainer."),
                step_samples: int = typer.Option(2, min=2, help="Samples of each batch the step computes on."),
                rounds: int = typer.Option(3, min=1, help="Interleaved rounds; every ratio is taken within a round."),
-               out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and scratch go.")
+               out: Path = OUT
                ) -> None:
     """The data path as a very fast accelerator sees it: training loops with a nearly free step.
 
@@ -496,12 +503,13 @@ def feed_summary(result: dict, target: float) -> list[str]:
 def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.towers.archs or an open_clip "
                                                           "model (ViT-B-32, DataComp's small and medium tower)."),
               batch_size: int = typer.Option(256, min=2, help="Captions (and images) in the step."),
-              shards: Optional[Path] = typer.Option(None, callback=common.checked_path, help="Captions of these img2dataset shards (e.g. DataComp's) "
-                                                               "instead of the world's."),
+              shards: Optional[Path] = typer.Option(None, callback=common.checked_path,
+                                                    help="Captions of these img2dataset shards (e.g. DataComp's) "
+                                                         "instead of the world's."),
               caption_words: Optional[float] = typer.Option(
                   None, help="Synthetic captions whose word counts are log-normal with this mean (10: DataComp-1B's "
                              "captions, as Li et al. 2024 report them) instead of the world's."),
-              out: Path = typer.Option(Path("results") / "bench", callback=common.writable_folder, help="Where the JSON result and scratch go.")
+              out: Path = OUT
               ) -> None:
     """Operations one training step dispatches, euclip's trainer against OpenCLIP's.
 

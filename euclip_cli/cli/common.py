@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from euclip_cli.errors import EuclipError
+from euclip_cli.rundir import RUNS_DIR
 
 console = Console()
 err_console = Console(stderr=True)
@@ -63,6 +64,12 @@ def writable_folder(ctx, param, value: Optional[Path]) -> Optional[Path]:
     if problem:
         raise typer.BadParameter(problem)
     return value
+
+
+# Options several commands share, each declared once (Typer takes one declaration in many commands).
+RUNS_DIR_OPTION = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")
+NEW_RUNS_DIR_OPTION = typer.Option(RUNS_DIR, callback=writable_folder, help="Where run directories live.")
+WORLD_OPTION = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on).")
 
 
 def environment_fault(err: OSError) -> Optional[tuple[str, int]]:

@@ -11,8 +11,8 @@ import typer
 
 from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
 from euclip_cli.config import DataConfig
-from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 from euclip_cli.data.fetch import HF_DATASETS
+from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
@@ -166,7 +166,8 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
 
 @app.command()
 def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or task keys (euclip eval --list-tasks)."),
-             root: Path = typer.Option(Path("data/eval"), callback=writable_folder, help="Where task folders go (eval.root in recipes)."),
+             root: Path = typer.Option(Path("data/eval"), callback=writable_folder,
+                                       help="Where task folders go (eval.root in recipes)."),
              base_url: str = typer.Option(HF_DATASETS, help="Dataset host; a mirror or a local server for tests.")) -> None:
     """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
 
@@ -228,12 +229,15 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
              filter: Optional[str] = typer.Option(None, "--filter",
                                                   help="none | clip-l14-30 (default) | image-based-clip-l14-30 "
                                                        "(the paper's subsets)."),
-             uids: Optional[Path] = typer.Option(None, callback=checked_path, help="Instead of --filter: a DataComp uid file (.npy of "
-                                                            "u8,u8) to download, e.g. another baseline's subset."),
-             out: Optional[Path] = typer.Option(None, callback=writable_folder, help="Output folder (default data/datacomp-SCALE-FILTER, "
-                                                           "where the recipes' data.train_dir looks)."),
-             metadata_dir: Optional[Path] = typer.Option(None, callback=checked_path, help="Pool metadata (default OUT/metadata); share one "
-                                                                    "between filters of a scale."),
+             uids: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                 help="Instead of --filter: a DataComp uid file (.npy of "
+                                                      "u8,u8) to download, e.g. another baseline's subset."),
+             out: Optional[Path] = typer.Option(None, callback=writable_folder,
+                                                help="Output folder (default data/datacomp-SCALE-FILTER, "
+                                                     "where the recipes' data.train_dir looks)."),
+             metadata_dir: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                         help="Pool metadata (default OUT/metadata); share one "
+                                                              "between filters of a scale."),
              hub_url: Optional[str] = typer.Option(None, help="Hugging Face endpoint (default HF_ENDPOINT or "
                                                               "huggingface.co)."),
              assets_dir: Path = typer.Option(ASSET_CACHE, callback=writable_folder,
@@ -270,7 +274,8 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
 
 @app.command()
 def urls(parquet: Path = typer.Option(..., callback=checked_path, help="A parquet file of image URLs and captions."),
-         out: Path = typer.Option(..., callback=writable_folder, help="Output folder (shards in OUT/shards; point data.train_dir there)."),
+         out: Path = typer.Option(..., callback=writable_folder,
+                                  help="Output folder (shards in OUT/shards; point data.train_dir there)."),
          url_col: str = typer.Option("url", help="The URL column."),
          caption_col: str = typer.Option("caption", help="The caption column."),
          uid_col: Optional[str] = typer.Option(None, help="A unique-id column (default: derived from url and caption)."),

@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from euclip_cli.cli.common import checked_path, console, errors, fail
-from euclip_cli.rundir import RUNS_DIR
+from euclip_cli.cli.common import RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors, fail
 
 
 def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run directories or names under --runs-dir.",
@@ -21,10 +20,11 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                                                               "ARCH:TAG (or ARCH:checkpoint.pt), evaluated as a "
                                                               "clip-geometry run; repeatable."),
                  list_tasks: bool = typer.Option(False, "--list-tasks", help="List the task registry and exit."),
-                 eval_root: Optional[Path] = typer.Option(None, callback=checked_path, help="DataComp evaluation sets (default: eval.root)."),
-                 world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on)."),
+                 eval_root: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                          help="DataComp evaluation sets (default: eval.root)."),
+                 world: Optional[Path] = WORLD_OPTION,
                  device: str = typer.Option("auto", help="cpu, cuda, cuda:1, or auto."),
-                 runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live.")) -> None:
+                 runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """Zero-shot evaluation of runs; results append to RUN/eval.jsonl as each task finishes.
 
     Examples:

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import console, errors, writable_folder
-from euclip_cli.rundir import RUNS_DIR
+from euclip_cli.cli.common import NEW_RUNS_DIR_OPTION, console, errors
 
 
 def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip, euclip-authors or meru."),
@@ -21,7 +20,7 @@ def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="opencl
                    arch: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the model, "
                                                                  "e.g. ViT-B-16 or ViT-B-16-no-final-ln; meru: "
                                                                  "meru-vit-s|b|l (default: from the ViT's width)."),
-                   runs_dir: Path = typer.Option(RUNS_DIR, callback=writable_folder, help="Where run directories live.")) -> None:
+                   runs_dir: Path = NEW_RUNS_DIR_OPTION) -> None:
     """Turn a released checkpoint into a run that eval, analyze and report take unchanged.
 
     Examples:

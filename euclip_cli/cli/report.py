@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from euclip_cli.cli.common import checked_path, console, errors, writable_folder
-from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
+from euclip_cli.cli.common import RUNS_DIR_OPTION, checked_path, console, errors, writable_folder
+from euclip_cli.rundir import STUDIES_DIR
 
 
 def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables), traversal "
@@ -18,11 +18,14 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                                                           "analyze equilibrium, studies' runs included) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
-           runs_dir: Path = typer.Option(RUNS_DIR, callback=checked_path, help="Where run directories live."),
-           studies_dir: Path = typer.Option(STUDIES_DIR, callback=checked_path, help="Where studies live (euclip study)."),
-           out: Path = typer.Option(Path("results") / "tables", callback=writable_folder, help="Where the tables are written."),
-           readme: Optional[Path] = typer.Option(None, callback=checked_path, help="Instead: rewrite this README's results blocks from "
-                                                             "the study tables they name (euclip study --publish).")
+           runs_dir: Path = RUNS_DIR_OPTION,
+           studies_dir: Path = typer.Option(STUDIES_DIR, callback=checked_path,
+                                            help="Where studies live (euclip study)."),
+           out: Path = typer.Option(Path("results") / "tables", callback=writable_folder,
+                                    help="Where the tables are written."),
+           readme: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                 help="Instead: rewrite this README's results blocks from "
+                                                      "the study tables they name (euclip study --publish).")
            ) -> None:
     """Write result tables to --out and print them; figures go to --out/../figures (PNG and PDF).
 

@@ -18,12 +18,15 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
           configs: Optional[str] = typer.Option(None, help="Comma-separated configurations to keep (default: all)."),
           seeds: Optional[int] = typer.Option(None, min=1, help="Seeds 0..N-1 instead of the recipe's count."),
           jobs: int = typer.Option(1, min=1, help="Runs trained at once (each gets cores / jobs threads)."),
-          out: Optional[Path] = typer.Option(None, callback=writable_folder, help="Study folder (default: results/studies/NAME)."),
-          world: Optional[Path] = typer.Option(None, callback=checked_path, help="Embedded world to evaluate on (default: the one trained on)."),
-          publish: Optional[Path] = typer.Option(None, callback=writable_folder, help="Also copy the tables (study.md, study.csv, claims.csv, "
-                                                            "noise.csv, regime.json) with their provenance to this "
-                                                            "folder, for committing: euclip report --readme "
-                                                            "renders the README's results from it.")
+          out: Optional[Path] = typer.Option(None, callback=writable_folder,
+                                             help="Study folder (default: results/studies/NAME)."),
+          world: Optional[Path] = typer.Option(None, callback=checked_path,
+                                               help="Embedded world to evaluate on (default: the one trained on)."),
+          publish: Optional[Path] = typer.Option(None, callback=writable_folder,
+                                                 help="Also copy the tables (study.md, study.csv, claims.csv, "
+                                                      "noise.csv, regime.json) with their provenance to this "
+                                                      "folder, for committing: euclip report --readme "
+                                                      "renders the README's results from it.")
           ) -> None:
     """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
 
@@ -41,9 +44,8 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     from euclip_cli.report.figures import study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR
     from euclip_cli.study.runner import plan, publish as publish_tables, run_study
+    from euclip_cli.study.spec import load_claims, load_study
     from euclip_cli.study.tables import to_markdown, write_tables
-    from euclip_cli.study.spec import load_claims
-    from euclip_cli.study.spec import load_study
 
     with errors():
         spec = load_study(recipe, seeds, overrides or [], configs.split(",") if configs else None)

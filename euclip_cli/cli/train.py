@@ -9,9 +9,8 @@ from typing import Optional
 
 import typer
 
-from euclip_cli.cli.common import console, errors, fail, writable_folder
-from euclip_cli.rundir import RUNS_DIR, plain_name
-
+from euclip_cli.cli.common import NEW_RUNS_DIR_OPTION, console, errors, fail
+from euclip_cli.rundir import plain_name
 
 # Seconds torchrun waits, after forwarding SIGTERM, for the ranks to finish their step and
 # checkpoint before it kills them: its own default (30 s) is shorter than writing a large
@@ -29,7 +28,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
                                                            show_default=False),
           name: Optional[str] = typer.Option(None, help="Run name under --runs-dir (default: the recipe, "
                                                         "plus -seedN when train.seed is overridden)."),
-          runs_dir: Path = typer.Option(RUNS_DIR, callback=writable_folder, help="Where run directories live."),
+          runs_dir: Path = NEW_RUNS_DIR_OPTION,
           nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1,
                                              help="Processes on this machine (one per GPU, or CPU processes with "
                                                   "gloo), started through torchrun; data.batch_size stays global.")
