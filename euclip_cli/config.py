@@ -313,8 +313,9 @@ def recipe_path(name_or_path: str) -> Path:
 
     path = Path(name_or_path)
     for candidate in (path, RECIPES_DIR / f"{name_or_path}.toml"):
-        if path_problem(candidate):
-            raise ConfigError([f"recipe: {path_problem(candidate)}"])
+        problem = path_problem(candidate)
+        if problem:
+            raise ConfigError([f"recipe: {problem}"])
     # A run directory named after its recipe (results/runs/tiny-clip) must not shadow the recipe.
     if path.suffix == ".toml" or path.is_file():
         return path

@@ -42,7 +42,8 @@ class Tree:
     def distance(self, a: str, b: str) -> int:
         """Edges between ``a`` and ``b``: each one's depth below their lowest common ancestor, added."""
         up_a, up_b = self.ancestors(a), self.ancestors(b)
-        common = next(n for n in up_a if n in set(up_b))
+        above_b = set(up_b)
+        common = next(n for n in up_a if n in above_b)
         return up_a.index(common) + up_b.index(common)
 
 

@@ -80,8 +80,9 @@ def path_problem(path: Path) -> Optional[str]:
 def folder_problem(path: Path) -> Optional[str]:
     """Why a command cannot write a folder at ``path`` (``path_problem``, or it, or a folder it would be
     made under, is a file), or None: an absent path is made on the first write."""
-    if path_problem(path):
-        return path_problem(path)
+    problem = path_problem(path)
+    if problem:
+        return problem
     for part in (path, *path.parents):
         if part.exists():
             if part.is_dir():
@@ -155,6 +156,30 @@ def iter_jsonl(path: Path) -> Iterator[dict]:
 def read_jsonl(path: Path) -> list[dict]:
     """Every record of a JSON-lines file (``iter_jsonl``), as a list."""
     return list(iter_jsonl(path))
+
+
+def last_jsonl(path: Path, block: int = 1 << 16) -> Optional[dict]:
+    """The last complete record of a JSON-lines file, read backwards from its end in ``block``-byte reads
+    (a file of any length in the time of its tail); a line cut short by a crash is skipped, as
+    ``iter_jsonl`` skips it."""
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        start = f.seek(0, os.SEEK_END)
+        tail = b""
+        while start > 0:
+            step = min(block, start)
+            start -= step
+            f.seek(start)
+            tail = f.read(step) + tail
+            lines = tail.split(b"\n")
+            # The first piece may be the end of a line that starts before ``start``: not yet complete.
+            for line in reversed(lines if start == 0 else lines[1:]):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:  # blank, or cut short
+                    continue
+    return None
 
 
 def thinned(records: Iterable[dict], most: int) -> list[dict]:
@@ -398,11 +423,8 @@ class RunDir:
         return read_jsonl(self.metrics_file) if most is None else thinned(iter_jsonl(self.metrics_file), most)
 
     def last_training_record(self) -> Optional[dict]:
-        """The newest ``metrics.jsonl`` record, read in constant memory."""
-        last = None
-        for last in iter_jsonl(self.metrics_file):
-            pass
-        return last
+        """The newest ``metrics.jsonl`` record (``last_jsonl``)."""
+        return last_jsonl(self.metrics_file)
 
 
 def checkpoint_step(path: Path) -> int:

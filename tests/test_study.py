@@ -583,3 +583,20 @@ def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
     assert f"| {plans[0].config} | – | 2.50 ± 0.10 | – | – | – | – |" in section
     assert "Uniform guessing scores 3.17, 0.34 and 0.47" in section  # (72 + 384) / 144 edges over 12 x 12 guesses
     assert hierarchy_section(study, {}) == []
+
+
+def test_the_last_record_read_from_a_files_end_is_the_last_a_full_read_finds(tmp_path):
+    """Against reading every line: files cut short mid-line, blank lines, any block size."""
+    import random
+
+    from euclip_cli.rundir import last_jsonl, read_jsonl
+
+    rng = random.Random(0)
+    path = tmp_path / "metrics.jsonl"
+    assert last_jsonl(path) is None
+    for _ in range(100):
+        text = "".join(json.dumps({"step": i, "pad": "x" * rng.randint(0, 50)}) + "\n" for i in range(rng.randint(0, 30)))
+        text += rng.choice(["", '{"step": 99, "cut', "\n\n"])
+        path.write_text(text)
+        expected = (read_jsonl(path) or [None])[-1]
+        assert all(last_jsonl(path, block) == expected for block in (1, 7, 64, 1 << 16))

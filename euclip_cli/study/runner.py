@@ -244,12 +244,10 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     if run.hierarchy_file.exists():
         found = read_json(run.hierarchy_file)
         shapes = found["tasks"].get(HIERARCHY_TASK)
-        for metric, key in HIERARCHY_MEASURES.items():
-            if shapes is not None:
-                values[metric] = shapes[key]
-        for metric, score in ENTAILMENT_MEASURES.items():
-            if score in found.get("entailment", {}).get("text-image", {}):
-                values[metric] = found["entailment"]["text-image"][score]["roc_auc"]
+        if shapes is not None:
+            values.update({metric: shapes[key] for metric, key in HIERARCHY_MEASURES.items()})
+        scores = found.get("entailment", {}).get("text-image", {})
+        values.update({metric: scores[s]["roc_auc"] for metric, s in ENTAILMENT_MEASURES.items() if s in scores})
     last = run.last_training_record()
     cfg = C.from_dict(run.config()) if last else None
     if last and "logit_scale" in last:
