@@ -26,6 +26,7 @@ from euclip_cli.geometry import describe
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
 
 Status = Callable[[str], ContextManager]
+Run = Union[str, Path]
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,6 @@ class Analysis:
     result: dict
     path: Path
     run_dir: Path
-Run = Union[str, Path]
 
 
 def _quiet(text: str) -> ContextManager:
@@ -148,21 +148,20 @@ def equilibrium(run: Run, percents: tuple[float, ...] = (0, 5, 10, 20), sizes: t
     return Analysis(result, write_result(run_dir, "equilibrium", result), run_dir)
 
 
-def _traversal_root(run_dir: Path, device: torch.device, chosen, root_samples: int, status: Status):
-    """``(root, pairs it was averaged over)`` where the protocol takes [ROOT] from training pairs and the
-    geometry's root is a mean; ``(None, None)`` where the pool's embeddings give it."""
-    facts = describe(C.from_dict(RunDir(run_dir).config()).geometry.name)
+def _traversal_start(run_dir: Path, device: torch.device, ks: tuple[Optional[float], ...], chosen,
+                     root_samples: int, status: Status) -> tuple[C.Config, Optional[torch.Tensor], Optional[int]]:
+    """``(the run's config, [ROOT], the pairs it was averaged over)`` for a traversal: entailment radii
+    need a geometry with cones; [ROOT] comes from training pairs where the protocol says so and the
+    geometry's root is a mean, else ``(None, None)`` (the pool's embeddings give it)."""
+    cfg = C.from_dict(RunDir(run_dir).config())
+    facts = describe(cfg.geometry.name)
+    if any(k is not None for k in ks) and not facts.has_entailment:
+        raise UsageError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
+                         f"entailment cones")
     if not (chosen.root_from_training and facts.root == "mean"):
-        return None, None
+        return cfg, None, None
     root, reference = _paper_root(run_dir, device, root_samples, False, status)
-    return root, len(reference) // 2
-
-
-def check_radii(run_dir: Path, ks: list[Optional[float]]) -> None:
-    """Entailment radii need a geometry with entailment cones."""
-    name = C.from_dict(RunDir(run_dir).config()).geometry.name
-    if any(k is not None for k in ks) and not describe(name).has_entailment:
-        raise UsageError(f"--entail: run {run_dir.name} has the {name} geometry, which has no entailment cones")
+    return cfg, root, len(reference) // 2
 
 
 def traverse(run: Run, device: str = "auto", images: int = 100, steps: int = 50,
@@ -177,9 +176,8 @@ def traverse(run: Run, device: str = "auto", images: int = 100, steps: int = 50,
 
     chosen = pick_protocol(protocol)
     run_dir, device = resolve(run, runs_dir).path, resolve_device(device)
-    check_radii(run_dir, list(ks))
-    root, root_pairs = _traversal_root(run_dir, device, chosen, root_samples, status)
-    world = world or C.world_dir(C.from_dict(RunDir(run_dir).config()))
+    cfg, root, root_pairs = _traversal_start(run_dir, device, ks, chosen, root_samples, status)
+    world = world or C.world_dir(cfg)
     specs = W.traversal_vocabulary()
     with status(f"embedding images, captions and {len(specs)} vocabulary captions"):
         emb = collect(run_dir, device, world, vocabulary=[W.caption_text(s) for s in specs])
@@ -202,8 +200,7 @@ def traverse_folder(run: Run, image_dir: Path, captions: list[str], device: str 
     if not image_dir.is_dir():
         raise UsageError(f"--image-dir {image_dir} is not a folder")
     run_dir, device = resolve(run, runs_dir).path, resolve_device(device)
-    check_radii(run_dir, list(ks))
-    root, root_pairs = _traversal_root(run_dir, device, chosen, root_samples, status)
+    _, root, root_pairs = _traversal_start(run_dir, device, ks, chosen, root_samples, status)
     with status(f"embedding the images in {image_dir} and {len(captions)} captions"):
         g, curv, names, images, texts = folder_embeddings(run_dir, device, image_dir, captions)
     if root is None:
