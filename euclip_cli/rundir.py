@@ -115,6 +115,27 @@ def folder_lock(folder: Path, busy: Callable[[str], Exception]):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def wait_until_free(folder: Path, seconds: float, every: float = 1.0) -> bool:
+    """Wait until no process holds ``folder`` (``folder_lock``), at most ``seconds``; True when free.
+    A requeued job may start while its predecessor's trainer still writes its last checkpoint."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (folder / ".lock").exists():
+        with (folder / ".lock").open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 class RunConflict(UsageError):
     """The run directory holds a run with another configuration."""
 

@@ -26,7 +26,26 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
                                                  help="Also copy the tables (study.md, study.csv, claims.csv, "
                                                       "noise.csv, regime.json) with their provenance to this "
                                                       "folder, for committing: euclip report --readme "
-                                                      "renders the README's results from it.")
+                                                      "renders the README's results from it."),
+          launcher: str = typer.Option("local", help="local (child processes here), slurm (a SLURM job per run, "
+                                                     "through submitit), ray (a Ray task per run; RAY_ADDRESS "
+                                                     "names the cluster) or submitit-local (submitit's jobs on "
+                                                     "this machine)."),
+          resource: Optional[list[str]] = typer.Option(None, help="KEY=VALUE: what each run's job asks for, after "
+                                                                  "the recipe's [study.resources] (gpus, cpus, mem_gb, "
+                                                                  "hours, partition, warning_s, retries); repeatable."),
+          show_plan: bool = typer.Option(False, "--plan", help="Print the runs, the samples each sees and the GPU "
+                                                               "hours they take; run nothing."),
+          throughput: Optional[list[str]] = typer.Option(None, help="Training samples/s per GPU for the plan: "
+                                                                    "ARCH=N, or an 'euclip bench train' result file "
+                                                                    "(default: OpenCLIP's published ViT-B figures)."),
+          max_gpu_hours: Optional[float] = typer.Option(None, min=0, help="Refuse the study, before submitting "
+                                                                          "anything, above this many GPU hours."),
+          show_status: bool = typer.Option(False, "--status", help="Print each run's state, job and log; run "
+                                                                   "nothing."),
+          wait: bool = typer.Option(True, help="With a cluster launcher: follow the jobs until every run has "
+                                               "ended, then summarise (--no-wait: submit and return)."),
+          poll: float = typer.Option(60.0, min=0.1, help="Seconds between looks at a cluster's jobs."),
           ) -> None:
     """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
 
@@ -39,18 +58,41 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
       euclip study --recipe study-geometries --seeds 5 --jobs 2
       euclip study --recipe study-geometries --publish docs/results/geometries
       euclip study --recipe study-geometries --configs clip,euclip optim.samples=131072 --out results/studies/x4
+      euclip study --recipe study-table4 --plan --throughput results/bench/train-20261125-101500.json
+      euclip study --recipe study-table4 --launcher slurm --resource partition=gpu --max-gpu-hours 2000
     """
+    from euclip_cli.errors import UsageError
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
     from euclip_cli.report.figures import study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR
+    from euclip_cli.study import launch
     from euclip_cli.study.runner import plan, publish as publish_tables, run_study
     from euclip_cli.study.spec import load_claims, load_study
     from euclip_cli.study.tables import to_markdown, write_tables
 
+    say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     with errors():
-        spec = load_study(recipe, seeds, overrides or [], configs.split(",") if configs else None)
+        if launcher not in launch.LAUNCHERS:
+            raise UsageError(f"--launcher '{launcher}': not one of {', '.join(launch.LAUNCHERS)}")
+        spec = load_study(recipe, seeds, overrides or [], configs.split(",") if configs else None, resource or [])
         folder = out or STUDIES_DIR / spec.name
-        summary = run_study(spec, folder, jobs, world, say=lambda line: console.print(line, highlight=False))
+        if show_plan or show_status or max_gpu_hours is not None:
+            plans = plan(spec, folder, load_claims(), world)
+            if show_status:
+                for line in launch.status(folder, plans):
+                    say(line)
+                return
+            rows = launch.costs(spec, plans, launch.throughputs(throughput or []))
+            if show_plan:
+                for line in launch.cost_lines(rows):
+                    say(line)
+                return
+            launch.check_budget(rows, max_gpu_hours)
+        summary = run_study(spec, folder, jobs, world, say, launcher, wait, poll)
+        if summary is None:
+            say("the runs above are not finished: run the same command to follow them (it submits only what is "
+                "neither finished nor queued); the study is summarised once all are finished")
+            return
         written = write_tables(spec, summary, folder)
         written += study_figure(summary["rows"], list(spec.configs), spec.baseline,
                                 {**SUITE_COLUMNS["world"]}, folder / "study")

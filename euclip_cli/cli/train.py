@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -53,6 +54,10 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
                    "--name", name, "--runs-dir", str(runs_dir), *overrides]
         console.print(" ".join(command[1:]), highlight=False)
         sys.stdout.flush()
+        # SIGUSR2, a SLURM time limit's warning (submitit's), reaches torchrun as it reaches every rank:
+        # torchrun would die of it and orphan the ranks it waits for. Ignored here (a disposition exec
+        # keeps), torchrun outlives it; each rank's trainer sets its own handler and checkpoints.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         os.execv(sys.executable, command)
     run_dir = runs_dir / name
     if int(os.environ.get("RANK", "0")) != 0:

@@ -328,13 +328,19 @@ class TrainStream(IterableDataset):
                 images, tokens = [], []
 
 
+# What stops a trainer at the end of its step, with a checkpoint: SIGTERM (a preemption, a kill),
+# SIGINT (Ctrl-C) and SIGUSR2 (submitit's warning of a SLURM time limit, which SLURM sends to every
+# process of the job, the study job's trainer included; its default action would kill it unsaved).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+
+
 def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
-    """Loader workers ignore SIGTERM and SIGINT. SLURM's preemption warning and a Ctrl-C reach every
+    """Loader workers ignore the stop signals. SLURM's preemption warning and a Ctrl-C reach every
     process of the job or terminal, workers included; a worker killed by it would break the step the
     trainer is finishing before it checkpoints. Workers still exit with the trainer (the DataLoader
     shuts them down, and each watches its parent)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
 
 
 # A stream restarts, refilling its shuffle buffer, once a segment, and a resume replays (reads

@@ -6,7 +6,9 @@ effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrie
 along image traversals, one row per (table, model, filter). ``meru-imagenet.csv``: MERU's
 zero-shot ImageNet accuracy of its released models (its Table 2). ``sun-li-temperature.csv``: Sun
 and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
-study configuration's ``paper`` key names. pandas is imported only when a table is read.
+study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP's stated GPU
+hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
+throughput where the user has measured none. pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
 EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
 MERU_IMAGENET = Path(__file__).with_name("meru-imagenet.csv")
 SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
+OPENCLIP_THROUGHPUT = Path(__file__).with_name("openclip-throughput.csv")
 
 
 def euclip_tables():
@@ -65,3 +68,14 @@ def sun_li_labels() -> set[str]:
 
     with SUN_LI_TEMPERATURE.open() as f:
         return {row["label"] for row in csv.DictReader(line for line in f if not line.startswith("#"))}
+
+
+def openclip_throughput() -> dict[str, tuple[float, str]]:
+    """Training samples per GPU-second by open_clip arch, derived from OpenCLIP's stated GPU hours:
+    ``{arch: (samples_per_gpu_second, what it is)}``."""
+    import pandas as pd
+
+    rows = pd.read_csv(OPENCLIP_THROUGHPUT, comment="#")
+    return {r.arch: (r.samples_seen / (r.gpu_hours * 3600),
+                     f"OpenCLIP's {r.arch} on LAION-400M: {r.gpu_hours:,} {r.device} hours for {r.samples_seen / 1e9:g}B "
+                     f"samples (docs/PRETRAINED.md)") for r in rows.itertuples()}

@@ -71,7 +71,9 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
             run = study.run_name(name, seed)
             run_dir = runs_dir / run
             where = ("--world", str(world)) if world else ()
-            commands = [(*euclip, "train", "--recipe", cfg.recipe, "--name", run, "--runs-dir", str(runs_dir),
+            # A run of several GPUs trains through torchrun, one process per GPU (the job's node).
+            ranks = ("--nproc-per-node", str(cfg.resources.gpus)) if cfg.resources.gpus > 1 else ()
+            commands = [(*euclip, "train", "--recipe", cfg.recipe, "--name", run, "--runs-dir", str(runs_dir), *ranks,
                          *study.overrides(name, seed)),
                         (*euclip, "eval", str(run_dir), "--tasks", study.tasks, *where)]
             if hierarchy:
@@ -104,25 +106,61 @@ def is_done(p: RunPlan) -> bool:
     return all(list(c) in done for c in p.commands)
 
 
-def execute(p: RunPlan, threads: int, log_dir: Path) -> Optional[str]:
+# A run's commands never outlive the process running them: each starts through this prologue, which
+# asks Linux to send it SIGTERM (the trainer's stop: finish the step, checkpoint) when its parent
+# dies, e.g. a Ray worker lost with its node, or a study killed by SIGKILL. It is set in the child
+# before exec, not by preexec_fn, which may deadlock a parent with threads (Ray's workers have many).
+_PARENT_DEATH = ("import ctypes, os, signal, sys\n"
+                 "if sys.platform == 'linux': ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+                 "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
+                 "os.execv(sys.argv[2], sys.argv[2:])")
+
+
+@dataclass
+class Child:
+    """The command a plan runs now, for a job that must stop it (``launch.RunJob``)."""
+
+    process: Optional[subprocess.Popen] = None
+    stopping: bool = False
+
+
+def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = None) -> Optional[str]:
     """Run a plan's commands that have not finished, in order (a study given a new analysis runs
-    only that); None on success, else the failing command's last line."""
+    only that); None on success, else the failing command's last line. ``child`` is told which
+    process runs, and stops the plan before its next command once ``stopping``."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     log = log_dir / f"{p.name}.log"
     done = done_commands(p)
+    child = child or Child()
     with log.open("a") as f:
         for command in p.commands:
             if list(command) in done:
                 continue
+            if child.stopping:
+                return "stopped before its next command (the job was asked to stop)"
             f.write("$ " + " ".join(command[2:]) + "\n")
             f.flush()
-            code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL).returncode
+            with subprocess.Popen((sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *command), stdout=f,
+                                  stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL) as process:
+                child.process = process
+                code = process.wait()
+            child.process = None
             if code != 0:
-                lines = [l for l in log.read_text().splitlines() if l.strip()]
-                return f"'{' '.join(command[3:5])}' exited {code}: {lines[-1] if lines else ''} (log: {log})"
+                return f"'{' '.join(command[3:5])}' exited {code}: {last_line(log)} (log: {log})"
             done.append(list(command))
             write_text_atomic(p.run_dir / DONE, json.dumps(done))
     return None
+
+
+def last_line(log: Path) -> str:
+    """A log's last non-blank line (its error, where a command failed), read from its last 64 KiB;
+    '' for none."""
+    if not log.exists():
+        return ""
+    with log.open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - (1 << 16)))
+        lines = [l for l in f.read().decode("utf-8", "replace").splitlines() if l.strip()]
+    return lines[-1] if lines else ""
 
 
 def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Path]:
@@ -153,8 +191,13 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
 
 
 def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
-              say: Callable[[str], None] = print) -> dict:
-    """Train and evaluate every unfinished run, ``jobs`` at a time; returns the tables' rows."""
+              say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
+              poll_s: float = 60.0) -> Optional[dict]:
+    """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
+    cluster launcher (``launch``); returns the tables' rows, or None while a cluster's runs are
+    unfinished and the command does not ``wait`` for them."""
+    from euclip_cli.study.launch import run_on_cluster
+
     claims = load_claims()
     plans = plan(study, out, claims, world)
     # The study folder first, held for this process: an unusable --out, or a second study on the same
@@ -162,7 +205,11 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
                                                  f"it to finish, or pass --out NEW for a separate study")):
         check_configurations(plans, out)
-        return _run(study, out, plans, claims, jobs, world, say)
+        if launcher == "local":
+            return _run(study, out, plans, claims, jobs, world, say)
+        if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say):
+            return None
+        return summarize(study, plans, claims, world)
 
 
 def check_configurations(plans: list[RunPlan], out: Path) -> None:

@@ -16,14 +16,18 @@ overrides, and the seeds, tasks, baseline and interval of the comparison::
     [configs.euclip-ln]
     recipe = "tiny-euclip"
     overrides = ["model.final_ln=true"]
+
+Where a study runs on a cluster (``euclip study --launcher slurm|ray``), what each run's job asks
+for is ``[study.resources]`` (every configuration), ``[configs.NAME.resources]`` (one) and
+``--resource KEY=VALUE`` (every configuration, last); the keys are ``Resources``' fields.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
@@ -38,12 +42,92 @@ MEASURES = ("text_nearer_root", "curvature_fall")
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What one run's job asks a cluster for (one node; ``euclip study --launcher slurm|ray``)."""
+
+    # GPUs of the node; more than one trains through torchrun, one process per GPU.
+    gpus: int = 0
+    cpus: int = 8
+    mem_gb: float = 32.0
+    # The job's time limit. A run that needs longer is checkpointed and requeued when it ends.
+    hours: float = 4.0
+    partition: str = ""
+    # Seconds before the time limit at which SLURM warns the job (submitit's SIGUSR2): the trainer
+    # finishes its step and checkpoints in that time (a ViT-B step and a checkpoint: well under 120 s).
+    warning_s: int = 120
+    # Requeues after a time limit (SLURM) or a lost worker (Ray) before the run counts as failed.
+    retries: int = 3
+    # Any other sbatch option, by name (account, qos, constraint, ...), as submitit passes it.
+    slurm: dict = field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        """Processes the run trains with: one per GPU, or one on a CPU node."""
+        return max(1, self.gpus)
+
+
+RESOURCE_KEYS = tuple(f.name for f in fields(Resources))
+
+
+def resources_from(table: Any, where: str, base: Resources, problems: list[str]) -> Resources:
+    """``base`` with the keys of a ``[...resources]`` table (TOML values) applied; a problem per bad key."""
+    if not isinstance(table, dict):
+        problems.append(f"{where}: must be a table of {', '.join(RESOURCE_KEYS)}")
+        return base
+    changes = {}
+    for key, value in table.items():
+        problem = _resource_problem(key, value)
+        if problem:
+            problems.append(f"{where}.{key}: {problem}")
+        else:
+            changes[key] = float(value) if key in ("mem_gb", "hours") else value
+    return replace(base, **changes)
+
+
+def _resource_problem(key: str, value: Any) -> Optional[str]:
+    if key not in RESOURCE_KEYS:
+        return f"not a resource (one of {', '.join(RESOURCE_KEYS)})"
+    if key == "slurm":
+        ok = isinstance(value, dict) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                             for v in value.values())
+        return None if ok else "must be a table of sbatch options (e.g. {account = \"abc\", qos = \"high\"})"
+    if key == "partition":
+        return None if isinstance(value, str) else f"must be a string, not {value!r}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key in ("mem_gb", "hours"):
+        return None if number and value > 0 else f"must be a positive number, not {value!r}"
+    least = 1 if key == "cpus" else 0
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= least \
+        else f"must be an integer >= {least}, not {value!r}"
+
+
+def resource_pairs(pairs: Sequence[str], problems: list[str]) -> dict:
+    """``--resource KEY=VALUE`` (strict, as run overrides are) as a resources table; each value is
+    read as TOML (``gpus=8``, ``hours=2.5``), or as a string where it is a bare word (``partition=gpu``)."""
+    table = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"--resource '{pair}': must be KEY=VALUE with KEY one of {', '.join(RESOURCE_KEYS)}")
+            continue
+        if key in table:
+            problems.append(f"--resource '{key}' is given more than once; give each key once")
+        try:
+            table[key] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            table[key] = text
+    return table
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     name: str
     recipe: str
     overrides: tuple[str, ...]
     # A published row this configuration reproduces: a label of euclip_cli/published/sun-li-temperature.csv.
     paper: Optional[str] = None
+    resources: Resources = Resources()
 
 
 @dataclass(frozen=True)
@@ -97,10 +181,11 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
 
 
 def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequence[str] = (),
-               only: Optional[Sequence[str]] = None) -> Study:
+               only: Optional[Sequence[str]] = None, resources: Sequence[str] = ()) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
     (a count) replaces the recipe's; ``overrides`` apply to every configuration after its own (a
-    variant of the whole study, such as another budget); ``only`` keeps those configurations.
+    variant of the whole study, such as another budget); ``only`` keeps those configurations;
+    ``resources`` (``KEY=VALUE``) apply to every configuration's jobs after the recipe's.
     Raises UsageError listing every problem."""
     path = C.recipe_path(name_or_path)
     if not path.exists():
@@ -111,10 +196,14 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         raise UsageError(f"{path}: not a valid TOML file ({err}); fix the file") from None
     problems: list[str] = []
     study = table.get("study", {})
-    unknown = set(table) - {"study", "configs"} | set(study) - {"seeds", "tasks", "baseline", "interval", "overrides"}
+    unknown = set(table) - {"study", "configs"} | set(study) - {"seeds", "tasks", "baseline", "interval", "overrides",
+                                                                "resources"}
     if unknown:
         problems.append(f"{path.name}: unknown key(s) {', '.join(sorted(unknown))} (a study has [study] with seeds, "
-                        f"tasks, baseline, interval, overrides, and [configs.NAME] tables)")
+                        f"tasks, baseline, interval, overrides, resources, and [configs.NAME] tables)")
+    shared = resources_from(study.get("resources", {}), f"{path.name}: study.resources", Resources(), problems)
+    given = resource_pairs(resources, problems)
+    resources_from(given, "--resource", Resources(), problems)  # the command line's problems, once
     count = seeds if seeds is not None else study.get("seeds", 3)
     if not isinstance(count, int) or count < 1:
         problems.append(f"{path.name}: seeds must be a positive integer, not {count!r}")
@@ -133,7 +222,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         if not isinstance(spec, dict) or not isinstance(spec.get("recipe"), str):
             problems.append(f"{path.name}: configs.{name} needs recipe = \"NAME\"")
             continue
-        extra = set(spec) - {"recipe", "overrides", "paper"}
+        extra = set(spec) - {"recipe", "overrides", "paper", "resources"}
         if extra:
             problems.append(f"{path.name}: configs.{name} has unknown key(s) {', '.join(sorted(extra))}")
         own = _strings(spec.get("overrides", []), f"{path.name}: configs.{name}.overrides", problems)
@@ -141,7 +230,10 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         if paper is not None and paper not in sun_li_labels():
             problems.append(f"{path.name}: configs.{name}.paper: '{paper}' is not a label of "
                             f"euclip_cli/published/sun-li-temperature.csv")
-        configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own, overrides)), paper)
+        needs = resources_from(spec.get("resources", {}), f"{path.name}: configs.{name}.resources", shared, problems)
+        needs = resources_from(given, "--resource", needs, [])
+        configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own, overrides)), paper,
+                                    needs)
     if only is not None:
         unknown_configs = [n for n in only if n not in configs]
         if unknown_configs:

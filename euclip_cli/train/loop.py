@@ -23,7 +23,7 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.data.feed import DeviceFeed
-from euclip_cli.data.loader import RepeatBatches, TrainBatches, list_shards, segment_steps_for
+from euclip_cli.data.loader import STOP_SIGNALS, RepeatBatches, TrainBatches, list_shards, segment_steps_for
 from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
@@ -287,10 +287,10 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     def request_stop(signum, _frame):
         stop["signal"] = signum
 
-    # SIGTERM (preemption) and SIGINT finish the step, checkpoint, and return. Handlers can only
-    # be installed from the main thread; elsewhere the caller owns signals.
+    # The stop signals (preemption, Ctrl-C, a time limit's warning) finish the step, checkpoint, and
+    # return. Handlers can only be installed from the main thread; elsewhere the caller owns signals.
     in_main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
+    previous = {s: signal.signal(s, request_stop) for s in STOP_SIGNALS} if in_main else {}
     writers = None
     if ranks.main:
         writers = MetricsWriters(directory, step, cfg.train.tensorboard, cfg.train.wandb_project if cfg.train.wandb else None,

@@ -1,0 +1,447 @@
+"""Where a study's runs execute, what they cost before anything is submitted, and the state of each.
+
+``local`` (the default) runs each (configuration, seed) as child processes of ``euclip study``
+(``runner._run``). The cluster launchers make each run one job through an existing library:
+``slurm`` through submitit's SLURM executor, ``submitit-local`` through its local executor (the
+same job, on this machine), ``ray`` as a Ray task on the cluster ``RAY_ADDRESS`` names (a local
+one without it). A job (``RunJob``) runs the run's ordinary commands: ``euclip train`` (through
+torchrun on several GPUs), ``euclip eval`` and the analyses. When the scheduler warns of a time
+limit or a preemption, the trainer finishes its step and checkpoints, the job is requeued, and the
+trainer resumes; a Ray task whose worker is lost is retried the same way.
+
+The jobs submitted are kept in ``STUDY/jobs.json``. A rerun submits only the runs that are neither
+finished nor queued or running, and the study is summarised once every run is finished.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from euclip_cli import config as C
+from euclip_cli.errors import Failure, UsageError
+from euclip_cli.rundir import RunDir, read_json, wait_until_free, write_text_atomic
+from euclip_cli.study.runner import Child, RunPlan, done_commands, execute, is_done, last_line
+from euclip_cli.study.spec import Resources, Study
+
+LAUNCHERS = ("local", "submitit-local", "slurm", "ray")
+JOBS_FILE = "jobs.json"
+# submitit's pickles and its own logs, one folder per job id.
+SUBMITIT_DIR = "submitit"
+# How long a requeued job waits for its predecessor's trainer to release the run (its last
+# checkpoint may still be written when the new job starts).
+LOCK_WAIT_S = 600
+# How a job stands, whatever the launcher: what ``Launcher.state`` returns.
+QUEUED, RUNNING, REQUEUED, ENDED, UNKNOWN = "queued", "running", "requeued", "ended", "unknown"
+LIVE = (QUEUED, RUNNING, REQUEUED)
+# SLURM's job states (sacct) as the study reads them; any other ends the job.
+_SLURM_STATES = {"PENDING": QUEUED, "CONFIGURING": QUEUED, "RUNNING": RUNNING, "COMPLETING": RUNNING,
+                 "SUSPENDED": RUNNING, "REQUEUED": REQUEUED, "REQUEUE_HOLD": REQUEUED, "REQUEUE_FED": REQUEUED,
+                 "PREEMPTED": REQUEUED, "RESIZING": RUNNING, "UNKNOWN": UNKNOWN}
+
+
+class RunJob:
+    """One run's unfinished commands as one job: a plain callable (Ray) and checkpointable (submitit)."""
+
+    def __init__(self, plan: RunPlan, log_dir: Path, threads: int):
+        self.plan, self.log_dir, self.threads = plan, log_dir, threads
+        self._child = Child()
+        self._worker: Optional[threading.Thread] = None
+
+    def __getstate__(self) -> dict:
+        return {"plan": self.plan, "log_dir": self.log_dir, "threads": self.threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"{self.plan.name}.log"
+
+    def __call__(self) -> str:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as f:
+            f.write(f"# job on {socket.gethostname()} (pid {os.getpid()}) at {_now()}\n")
+        if self.plan.run_dir.exists() and not wait_until_free(self.plan.run_dir, LOCK_WAIT_S):
+            raise Failure(f"{self.plan.name}: {self.plan.run_dir} was still held by another process after "
+                          f"{LOCK_WAIT_S} s (a trainer of an earlier job?); the job is not run twice")
+        outcome = {}
+        self._worker = threading.Thread(
+            target=lambda: outcome.update(error=execute(self.plan, self.threads, self.log_dir, self._child)),
+            daemon=True)
+        self._worker.start()
+        # The main thread sleeps rather than joins: the scheduler's signal handler (submitit's, which
+        # calls ``checkpoint``) runs in it, and must find no lock held by the wait it interrupted.
+        while self._worker.is_alive():
+            time.sleep(0.2)
+        if outcome.get("error"):
+            raise Failure(f"{self.plan.name}: {outcome['error']}")
+        return self.plan.name
+
+    def checkpoint(self):
+        """submitit's warning of a time limit or a preemption: stop the running command (the trainer
+        finishes its step and checkpoints), then requeue this job, which resumes the run."""
+        import submitit
+
+        self._child.stopping = True
+        process = self._child.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return submitit.helpers.DelayedSubmission(RunJob(self.plan, self.log_dir, self.threads))
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------ launchers
+
+class SubmititLauncher:
+    """Jobs through submitit: its SLURM executor, or its local executor (``cluster="local"``)."""
+
+    def __init__(self, out: Path, cluster: str):
+        self.out, self.cluster = out, cluster
+        self._jobs: dict[str, object] = {}  # job id -> submitit's Job, for the jobs this process submitted
+
+    def submit(self, job: RunJob, res: Resources) -> str:
+        import submitit
+
+        folder = self.out / SUBMITIT_DIR / "%j"
+        minutes = max(1, math.ceil(res.hours * 60))
+        if self.cluster == "slurm":
+            executor = submitit.SlurmExecutor(folder, max_num_timeout=res.retries)
+            params = dict(job_name=job.plan.name, time=minutes, nodes=1, ntasks_per_node=1, cpus_per_task=res.cpus,
+                          mem=f"{math.ceil(res.mem_gb * 1024)}MB", signal_delay_s=res.warning_s,
+                          additional_parameters=dict(res.slurm))
+            if res.gpus:
+                params["gpus_per_node"] = res.gpus
+            if res.partition:
+                params["partition"] = res.partition
+        else:
+            executor = submitit.LocalExecutor(folder, max_num_timeout=res.retries)
+            params = dict(timeout_min=minutes, gpus_per_node=res.gpus, signal_delay_s=res.warning_s)
+        executor.update_parameters(**params)
+        try:
+            submitted = executor.submit(job)
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError, OSError) as err:
+            said = str(err).strip().splitlines()
+            raise Failure(f"{job.plan.name}: {self.cluster} refused the job: {said[-1] if said else type(err).__name__}"
+                          ) from None
+        self._jobs[submitted.job_id] = submitted
+        return submitted.job_id
+
+    def state(self, job_id: str) -> str:
+        import submitit
+
+        if self.cluster == "slurm":
+            found = submitit.SlurmJob(self.out / SUBMITIT_DIR / "%j", job_id).get_info(mode="force").get("State")
+            if not found:
+                return UNKNOWN
+            return _SLURM_STATES.get(found.split()[0], ENDED)  # "CANCELLED by 1000": one state word first
+        job = self._jobs.get(job_id)
+        if job is None:  # submitted by an earlier euclip study: its process is not this one's child
+            return ENDED if (self.out / SUBMITIT_DIR / job_id).exists() and _result_written(self.out, job_id) \
+                else UNKNOWN
+        return RUNNING if job.state == "RUNNING" else ENDED
+
+    def scheduler_log(self, job_id: str) -> Path:
+        return self.out / SUBMITIT_DIR / job_id / f"{job_id}_0_log.out"
+
+    def close(self) -> None:
+        pass
+
+
+def _result_written(out: Path, job_id: str) -> bool:
+    return any((out / SUBMITIT_DIR / job_id).glob("*_result.pkl"))
+
+
+def _ray_run(job: RunJob) -> str:
+    return job()
+
+
+class RayLauncher:
+    """Each run one Ray task on the cluster ``RAY_ADDRESS`` names, or on a local one started here.
+
+    A task lives as long as the ``euclip study`` that submitted it (a Ray driver); to outlive a
+    terminal, submit the study itself as a Ray job (``ray job submit -- euclip study ...``).
+    """
+
+    def __init__(self, out: Path):
+        import ray
+
+        self.out = out
+        self._ray = ray
+        self._started = not ray.is_initialized()
+        if self._started:
+            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
+        self._refs: dict[str, object] = {}
+
+    def submit(self, job: RunJob, res: Resources) -> str:
+        remote = self._ray.remote(_ray_run).options(
+            num_cpus=res.cpus, num_gpus=res.gpus, memory=int(res.mem_gb * 2 ** 30), max_retries=res.retries,
+            retry_exceptions=False, name=job.plan.name)
+        ref = remote.remote(job)
+        job_id = ref.task_id().hex()
+        self._refs[job_id] = ref
+        return job_id
+
+    def state(self, job_id: str) -> str:
+        ref = self._refs.get(job_id)
+        if ref is None:  # a task of an earlier driver: gone with it
+            return UNKNOWN
+        ready, _ = self._ray.wait([ref], timeout=0)
+        return ENDED if ready else RUNNING
+
+    def scheduler_log(self, job_id: str) -> Optional[Path]:
+        return None
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+
+
+def launcher_for(name: str, out: Path):
+    if name == "ray":
+        return RayLauncher(out)
+    return SubmititLauncher(out, "slurm" if name == "slurm" else "local")
+
+
+# ------------------------------------------------------------------ jobs.json and each run's state
+
+def read_jobs(out: Path) -> dict[str, dict]:
+    """The jobs submitted for the study: ``{run: {launcher, job_id, log, submitted}}``."""
+    path = out / JOBS_FILE
+    return read_json(path) if path.exists() else {}
+
+
+def record_job(out: Path, run: str, launcher: str, job_id: str, log: Path) -> None:
+    jobs = read_jobs(out)
+    jobs[run] = {"launcher": launcher, "job_id": job_id, "log": str(log), "submitted": _now()}
+    write_text_atomic(out / JOBS_FILE, json.dumps(jobs, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class RunState:
+    run: str
+    state: str  # finished | failed: | running | queued | preempted, requeued | unknown | unfinished | not started
+    detail: str  # the step reached, or a failure's last log line
+    job_id: str
+    log: str
+
+    def line(self) -> str:
+        job = f"job {self.job_id}" if self.job_id else "no job"
+        what = f"{self.state} {self.detail}".strip()
+        return f"{self.run}: {what} ({job}; log {self.log})"
+
+
+def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path) -> RunState:
+    """One run's state from its folder (finished, the step its trainer reached) and its job's."""
+    job_id = job["job_id"] if job else ""
+    if is_done(p):
+        return RunState(p.name, "finished", "", job_id, str(log))
+    if job is None:
+        started = p.run_dir.exists()
+        return RunState(p.name, "unfinished" if started else "not started",
+                        f"({len(done_commands(p))} of {len(p.commands)} commands done)" if started else "", "",
+                        str(log))
+    if job_state == ENDED:
+        return RunState(p.name, "failed:", last_line(log) or "no output (see the scheduler's log)", job_id, str(log))
+    progress = _progress(p)
+    if job_state == RUNNING:
+        return RunState(p.name, "running", progress, job_id, str(log))
+    if job_state == REQUEUED:
+        return RunState(p.name, "preempted, requeued", progress, job_id, str(log))
+    return RunState(p.name, job_state, progress, job_id, str(log))
+
+
+def _progress(p: RunPlan) -> str:
+    last = RunDir(p.run_dir).last_training_record() if p.run_dir.exists() else None
+    if last is None:
+        return ""
+    total = C.total_steps(C.from_dict(p.resolved))
+    return f"at step {last['step']}/{total}" if last["step"] < total else "evaluating"
+
+
+# ------------------------------------------------------------------ submitting and following
+
+def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name: str, wait: bool, poll_s: float,
+                   say: Callable[[str], None]) -> bool:
+    """Submit every run neither finished nor live, through the launcher; follow them while ``wait``.
+    True when every run is finished; raises Failure listing the runs that failed."""
+    from euclip_cli.study.runner import prepare_worlds
+
+    launcher = launcher_for(launcher_name, out)
+    try:
+        jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}
+        states = {run: launcher.state(job["job_id"]) for run, job in jobs.items()}
+        todo = [p for p in plans if not is_done(p)]
+        submit = [p for p in todo if states.get(p.name) not in LIVE]
+        if submit:
+            prepare_worlds(study, say)
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        for p in submit:
+            res = study.configs[p.config].resources
+            threads = max(1, res.cpus // res.devices)
+            job = RunJob(p, out / "logs", threads)
+            job_id = launcher.submit(job, res)
+            record_job(out, p.name, launcher_name, job_id, job.log)
+            jobs[p.name] = read_jobs(out)[p.name]
+            states[p.name] = QUEUED
+        say(f"study {study.name} through {launcher_name}: {len(plans)} runs; {len(plans) - len(todo)} finished, "
+            f"{len(todo) - len(submit)} queued or running from before, {len(submit)} submitted now")
+        shown: dict[str, str] = {}
+        while True:
+            lines = [run_state(p, jobs.get(p.name), launcher.state(jobs[p.name]["job_id"]) if p.name in jobs
+                               else UNKNOWN, out / "logs" / f"{p.name}.log") for p in plans]
+            for state in lines:
+                if shown.get(state.run) != state.line():
+                    say(state.line())
+                    shown[state.run] = state.line()
+            live = [s for s in lines if s.state not in ("finished", "failed:", "unfinished", "not started")]
+            if not wait or not live:
+                break
+            time.sleep(poll_s)
+        failed = [s.line() for s in lines if s.state == "failed:"]
+        if failed and not live:
+            raise Failure(f"{len(failed)} run(s) failed; the others are kept, and rerunning resubmits the failed "
+                          f"ones:", failed)
+        return all(s.state == "finished" for s in lines)
+    finally:
+        launcher.close()
+
+
+def status(out: Path, plans: list[RunPlan]) -> list[str]:
+    """One line per run from the study folder and the launchers' own records (sacct for SLURM);
+    submits nothing."""
+    jobs = read_jobs(out)
+    launchers = {}
+    lines = []
+    for p in plans:
+        job = jobs.get(p.name)
+        state = UNKNOWN
+        if job is not None and job["launcher"] in ("slurm", "submitit-local"):
+            launcher = launchers.setdefault(job["launcher"], launcher_for(job["launcher"], out))
+            state = launcher.state(job["job_id"])
+        lines.append(run_state(p, job, state, out / "logs" / f"{p.name}.log").line())
+    return lines
+
+
+# ------------------------------------------------------------------ the cost, before anything is submitted
+
+@dataclass(frozen=True)
+class Cost:
+    run: str
+    arch: str
+    samples: int
+    gpus: int
+    samples_per_s: float  # per device: a GPU, or the run's CPU node where it asks for none
+    source: str
+    limit_hours: float  # the job's time limit
+    retries: int
+
+    @property
+    def jobs(self) -> int:
+        """Jobs the run takes: a job per time limit, the later ones requeued."""
+        return max(1, math.ceil(self.hours / self.limit_hours))
+
+    @property
+    def hours(self) -> float:
+        """Training wall time, with throughput scaling linearly over the run's GPUs."""
+        return self.samples / (self.samples_per_s * max(1, self.gpus)) / 3600
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.hours * self.gpus
+
+
+def throughputs(given: list[str]) -> dict[str, tuple[float, str]]:
+    """Training samples per second per device, by arch: OpenCLIP's published figures, replaced by
+    each ``--throughput`` (``ARCH=SAMPLES_PER_S``, stated; or a ``euclip bench train`` result file)."""
+    from euclip_cli.bench import STUDY_RECIPE
+    from euclip_cli.published import openclip_throughput
+
+    known = dict(openclip_throughput())
+    for item in given:
+        arch, sep, number = item.partition("=")
+        if sep and not Path(item).exists():
+            try:
+                value = float(number)
+            except ValueError:
+                value = float("nan")
+            if not arch or not value > 0 or math.isinf(value):
+                raise UsageError(f"--throughput '{item}': give ARCH=SAMPLES_PER_S with a positive number, or a "
+                                 f"'euclip bench train' result file")
+            known[arch] = (value, "stated on the command line")
+            continue
+        path = Path(item)
+        try:
+            result = read_json(path)
+            settings, measured = result["settings"], result["measurements"]
+            known[settings["arch"]] = (float(measured["euclip"]["samples_per_s"]),
+                                       f"euclip bench train on {settings['device']} ({path})")
+            if "tiny_recipe" in measured:
+                tiny = C.load_config(STUDY_RECIPE).model.arch
+                known[tiny] = (float(measured["tiny_recipe"]["samples_per_s"]),
+                               f"euclip bench train, {STUDY_RECIPE} as shipped, on {settings['device']} ({path})")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UsageError(f"--throughput '{item}': not an 'euclip bench train' result file ({type(err).__name__}: "
+                             f"{err}); give one, or ARCH=SAMPLES_PER_S") from None
+    return known
+
+
+def costs(study: Study, plans: list[RunPlan], known: dict[str, tuple[float, str]]) -> list[Cost]:
+    """Each run's samples and time at the throughput of its arch; UsageError naming the archs
+    without one."""
+    rows, missing = [], set()
+    for p in plans:
+        cfg = C.from_dict(p.resolved)
+        arch = cfg.model.arch
+        if arch not in known:
+            missing.add(arch)
+            continue
+        rate, source = known[arch]
+        res = study.configs[p.config].resources
+        rows.append(Cost(p.name, arch, C.total_steps(cfg) * cfg.data.batch_size, res.gpus, rate, source, res.hours,
+                         res.retries))
+    if missing:
+        raise UsageError(f"no training throughput for {', '.join(sorted(missing))}: pass --throughput ARCH="
+                         f"SAMPLES_PER_S (per GPU) or an 'euclip bench train' result file of that arch")
+    return rows
+
+
+def cost_lines(rows: list[Cost]) -> list[str]:
+    """The plan as a user reads it: one line per run, the sources, and the totals."""
+    lines = [f"{'run':<28} {'arch':<14} {'samples':>13} {'GPUs':>4} {'samples/s/device':>16} {'hours':>8} "
+             f"{'GPU hours':>10} {'jobs':>4}"]
+    for r in rows:
+        lines.append(f"{r.run:<28} {r.arch:<14} {r.samples:>13,} {r.gpus:>4} {r.samples_per_s:>16,.1f} "
+                     f"{r.hours:>8.2f} {r.gpu_hours:>10.1f} {r.jobs:>4}")
+    total_gpu, total_hours = sum(r.gpu_hours for r in rows), sum(r.hours for r in rows)
+    lines.append(f"total: {len(rows)} runs, {sum(r.samples for r in rows):,} samples, {total_hours:,.1f} job hours, "
+                 f"{total_gpu:,.1f} GPU hours (training only; evaluation and queueing not counted)")
+    lines += [f"throughput of {arch}: {source}" for arch, source in sorted({(r.arch, r.source) for r in rows})]
+    short = sorted({r.run for r in rows if r.jobs > r.retries + 1})
+    if short:
+        lines.append(f"warning: {', '.join(short)} need more jobs than their time limit and retries allow "
+                     f"(--resource hours=H or retries=N)")
+    return lines
+
+
+def check_budget(rows: list[Cost], max_gpu_hours: Optional[float]) -> None:
+    total = sum(r.gpu_hours for r in rows)
+    if max_gpu_hours is not None and total > max_gpu_hours:
+        raise UsageError(f"the study needs {total:,.1f} GPU hours by its plan, above --max-gpu-hours "
+                         f"{max_gpu_hours:g}: nothing was submitted (fewer seeds or configurations, or a larger "
+                         f"budget)")
