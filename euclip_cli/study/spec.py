@@ -78,7 +78,7 @@ def resources_from(table: Any, where: str, base: Resources, problems: list[str])
     for key, value in table.items():
         problem = _resource_problem(key, value)
         if problem:
-            problems.append(f"{where}.{key}: {problem}")
+            problems.append(f"{where} {key}: {problem}" if where.startswith("--") else f"{where}.{key}: {problem}")
         else:
             changes[key] = float(value) if key in ("mem_gb", "hours") else value
     return replace(base, **changes)

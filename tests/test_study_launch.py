@@ -1,0 +1,201 @@
+"""Studies as cluster jobs: the plan's arithmetic, the budget, resources, and a study through submitit's
+SLURM executor (against the stand-in of tests/slurm_stand_in.py) and its local executor, with a time
+limit's warning, a requeue and a resume, a job that fails, and a rerun that submits only what is left."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests import slurm_stand_in
+from euclip_cli.cli import app
+from euclip_cli.published import openclip_throughput
+from euclip_cli.study import launch
+from euclip_cli.study.runner import plan
+from euclip_cli.study.spec import Resources, load_claims, load_study
+
+runner = CliRunner()
+RUN = ["data.batch_size=32", "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false",
+       "data.shuffle_buffer=100"]
+
+
+def study_file(tmp_path: Path, world: Path, broken: bool = False, resources: str = "cpus = 1\nmem_gb = 1\n") -> Path:
+    """Two configurations of one seed: ``clip`` trains 100 steps (long enough to be interrupted),
+    ``euclip`` 2; ``broken`` (optional) fails at once (its data folder holds no shards)."""
+    empty = tmp_path / "no-shards"
+    empty.mkdir(exist_ok=True)
+    path = tmp_path / "study-jobs.toml"
+    common = json.dumps([f"data.train_dir={world / 'train'}", "optim.samples=64", *RUN])
+    text = (f'[study]\nseeds = 1\ntasks = "world/colour"\nbaseline = "clip"\noverrides = {common}\n'
+            f'[study.resources]\n{resources}'
+            f'[configs.clip]\nrecipe = "tiny-clip"\noverrides = ["optim.samples=3200", "train.checkpoints=20"]\n'
+            f'[configs.euclip]\nrecipe = "tiny-euclip"\n')
+    if broken:
+        text += (f'[configs.broken]\nrecipe = "tiny-clip"\n'
+                 f'overrides = ["data.dataset=datacomp-small", "data.train_dir={empty}"]\n')
+    path.write_text(text)
+    return path
+
+
+def last_step(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def wait_for(condition, seconds: float = 240.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ the plan, the budget, the resources
+
+def test_the_plan_is_samples_over_throughput_per_gpu_by_hand(tmp_path, world):
+    path = study_file(tmp_path, world, resources="gpus = 4\nhours = 0.5\n")
+    study = load_study(str(path), seeds=2)
+    plans = plan(study, tmp_path / "out", load_claims())
+    rows = launch.costs(study, plans, launch.throughputs(["tiny-vit-c16=0.05"]))
+    # clip: 3200 samples = 100 steps of 32; euclip: 64 = 2 steps; 0.05 samples/s per GPU on 4 GPUs.
+    by_run = {r.run: r for r in rows}
+    assert by_run["clip-seed1"].samples == 3200 and by_run["euclip-seed0"].samples == 64
+    assert by_run["clip-seed0"].hours == pytest.approx(3200 / (0.05 * 4) / 3600)
+    assert by_run["clip-seed0"].gpu_hours == pytest.approx(3200 / 0.05 / 3600)
+    assert by_run["clip-seed0"].jobs == math.ceil(3200 / 0.2 / 3600 / 0.5) == 9
+    lines = launch.cost_lines(rows)
+    total = 2 * (3200 + 64) / 0.05 / 3600
+    assert f"{total:,.1f} GPU hours" in lines[-3] and "clip-seed0, clip-seed1 need more jobs" in lines[-1]
+
+
+def test_the_published_throughput_is_openclips_gpu_hours_over_its_samples():
+    rate, source = openclip_throughput()["ViT-B-32"]
+    assert rate == pytest.approx(12.8e9 / (4600 * 3600)) and "4,600 A100-40GB hours" in source
+
+
+def test_a_bench_result_gives_the_throughput_of_its_arch_and_of_the_studys_recipe(tmp_path):
+    bench = tmp_path / "train-1.json"
+    bench.write_text(json.dumps({"settings": {"arch": "ViT-B-32", "device": "cuda"},
+                                 "measurements": {"euclip": {"samples_per_s": 1234.5},
+                                                  "tiny_recipe": {"samples_per_s": 456.0}}}))
+    known = launch.throughputs([str(bench)])
+    assert known["ViT-B-32"][0] == 1234.5 and known["tiny-vit-c16"][0] == 456.0 and str(bench) in known["ViT-B-32"][1]
+    assert known["ViT-B-16"] == openclip_throughput()["ViT-B-16"]  # what the bench did not measure stays published
+
+
+def test_the_plan_prints_before_anything_and_the_budget_refuses_before_submitting(tmp_path, world, monkeypatch):
+    env = slurm_stand_in.install(tmp_path / "bin", tmp_path / "slurm")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    path, out = study_file(tmp_path, world, resources="gpus = 2\n"), tmp_path / "out"
+    shown = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--plan",
+                                "--throughput", "tiny-vit-c16=0.1"])
+    assert shown.exit_code == 0, shown.output
+    assert "clip-seed0" in shown.output and f"{(3200 + 64) / 0.1 / 3600:,.1f} GPU hours" in shown.output
+    refused = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--launcher", "slurm",
+                                  "--throughput", "tiny-vit-c16=0.1", "--max-gpu-hours", "5"])
+    assert refused.exit_code == 2 and "above --max-gpu-hours 5" in refused.output
+    assert not (tmp_path / "slurm" / "submitted").exists() and not out.exists()
+    unknown = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--plan"])
+    assert unknown.exit_code == 2 and "no training throughput for tiny-vit-c16" in unknown.output
+
+
+@pytest.mark.parametrize("given, named", [(["gpus=-1"], "--resource gpus"), (["hours=0"], "--resource hours"),
+                                          (["gpu=1"], "--resource gpu"), (["gpus"], "--resource 'gpus'"),
+                                          (["cpus=2", "cpus=3"], "'cpus' is given more than once")])
+def test_a_bad_resource_is_refused_by_name(tmp_path, world, given, named):
+    path = study_file(tmp_path, world)
+    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(tmp_path / "out"), "--plan",
+                                 *[a for g in given for a in ("--resource", g)]])
+    assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output, result.output
+
+
+def test_resources_layer_recipe_then_configuration_then_command_line(tmp_path, world):
+    path = study_file(tmp_path, world, resources="gpus = 8\nhours = 12\nslurm = {account = \"lab\"}\n")
+    path.write_text(path.read_text().replace('[configs.euclip]\nrecipe = "tiny-euclip"\n',
+                                             '[configs.euclip]\nrecipe = "tiny-euclip"\nresources = {gpus = 2}\n'))
+    study = load_study(str(path), resources=["hours=3", "partition=gpu"])
+    assert study.configs["clip"].resources == Resources(gpus=8, hours=3.0, partition="gpu", slurm={"account": "lab"})
+    assert study.configs["euclip"].resources.gpus == 2 and study.configs["euclip"].resources.hours == 3.0
+    commands = {p.name: p.commands[0] for p in plan(study, tmp_path / "out", load_claims())}
+    # Several GPUs: the ordinary training command, through torchrun with a process per GPU.
+    assert commands["clip-seed0"][commands["clip-seed0"].index("--nproc-per-node") + 1] == "8"
+    one = load_study(str(path), resources=["gpus=1"])
+    assert all("--nproc-per-node" not in p.commands[0] for p in plan(one, tmp_path / "out", load_claims()))
+
+
+def test_an_unknown_launcher_is_a_usage_error(tmp_path, world):
+    result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(tmp_path / "o"),
+                                 "--launcher", "pbs"])
+    assert result.exit_code == 2 and "--launcher 'pbs'" in result.output and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ whole studies through submitit
+
+@pytest.mark.slow
+def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits_only_what_failed(
+        tmp_path, world, monkeypatch):
+    env = slurm_stand_in.install(tmp_path / "bin", tmp_path / "slurm")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "out"
+    args = ["study", "--recipe", str(study_file(tmp_path, world, broken=True)), "--out", str(out), "--world",
+            str(world), "--launcher", "slurm", "--poll", "0.5"]
+    first = runner.invoke(app, [*args, "--no-wait"])
+    assert first.exit_code == 0 and "3 submitted now" in first.output, first.output
+    jobs = json.loads((out / "jobs.json").read_text())
+    script = (tmp_path / "slurm" / f"{jobs['clip-seed0']['job_id']}.sh").read_text()
+    assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --cpus-per-task=1" in script
+
+    # SLURM's warning of the time limit, to the job's steps, while clip trains.
+    wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 8)
+    subprocess.run(["scancel", jobs["clip-seed0"]["job_id"], "--signal", "USR2"], check=True)
+    second = runner.invoke(app, args)
+    assert second.exit_code == 1 and "1 run(s) failed" in second.output, second.output
+    assert "broken-seed0: failed: error: no training shards" in second.output
+    assert "clip-seed0: finished" in second.output and "euclip-seed0: finished" in second.output
+    requeued = json.loads((tmp_path / "slurm" / f"{jobs['clip-seed0']['job_id']}.json").read_text())
+    assert requeued["restarts"] == 1
+    log = (out / "logs" / "clip-seed0.log").read_text()
+    assert "error: stopped at step" in log and "resumed from step_" in log and last_step(out / "runs" / "clip-seed0") == 100
+
+    before = (tmp_path / "slurm" / "submitted").read_text().splitlines()
+    third = runner.invoke(app, args)
+    submitted = (tmp_path / "slurm" / "submitted").read_text().splitlines()[len(before):]
+    assert third.exit_code == 1 and [line.split()[1] for line in submitted] == ["broken-seed0"], third.output
+    status = runner.invoke(app, [*args, "--status"])
+    assert status.exit_code == 0 and f"clip-seed0: finished (job {jobs['clip-seed0']['job_id']}; log" in status.output
+
+    done = runner.invoke(app, [*args, "--configs", "clip,euclip"])
+    assert done.exit_code == 0 and "0 submitted now" in done.output and (out / "study.md").exists(), done.output
+
+
+@pytest.mark.slow
+def test_a_study_through_submitits_local_executor_is_requeued_and_summarised(tmp_path, world):
+    out = tmp_path / "out"
+    args = ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out), "--world", str(world),
+            "--launcher", "submitit-local", "--poll", "0.5"]
+
+    def time_limit_warning():
+        """The warning of a time limit, to the job's process (the one submitit's local executor runs)."""
+        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 8)
+        first = next(l for l in (out / "logs" / "clip-seed0.log").read_text().splitlines() if l.startswith("# job"))
+        os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGUSR2)
+
+    warning = threading.Thread(target=time_limit_warning)
+    warning.start()
+    result = runner.invoke(app, args)
+    warning.join()
+    assert result.exit_code == 0, result.output
+    log = (out / "logs" / "clip-seed0.log").read_text()
+    assert "error: stopped at step" in log and "resumed from step_" in log and log.count("# job on") == 2
+    assert last_step(out / "runs" / "clip-seed0") == 100 and (out / "study.md").exists()
