@@ -199,3 +199,12 @@ def test_a_study_through_submitits_local_executor_is_requeued_and_summarised(tmp
     log = (out / "logs" / "clip-seed0.log").read_text()
     assert "error: stopped at step" in log and "resumed from step_" in log and log.count("# job on") == 2
     assert last_step(out / "runs" / "clip-seed0") == 100 and (out / "study.md").exists()
+
+
+def test_the_committed_table4_plan_is_what_the_command_prints():
+    """docs/study.md quotes the Table 4 study's plan from this file: it must be the command's output."""
+    committed = (Path(__file__).parents[1] / "docs" / "results" / "table4" / "plan.txt").read_text().splitlines()
+    assert committed[0].startswith("# euclip study --recipe study-table4 --plan")
+    result = runner.invoke(app, ["study", "--recipe", "study-table4", "--plan"], terminal_width=200)
+    assert result.exit_code == 0 and result.output.splitlines() == committed[1:], result.output
+    assert "1,518.0 GPU hours" in committed[-2]  # the figure docs/study.md states
