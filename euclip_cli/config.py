@@ -324,6 +324,10 @@ def recipe_path(name_or_path: str) -> Path:
 
 # Study recipes (``euclip study``) share the folder; their names start with this.
 STUDY_PREFIX = "study-"
+# The embedded study's run recipe (its configurations share its arch and budget): what ``euclip
+# bench train`` times as shipped (its euclip runs are it with the bench model and batch), and whose
+# arch a study's plan reads that timing for.
+STUDY_RUN_RECIPE = "tiny-clip"
 
 
 def is_study_recipe(name_or_path: str) -> bool:

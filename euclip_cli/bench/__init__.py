@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from euclip_cli.config import STUDY_RUN_RECIPE
 from euclip_cli.errors import Failure
 from euclip_cli.rundir import RunDir
 
@@ -47,8 +48,6 @@ OPENCLIP_TIMES = re.compile(r"Data \(t\): ([0-9.]+) Batch \(t\): ([0-9.]+)")
 TARGET_SPEEDUP = 2.0
 TARGET_ACCUM_OVERHEAD = 1.40
 TARGET_FRACTION_OF_PEAK = 0.60
-# The embedded study's run recipe; the bench's euclip runs are it with the bench model and batch.
-STUDY_RECIPE = "tiny-clip"
 # Captions of the bench's shards over which euclip's trimmed text FLOPs are averaged.
 CAPTIONS_COUNTED = 256
 
@@ -153,7 +152,7 @@ def timed_training(work: Path, name: str, world_train: Path, s: Settings, batch:
     ``batch``, as a child; its own per-step log gives the rate."""
     runs = work / "runs"
     shutil.rmtree(runs / name, ignore_errors=True)  # the bench's own scratch run: always from scratch
-    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", STUDY_RECIPE, "--runs-dir", str(runs),
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", STUDY_RUN_RECIPE, "--runs-dir", str(runs),
                "--name", name, f"optim.samples={batch * (s.steps + s.warmup)}", f"data.train_dir={world_train}",
                "train.log_every=1", "train.checkpoints=1", "train.keep_checkpoints=1", "train.tensorboard=false",
                f"train.device={s.device}", *overrides]
@@ -177,8 +176,8 @@ def tiny_recipe_run(work: Path, world_train: Path, s: Settings) -> Measurement:
     changed): the number the study's wall time is made of."""
     from euclip_cli import config as C
 
-    batch = C.load_config(STUDY_RECIPE).data.batch_size
-    return timed_training(work, f"{STUDY_RECIPE}-recipe", world_train, s, batch, [])
+    batch = C.load_config(STUDY_RUN_RECIPE).data.batch_size
+    return timed_training(work, f"{STUDY_RUN_RECIPE}-recipe", world_train, s, batch, [])
 
 
 # OpenCLIP's trainer, run as its users run it, with two changes: the end-of-shard fix its pipeline
@@ -597,7 +596,7 @@ def profile_step(work: Path, arch: str, batch_size: int, steps: int, precision: 
     from euclip_cli.step import forward_backward
     from euclip_cli.towers import image_size, tokenizer_for
 
-    cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={batch_size}",
+    cfg = C.load_config(STUDY_RUN_RECIPE, [f"model.arch={arch}", f"data.batch_size={batch_size}",
                                        f"train.precision={precision}", f"train.compile={str(compile).lower()}"])
     torch.manual_seed(0)
     model = EuclipModel(cfg)

@@ -175,7 +175,7 @@ def _spread(ratio: dict) -> str:
 
 def summary_lines(result: dict) -> list[str]:
     """The bench's verdict lines: each ratio with its spread over rounds and its target."""
-    from euclip_cli.bench import STUDY_RECIPE
+    from euclip_cli.config import STUDY_RUN_RECIPE
     from euclip_cli.bench import TARGET_ACCUM_OVERHEAD as overhead
     from euclip_cli.bench import TARGET_FRACTION_OF_PEAK as fraction
     from euclip_cli.bench import TARGET_SPEEDUP as speedup
@@ -228,7 +228,7 @@ def summary_lines(result: dict) -> list[str]:
                                       euclip["loader_samples_per_s"], euclip["loader_cpu_share"]))
     if "tiny_recipe" in result["measurements"]:
         study = result["study_training"]
-        lines.append(f"the embedded study's recipe ({STUDY_RECIPE} as shipped): "
+        lines.append(f"the embedded study's recipe ({STUDY_RUN_RECIPE} as shipped): "
                      f"{result['measurements']['tiny_recipe']['samples_per_s']:.1f} samples/s; at this rate "
                      f"{study['study']} ({study['runs']} runs, {study['samples']:,} samples) trains in "
                      f"{study['training_s'] / 3600:.1f} h, before evaluation")

@@ -142,29 +142,32 @@ class SubmititLauncher:
         self._jobs[submitted.job_id] = submitted
         return submitted.job_id
 
-    def state(self, job_id: str) -> str:
+    def states(self, job_ids: list[str]) -> dict[str, str]:
+        """Each job's state; for SLURM one sacct call for them all (submitit's watcher)."""
         import submitit
 
         if self.cluster == "slurm":
-            found = submitit.SlurmJob(self.out / SUBMITIT_DIR / "%j", job_id).get_info(mode="force").get("State")
-            if not found:
-                return UNKNOWN
-            return _SLURM_STATES.get(found.split()[0], ENDED)  # "CANCELLED by 1000": one state word first
-        job = self._jobs.get(job_id)
-        if job is None:  # submitted by an earlier euclip study: its process is not this one's child
-            return ENDED if (self.out / SUBMITIT_DIR / job_id).exists() and _result_written(self.out, job_id) \
-                else UNKNOWN
-        return RUNNING if job.state == "RUNNING" else ENDED
+            watcher = submitit.SlurmJob.watcher
+            for job_id in job_ids:
+                watcher.register_job(job_id)
+            watcher.update()
+            found = {j: watcher.get_info(j, mode="cache").get("State") for j in job_ids}
+            # "CANCELLED by 1000": the state is the first word; a job sacct does not know (yet) is unknown.
+            return {j: _SLURM_STATES.get(s.split()[0], ENDED) if s else UNKNOWN for j, s in found.items()}
+        out = {}
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                out[job_id] = RUNNING if job.state == "RUNNING" else ENDED
+            else:  # submitted by an earlier euclip study: known only by the result it left
+                out[job_id] = ENDED if any((self.out / SUBMITIT_DIR / job_id).glob("*_result.pkl")) else UNKNOWN
+        return out
 
     def scheduler_log(self, job_id: str) -> Path:
         return self.out / SUBMITIT_DIR / job_id / f"{job_id}_0_log.out"
 
     def close(self) -> None:
         pass
-
-
-def _result_written(out: Path, job_id: str) -> bool:
-    return any((out / SUBMITIT_DIR / job_id).glob("*_result.pkl"))
 
 
 def _ray_run(job: RunJob) -> str:
@@ -193,16 +196,19 @@ class RayLauncher:
             num_cpus=res.cpus, num_gpus=res.gpus, memory=int(res.mem_gb * 2 ** 30), max_retries=res.retries,
             retry_exceptions=False, name=job.plan.name)
         ref = remote.remote(job)
-        job_id = ref.task_id().hex()
+        job_id = ref.task_id().hex()[:16]  # the task's own part of Ray's id: unique within the driver
         self._refs[job_id] = ref
         return job_id
 
-    def state(self, job_id: str) -> str:
-        ref = self._refs.get(job_id)
-        if ref is None:  # a task of an earlier driver: gone with it
-            return UNKNOWN
-        ready, _ = self._ray.wait([ref], timeout=0)
-        return ENDED if ready else RUNNING
+    def states(self, job_ids: list[str]) -> dict[str, str]:
+        out = {}
+        for job_id in job_ids:
+            ref = self._refs.get(job_id)
+            if ref is None:  # a task of an earlier driver: gone with it
+                out[job_id] = UNKNOWN
+            else:
+                out[job_id] = ENDED if self._ray.wait([ref], timeout=0)[0] else RUNNING
+        return out
 
     def scheduler_log(self, job_id: str) -> Optional[Path]:
         return None
@@ -271,7 +277,7 @@ def _progress(p: RunPlan) -> str:
     if last is None:
         return ""
     total = C.total_steps(C.from_dict(p.resolved))
-    return f"at step {last['step']}/{total}" if last["step"] < total else "evaluating"
+    return f"at step {last['step']}/{total}" if last["step"] < total else "after training"
 
 
 # ------------------------------------------------------------------ submitting and following
@@ -285,7 +291,8 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
     launcher = launcher_for(launcher_name, out)
     try:
         jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}
-        states = {run: launcher.state(job["job_id"]) for run, job in jobs.items()}
+        by_id = launcher.states([job["job_id"] for job in jobs.values()])
+        states = {run: by_id[job["job_id"]] for run, job in jobs.items()}
         todo = [p for p in plans if not is_done(p)]
         submit = [p for p in todo if states.get(p.name) not in LIVE]
         if submit:
@@ -303,8 +310,9 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
             f"{len(todo) - len(submit)} queued or running from before, {len(submit)} submitted now")
         shown: dict[str, str] = {}
         while True:
-            lines = [run_state(p, jobs.get(p.name), launcher.state(jobs[p.name]["job_id"]) if p.name in jobs
-                               else UNKNOWN, out / "logs" / f"{p.name}.log") for p in plans]
+            by_id = launcher.states([job["job_id"] for job in jobs.values()])
+            lines = [run_state(p, jobs.get(p.name), by_id[jobs[p.name]["job_id"]] if p.name in jobs else UNKNOWN,
+                               out / "logs" / f"{p.name}.log") for p in plans]
             for state in lines:
                 if shown.get(state.run) != state.line():
                     say(state.line())
@@ -324,18 +332,15 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
 
 def status(out: Path, plans: list[RunPlan]) -> list[str]:
     """One line per run from the study folder and the launchers' own records (sacct for SLURM);
-    submits nothing."""
+    submits nothing. A Ray task is known only to the driver that submitted it."""
     jobs = read_jobs(out)
-    launchers = {}
-    lines = []
-    for p in plans:
-        job = jobs.get(p.name)
-        state = UNKNOWN
-        if job is not None and job["launcher"] in ("slurm", "submitit-local"):
-            launcher = launchers.setdefault(job["launcher"], launcher_for(job["launcher"], out))
-            state = launcher.state(job["job_id"])
-        lines.append(run_state(p, job, state, out / "logs" / f"{p.name}.log").line())
-    return lines
+    by_id: dict[str, str] = {}
+    for name in ("slurm", "submitit-local"):
+        ids = [job["job_id"] for job in jobs.values() if job["launcher"] == name]
+        if ids:
+            by_id.update(launcher_for(name, out).states(ids))
+    return [run_state(p, jobs.get(p.name), by_id.get(jobs[p.name]["job_id"], UNKNOWN) if p.name in jobs else UNKNOWN,
+                      out / "logs" / f"{p.name}.log").line() for p in plans]
 
 
 # ------------------------------------------------------------------ the cost, before anything is submitted
@@ -369,7 +374,6 @@ class Cost:
 def throughputs(given: list[str]) -> dict[str, tuple[float, str]]:
     """Training samples per second per device, by arch: OpenCLIP's published figures, replaced by
     each ``--throughput`` (``ARCH=SAMPLES_PER_S``, stated; or a ``euclip bench train`` result file)."""
-    from euclip_cli.bench import STUDY_RECIPE
     from euclip_cli.published import openclip_throughput
 
     known = dict(openclip_throughput())
@@ -392,9 +396,9 @@ def throughputs(given: list[str]) -> dict[str, tuple[float, str]]:
             known[settings["arch"]] = (float(measured["euclip"]["samples_per_s"]),
                                        f"euclip bench train on {settings['device']} ({path})")
             if "tiny_recipe" in measured:
-                tiny = C.load_config(STUDY_RECIPE).model.arch
+                tiny = C.load_config(C.STUDY_RUN_RECIPE).model.arch
                 known[tiny] = (float(measured["tiny_recipe"]["samples_per_s"]),
-                               f"euclip bench train, {STUDY_RECIPE} as shipped, on {settings['device']} ({path})")
+                               f"euclip bench train, {C.STUDY_RUN_RECIPE} as shipped, on {settings['device']} ({path})")
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise UsageError(f"--throughput '{item}': not an 'euclip bench train' result file ({type(err).__name__}: "
                              f"{err}); give one, or ARCH=SAMPLES_PER_S") from None
