@@ -29,7 +29,7 @@ RUN = ["data.batch_size=32", "optim.warmup_steps=1", "train.precision=fp32", "tr
 
 
 def study_file(tmp_path: Path, world: Path, broken: bool = False, resources: str = "cpus = 1\nmem_gb = 1\n") -> Path:
-    """Two configurations of one seed: ``clip`` trains 50 steps (long enough to be interrupted),
+    """Two configurations of one seed: ``clip`` trains 20 steps, logging and checkpointing each (to be interrupted),
     ``euclip`` 2; ``broken`` (optional) fails at once (its data folder holds no shards)."""
     empty = tmp_path / "no-shards"
     empty.mkdir(exist_ok=True)
@@ -37,7 +37,7 @@ def study_file(tmp_path: Path, world: Path, broken: bool = False, resources: str
     common = json.dumps([f"data.train_dir={world / 'train'}", "optim.samples=64", *RUN])
     text = (f'[study]\nseeds = 1\ntasks = "world/colour"\nbaseline = "clip"\noverrides = {common}\n'
             f'[study.resources]\n{resources}'
-            f'[configs.clip]\nrecipe = "tiny-clip"\noverrides = ["optim.samples=1600", "train.checkpoints=10"]\n'
+            f'[configs.clip]\nrecipe = "tiny-clip"\noverrides = ["optim.samples=640", "train.checkpoints=20", "train.log_every=1"]\n'
             f'[configs.euclip]\nrecipe = "tiny-euclip"\n')
     if broken:
         text += (f'[configs.broken]\nrecipe = "tiny-clip"\n'
@@ -65,15 +65,15 @@ def test_the_plan_is_samples_over_throughput_per_gpu_by_hand(tmp_path, world):
     path = study_file(tmp_path, world, resources="gpus = 4\nhours = 0.5\n")
     study = load_study(str(path), seeds=2)
     plans = plan(study, tmp_path / "out", load_claims())
-    rows = launch.costs(study, plans, launch.throughputs(["tiny-vit-c16=0.05"]))
-    # clip: 1600 samples = 50 steps of 32; euclip: 64 = 2 steps; 0.05 samples/s per GPU on 4 GPUs.
+    rows = launch.costs(study, plans, launch.throughputs(["tiny-vit-c16=0.01"]))
+    # clip: 640 samples = 20 steps of 32; euclip: 64 = 2 steps; 0.01 samples/s per GPU on 4 GPUs.
     by_run = {r.run: r for r in rows}
-    assert by_run["clip-seed1"].samples == 1600 and by_run["euclip-seed0"].samples == 64
-    assert by_run["clip-seed0"].hours == pytest.approx(1600 / (0.05 * 4) / 3600)
-    assert by_run["clip-seed0"].gpu_hours == pytest.approx(1600 / 0.05 / 3600)
-    assert by_run["clip-seed0"].jobs == math.ceil(1600 / 0.2 / 3600 / 0.5) == 5
+    assert by_run["clip-seed1"].samples == 640 and by_run["euclip-seed0"].samples == 64
+    assert by_run["clip-seed0"].hours == pytest.approx(640 / (0.01 * 4) / 3600)
+    assert by_run["clip-seed0"].gpu_hours == pytest.approx(640 / 0.01 / 3600)
+    assert by_run["clip-seed0"].jobs == math.ceil(640 / 0.04 / 3600 / 0.5) == 9
     lines = launch.cost_lines(rows)
-    total = 2 * (1600 + 64) / 0.05 / 3600
+    total = 2 * (640 + 64) / 0.01 / 3600
     assert f"{total:,.1f} GPU hours" in lines[-3] and "clip-seed0, clip-seed1 need more jobs" in lines[-1]
 
 
@@ -98,12 +98,12 @@ def test_the_plan_prints_before_anything_and_the_budget_refuses_before_submittin
         monkeypatch.setenv(key, value)
     path, out = study_file(tmp_path, world, resources="gpus = 2\n"), tmp_path / "out"
     shown = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--plan",
-                                "--throughput", "tiny-vit-c16=0.05"])
+                                "--throughput", "tiny-vit-c16=0.02"])
     assert shown.exit_code == 0, shown.output
-    total = (1600 + 64) / 0.05 / 3600  # 9.2 GPU hours: on 2 GPUs, half the hours at twice the GPUs
+    total = (640 + 64) / 0.02 / 3600  # 9.8 GPU hours: on 2 GPUs, half the hours at twice the GPUs
     assert "clip-seed0" in shown.output and f"{total:,.1f} GPU hours" in shown.output and total > 5
     refused = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--launcher", "slurm",
-                                  "--throughput", "tiny-vit-c16=0.05", "--max-gpu-hours", "5"])
+                                  "--throughput", "tiny-vit-c16=0.02", "--max-gpu-hours", "5"])
     assert refused.exit_code == 2 and "above --max-gpu-hours 5" in refused.output
     assert not (tmp_path / "slurm" / "submitted").exists() and not out.exists()
     unknown = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--plan"])
@@ -158,7 +158,7 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
     assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --cpus-per-task=1" in script
 
     # SLURM's warning of the time limit, to the job's steps, while clip trains.
-    wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 8)
+    wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 3)
     subprocess.run(["scancel", jobs["clip-seed0"]["job_id"], "--signal", "USR2"], check=True)
     second = runner.invoke(app, args)
     assert second.exit_code == 1 and "1 run(s) failed" in second.output, second.output
@@ -167,7 +167,7 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
     requeued = json.loads((tmp_path / "slurm" / f"{jobs['clip-seed0']['job_id']}.json").read_text())
     assert requeued["restarts"] == 1
     log = (out / "logs" / "clip-seed0.log").read_text()
-    assert "error: stopped at step" in log and "resumed from step_" in log and last_step(out / "runs" / "clip-seed0") == 50
+    assert "error: stopped at step" in log and "resumed from step_" in log and last_step(out / "runs" / "clip-seed0") == 20
 
     before = (tmp_path / "slurm" / "submitted").read_text().splitlines()
     third = runner.invoke(app, args)
@@ -188,7 +188,7 @@ def test_a_study_through_submitits_local_executor_is_requeued_and_summarised(tmp
 
     def time_limit_warning():
         """The warning of a time limit, to the job's process (the one submitit's local executor runs)."""
-        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 8)
+        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 3)
         first = next(l for l in (out / "logs" / "clip-seed0.log").read_text().splitlines() if l.startswith("# job"))
         os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGUSR2)
 
@@ -199,7 +199,7 @@ def test_a_study_through_submitits_local_executor_is_requeued_and_summarised(tmp
     assert result.exit_code == 0, result.output
     log = (out / "logs" / "clip-seed0.log").read_text()
     assert "error: stopped at step" in log and "resumed from step_" in log and log.count("# job on") == 2
-    assert last_step(out / "runs" / "clip-seed0") == 50 and (out / "study.md").exists()
+    assert last_step(out / "runs" / "clip-seed0") == 20 and (out / "study.md").exists()
 
 
 def test_the_committed_table4_plan_is_what_the_command_prints():

@@ -27,7 +27,7 @@ def test_a_ray_study_retries_a_run_whose_worker_died_and_the_run_resumes(tmp_pat
 
     def lose_the_worker():
         """A node lost mid-training, as far as the task knows: its worker process killed outright."""
-        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 8)
+        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 3)
         first = next(l for l in (out / "logs" / "clip-seed0.log").read_text().splitlines() if l.startswith("# job"))
         os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
 
@@ -42,4 +42,4 @@ def test_a_ray_study_retries_a_run_whose_worker_died_and_the_run_resumes(tmp_pat
     # The retried task resumed from the run's last checkpoint (Ray kills a dead worker's children:
     # what the trainer did since its last checkpoint interval is trained again).
     assert log.count("# job on") == 2 and "resumed from step_" in log
-    assert last_step(out / "runs" / "clip-seed0") == 50 and (out / "study.md").exists()
+    assert last_step(out / "runs" / "clip-seed0") == 20 and (out / "study.md").exists()

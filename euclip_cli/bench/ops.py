@@ -68,14 +68,14 @@ def euclip_phases(arch: str, tokens: torch.Tensor, text_groups: int, accum_steps
     text tower's groups, on the host), ``step`` (forward and backward) and ``update`` (the non-finite
     guard, the fused AdamW, the scalars' clamp). ``text_groups`` is ``model.text_groups``."""
     from euclip_cli import config as C
-    from euclip_cli.bench import STUDY_RECIPE
+    from euclip_cli.config import STUDY_RUN_RECIPE
     from euclip_cli.device import autocast_factory
     from euclip_cli.model import EuclipModel
     from euclip_cli.optim import build_optimizer
     from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
     from euclip_cli.towers import image_size
 
-    cfg = C.load_config(STUDY_RECIPE, [f"model.arch={arch}", f"data.batch_size={len(tokens)}",
+    cfg = C.load_config(STUDY_RUN_RECIPE, [f"model.arch={arch}", f"data.batch_size={len(tokens)}",
                                        f"optim.accum_steps={accum_steps}", f"model.text_groups={text_groups}"])
     torch.manual_seed(0)
     model = EuclipModel(cfg)
