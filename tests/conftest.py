@@ -26,10 +26,3 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     config.addinivalue_line("markers", "slow: end-to-end runs (train, eval, report); skip with -m 'not slow'")
 
-
-def pytest_collection_modifyitems(config, items):
-    """Files holding slow end-to-end tests first. `make test` hands whole files to its two workers in
-    collection order (--dist loadfile): a long file started last keeps one worker busy while the other
-    idles, and the longest-first order lets the short files fill the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)

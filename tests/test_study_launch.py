@@ -181,25 +181,58 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
 
 
 @pytest.mark.slow
-def test_a_study_through_submitits_local_executor_is_requeued_and_summarised(tmp_path, world):
+def test_a_study_through_submitits_local_executor_is_summarised(tmp_path, world):
     out = tmp_path / "out"
-    args = ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out), "--world", str(world),
-            "--launcher", "submitit-local", "--poll", "0.5"]
+    path = study_file(tmp_path, world)
+    path.write_text(path.read_text().replace('"optim.samples=640", ', ''))  # two steps each: the launcher is the test
+    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world),
+                                 "--launcher", "submitit-local", "--poll", "0.5"])
+    assert result.exit_code == 0 and "2 submitted now" in result.output, result.output
+    assert (out / "study.md").exists() and set(json.loads((out / "jobs.json").read_text())) == {"clip-seed0", "euclip-seed0"}
 
-    def time_limit_warning():
-        """The warning of a time limit, to the job's process (the one submitit's local executor runs)."""
-        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 3)
-        first = next(l for l in (out / "logs" / "clip-seed0.log").read_text().splitlines() if l.startswith("# job"))
-        os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGUSR2)
 
-    warning = threading.Thread(target=time_limit_warning)
-    warning.start()
-    result = runner.invoke(app, args)
-    warning.join()
-    assert result.exit_code == 0, result.output
-    log = (out / "logs" / "clip-seed0.log").read_text()
-    assert "error: stopped at step" in log and "resumed from step_" in log and log.count("# job on") == 2
-    assert last_step(out / "runs" / "clip-seed0") == 20 and (out / "study.md").exists()
+# A trainer's stand-in for RunJob's own mechanics: counts to 40, saves its count at each step, stops
+# on SIGTERM (exit 1, as the trainer does once it has checkpointed) and resumes from the saved count.
+COUNTER = """import pathlib, signal, sys, time
+state = pathlib.Path(sys.argv[1])
+n = int(state.read_text()) if state.exists() else 0
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("resumed from", n, flush=True)
+while n < 40:
+    time.sleep(0.05)
+    n += 1
+    state.write_text(str(n))
+    if stop:
+        print("stopped at", n, flush=True)
+        sys.exit(1)
+"""
+
+
+def test_a_job_warned_of_its_time_limit_stops_its_command_and_is_requeued_where_it_resumes(tmp_path):
+    """submitit's local executor, as SLURM would: the warning (SIGUSR2) reaches the job alone; the job
+    stops its running command (SIGTERM), requeues itself, and the requeued job resumes."""
+    import sys
+
+    import submitit
+
+    from euclip_cli.study.runner import RunPlan
+
+    (tmp_path / "counter.py").write_text(COUNTER)
+    count = tmp_path / "count"
+    command = (sys.executable, str(tmp_path / "counter.py"), str(count))
+    job = launch.RunJob(RunPlan("c", 0, tmp_path / "run", (command,)), tmp_path / "logs", threads=1)
+    executor = submitit.LocalExecutor(tmp_path / "submitit" / "%j", max_num_timeout=3)
+    executor.update_parameters(timeout_min=2, signal_delay_s=30)
+    submitted = executor.submit(job)
+    wait_for(lambda: count.exists() and int(count.read_text() or 0) >= 5, 60)
+    first = next(l for l in job.log.read_text().splitlines() if l.startswith("# job"))
+    os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGUSR2)
+    assert submitted.result() == "run"  # the run folder's name
+    log = job.log.read_text()
+    assert log.count("# job on") == 2 and "stopped at" in log and int(count.read_text()) == 40
+    resumed = [int(l.split()[-1]) for l in log.splitlines() if l.startswith("resumed from")]
+    assert resumed[0] == 0 and resumed[1] >= 5  # the second job went on from where the first stopped
 
 
 def test_the_committed_table4_plan_is_what_the_command_prints():
