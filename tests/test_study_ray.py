@@ -1,45 +1,62 @@
-"""A study through a local Ray cluster (euclip[distributed]): each run a Ray task, retried where its
-worker is lost, and the retried task resumes the run from its last checkpoint."""
+"""Studies through a Ray cluster (euclip[distributed]), here a local one shared by the module: a
+study's runs as Ray tasks, and a task whose worker is lost retried where its run left off."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import signal
-import threading
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from euclip_cli.cli import app
-from tests.test_study_launch import last_step, study_file, wait_for
+from euclip_cli.study import launch
+from euclip_cli.study.runner import RunPlan
+from euclip_cli.study.spec import Resources
+from tests.test_study_launch import COUNTER, study_file, wait_for
 
 runner = CliRunner()
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="ray is not installed: pip install 'euclip[distributed]' (make install does)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module; a study finds it started and leaves it running."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 @pytest.mark.slow
-def test_a_ray_study_retries_a_run_whose_worker_died_and_the_run_resumes(tmp_path, world):
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed: pip install 'euclip[distributed]' (make install does)")
-    import ray
-
+def test_a_study_through_ray_runs_each_run_as_a_task_and_is_summarised(cluster, tmp_path, world):
     out = tmp_path / "out"
+    path = study_file(tmp_path, world)
+    path.write_text(path.read_text().replace('"optim.samples=640", ', ''))  # two steps each: the launcher is the test
+    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world),
+                                 "--launcher", "ray", "--poll", "0.5"])
+    assert result.exit_code == 0 and "2 submitted now" in result.output, result.output
+    assert (out / "study.md").exists() and cluster.is_initialized()  # a cluster it did not start, it leaves
 
-    def lose_the_worker():
-        """A node lost mid-training, as far as the task knows: its worker process killed outright."""
-        wait_for(lambda: last_step(out / "runs" / "clip-seed0") >= 3)
-        first = next(l for l in (out / "logs" / "clip-seed0.log").read_text().splitlines() if l.startswith("# job"))
-        os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
 
-    loss = threading.Thread(target=lose_the_worker)
-    loss.start()
-    result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out), "--world",
-                                 str(world), "--launcher", "ray", "--poll", "0.5"])
-    loss.join()
-    assert result.exit_code == 0, result.output
-    assert not ray.is_initialized()  # the local cluster the study started is stopped
-    log = (out / "logs" / "clip-seed0.log").read_text()
-    # The retried task resumed from the run's last checkpoint (Ray kills a dead worker's children:
-    # what the trainer did since its last checkpoint interval is trained again).
-    assert log.count("# job on") == 2 and "resumed from step_" in log
-    assert last_step(out / "runs" / "clip-seed0") == 20 and (out / "study.md").exists()
+def test_a_task_whose_worker_dies_is_retried_and_resumes_where_its_run_left_off(cluster, tmp_path):
+    """A node lost mid-run, as far as the task knows: its worker process killed outright. Ray retries
+    the task; the retried job resumes from what the run saved (the counter stands in for a trainer
+    and its checkpoints)."""
+    (tmp_path / "counter.py").write_text(COUNTER)
+    count = tmp_path / "count"
+    job = launch.RunJob(RunPlan("c", 0, tmp_path / "run", ((sys.executable, str(tmp_path / "counter.py"), str(count)),)),
+                        tmp_path / "logs", threads=1)
+    ray_launcher = launch.RayLauncher(tmp_path)
+    job_id = ray_launcher.submit(job, Resources(cpus=1, mem_gb=0.5))
+    wait_for(lambda: count.exists() and int(count.read_text() or 0) >= 5, 120)
+    first = next(l for l in job.log.read_text().splitlines() if l.startswith("# job"))
+    os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
+    wait_for(lambda: ray_launcher.states([job_id])[job_id] == launch.ENDED, 120)
+    log = job.log.read_text()
+    resumed = [int(l.split()[-1]) for l in log.splitlines() if l.startswith("resumed from")]
+    assert log.count("# job on") == 2 and resumed[0] == 0 and resumed[1] >= 5 and int(count.read_text()) == 40
