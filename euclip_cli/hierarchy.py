@@ -79,6 +79,13 @@ def world_tree() -> Tree:
     return Tree(parent)
 
 
+def world_guessing() -> dict[str, float]:
+    """Uniform guessing among the world's shapes, scored in its tree (every shape equally often true)."""
+    from euclip_cli.data.world import SHAPES
+
+    return chance(SHAPES, SHAPES, world_tree())
+
+
 def world_hierarchy_tasks() -> list[str]:
     """The world's classification tasks whose classes are the tree's leaves (labels index ``world.SHAPES``)."""
     from euclip_cli.data.world_tasks import SHAPE_CLASSES, WORLD_TASKS

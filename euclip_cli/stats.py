@@ -160,8 +160,12 @@ def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[flo
 
 
 def claim_digits(metric: str) -> int:
-    """Decimals an effect on ``metric`` is shown with: points of accuracy 1, β 2, probabilities and curvature 3."""
-    return 3 if metric in ("text_nearer_root", "curvature_fall") else 2 if metric == "temperature_final" else 1
+    """Decimals an effect on ``metric`` is shown with: points of accuracy 1, β and tree edges 2,
+    probabilities, AUCs and curvature 3."""
+    if metric in ("text_nearer_root", "curvature_fall", "shapes_jaccard", "shapes_h_precision",
+                  "family_similarity_auc", "family_cone_auc"):
+        return 3
+    return 2 if metric in ("temperature_final", "shapes_tie") else 1
 
 
 def paper_cell(effect: Optional[float], source: str) -> str:

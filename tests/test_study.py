@@ -443,43 +443,6 @@ def test_a_configuration_naming_an_unknown_published_row_is_refused(tmp_path):
         load_study(str(path))
 
 
-@pytest.mark.slow
-def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside_its_runs(tmp_path, world):
-    noisy = tmp_path / "world-mismatch-40"
-    overrides = ["data.batch_size=32", "optim.samples=64", "optim.warmup_steps=1", "train.precision=fp32",
-                 "train.tensorboard=false", "data.shuffle_buffer=100", "train.log_every=1",
-                 "geometry.logit_scale_max=100"]
-    path = tmp_path / "study-temp.toml"
-    path.write_text(f'[study]\nseeds = 1\ntasks = "world/shapes"\nbaseline = "sphere"\n'
-                    f'overrides = {json.dumps(overrides)}\n'
-                    f'[configs.sphere]\nrecipe = "tiny-clip"\npaper = "sphere-init1"\n'
-                    f'overrides = ["data.train_dir={world / "train"}", "geometry.logit_scale_init=0"]\n'
-                    f'[configs.frozen-noisy]\nrecipe = "tiny-product-sphere"\npaper = "ps-inner-frozen1"\n'
-                    f'overrides = ["data.train_dir={noisy / "train"}", "data.world_mismatch=0.4", '
-                    f'"data.world_samples=300", "data.world_eval_size=50", "geometry.logit_scale_init=0", "geometry.learn_logit_scale=false"]\n')
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world)])
-    assert result.exit_code == 0, result.output
-    unwrapped = result.output.replace("\n", "")  # rich folds long paths at 80 columns, inside words too
-    assert "generating the embedded world of frozen-noisy" in unwrapped and "world-mismatch-40" in unwrapped
-    assert "2 configurations x 1 seed = 2 runs; 0 already finished" in unwrapped
-    manifest = json.loads((noisy / "manifest.json").read_text())
-    assert manifest["mismatch"] == 0.4 and manifest["samples"] == 300 and manifest["eval_size"] == 50
-    rows = {(r["config"], r["metric"]): r for r in csv.DictReader((out / "study.csv").open())}
-    assert float(rows[("frozen-noisy", "temperature_final")]["mean"]) == 1.0  # frozen at beta = 1
-    assert float(rows[("frozen-noisy", "temperature_converged_step")]["mean"]) == 1.0  # never moved
-    records = [json.loads(l) for l in (out / "runs" / "sphere-seed0" / "metrics.jsonl").read_text().splitlines()]
-    assert float(rows[("sphere", "temperature_final")]["mean"]) == pytest.approx(records[-1]["logit_scale"])
-    text = (out / "study.md").read_text()
-    assert "## Temperature" in text and "Table 7 sphere-init1" in text and "Table 7 ps-inner-frozen1" in text
-    assert "| 1.000 → 1.000 | detach | 21.20 | 30.3 / 18.48 |" in text  # the published frozen PS row
-    assert "| frozen-noisy | 1.00 | frozen |" in text and "| frozen |" not in text.split("| sphere |")[1].split("\n")[0]
-    report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
-                                 "--out", str(tmp_path / "tables")])
-    assert report.exit_code == 0, report.output
-    assert "β final" in report.output and "Table 7 ps-inner-frozen1: 21.20, final temperature as printed 1.000" in report.output
-
-
 def test_a_study_varied_from_the_command_line_keeps_the_configurations_asked_for(tmp_path):
     study = load_study("study-geometries", overrides=["optim.samples=131072"], only=["clip", "euclip"])
     assert list(study.configs) == ["clip", "euclip"]
@@ -600,3 +563,45 @@ def test_the_last_record_read_from_a_files_end_is_the_last_a_full_read_finds(tmp
         path.write_text(text)
         expected = (read_jsonl(path) or [None])[-1]
         assert all(last_jsonl(path, block) == expected for block in (1, 7, 64, 1 << 16))
+
+
+def test_every_claims_metric_is_one_a_runs_values_can_hold():
+    """A claim on a metric no run reports would stay inconclusive for ever, silently."""
+    from euclip_cli.evaluate.tasks import TASKS
+    from euclip_cli.study.runner import RUN_MEASURES
+    from euclip_cli.study.tables import GROUP_METRICS
+
+    for claim in load_claims():
+        metric = claim.metric if claim.kind == "compare" else claim.measure
+        assert metric in (*GROUP_METRICS, *TASKS, *RUN_MEASURES, "curvature_fall"), (claim.id, metric)
+
+
+def test_a_hierarchy_claim_is_the_paired_difference_of_the_runs_tree_errors():
+    """Lower is better for the tree-induced error: the claim's ``higher`` is the control (no entailment)."""
+    claim = next(c for c in load_claims() if c.id == "entailment-nearer-mistakes-euclidean")
+    by_config = {"euclidean-d2-l0": {0: {"shapes_tie": 2.5}, 1: {"shapes_tie": 2.0}, 2: {"shapes_tie": 2.2}},
+                 "euclip": {0: {"shapes_tie": 2.1}, 1: {"shapes_tie": 1.9}, 2: {"shapes_tie": 1.7}}}
+    per_seed, _ = V.claim_values(claim, by_config)
+    assert per_seed == pytest.approx({0: 0.4, 1: 0.1, 2: 0.5})
+    study = load_study("study-geometries")
+    row = next(r for r in V.evaluate_claims(study, [claim], by_config, "small") if r["claim"] == claim.id)
+    assert row["effect"] == pytest.approx(1 / 3) and row["paper_effect"] is None and row["family_size"] == 1
+    assert row["verdict"] == stats.verdict(stats.estimate([0.4, 0.1, 0.5], "t"), +1)
+
+
+def test_the_hierarchy_figure_draws_every_configuration_beside_guessing_and_chance():
+    from euclip_cli.report.figures import hierarchy_canvas
+
+    configs = ["clip", "meru", "euclip"]
+    rows = [{"config": c, "metric": m, "mean": v + i / 10, "ci_low": v, "ci_high": v + 0.3}
+            for i, c in enumerate(configs) for m, v in (("shapes_tie", 2.0), ("family_cone_auc", 0.6))
+            if not (c == "clip" and m == "family_cone_auc")]  # CLIP has no cone
+    fig = hierarchy_canvas(rows, configs, 3.17)
+    tree, auc = fig.axes
+    (tie,) = [c for c in tree.containers]
+    assert list(tie.lines[0].get_xdata()) == pytest.approx([2.0, 2.1, 2.2])
+    (cone,) = [c for c in auc.containers]
+    assert list(cone.lines[0].get_xdata()) == pytest.approx([0.7, 0.8]) and len(cone.lines[0].get_ydata()) == 2
+    assert [l.get_xdata()[0] for l in tree.lines if l.get_linestyle() == "--"] == [3.17]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["ROC AUC, cone", "chance",
+                                                                         "tree-induced error", "uniform guessing"]

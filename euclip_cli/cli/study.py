@@ -63,7 +63,8 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     """
     from euclip_cli.errors import UsageError
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
-    from euclip_cli.report.figures import study_figure, temperature_figure
+    from euclip_cli.hierarchy import world_guessing
+    from euclip_cli.report.figures import hierarchy_figure, study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR
     from euclip_cli.study import launch
     from euclip_cli.study.runner import plan, publish as publish_tables, run_study
@@ -98,6 +99,9 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
                                 {**SUITE_COLUMNS["world"]}, folder / "study")
         if summary["temperature"]["panels"]:
             written += temperature_figure(summary["temperature"], folder / "study_temperature")
+        if any(r["metric"] == "shapes_tie" for r in summary["rows"]):
+            written += hierarchy_figure(summary["rows"], list(spec.configs), world_guessing()["tie"],
+                                        folder / "study_hierarchy")
         if publish is not None:
             command = " ".join(["euclip study --recipe", recipe, *([f"--seeds {seeds}"] if seeds else []),
                                 *([f"--configs {configs}"] if configs else []), *(overrides or [])])

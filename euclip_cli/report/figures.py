@@ -113,6 +113,41 @@ def study_canvas(rows: list[dict], configs: list[str], baseline: str, columns: d
     return fig
 
 
+def hierarchy_figure(rows: list[dict], configs: list[str], guessing: float, stem: Path) -> list[Path]:
+    """Each configuration's Shapes tree-induced error (left, with uniform guessing's) and its family
+    captions' ROC AUC by similarity and by cone (right, 0.5 is chance): means with 95% intervals over
+    seeds; ``rows`` are study.csv's."""
+    return _save(hierarchy_canvas(rows, configs, guessing), stem)
+
+
+def hierarchy_canvas(rows: list[dict], configs: list[str], guessing: float):
+    """``hierarchy_figure``'s matplotlib figure, unsaved."""
+    by = {(r["config"], r["metric"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(configs) + 1.9), sharey=True, layout="constrained")
+    ys = list(range(len(configs)))[::-1]
+    panels = ((axes[0], (("shapes_tie", "tree-induced error", "tab:purple", 0.0),)),
+              (axes[1], (("family_similarity_auc", "ROC AUC, similarity", "tab:blue", 0.12),
+                         ("family_cone_auc", "ROC AUC, cone", "tab:red", -0.12))))
+    for ax, metrics in panels:
+        for metric, label, colour, shift in metrics:
+            points = [(y + shift, by[(c, metric)]) for y, c in zip(ys, configs) if (c, metric) in by]
+            if not points:
+                continue
+            centre = [r["mean"] for _, r in points]
+            err = [[r["mean"] - (r["ci_low"] if r.get("ci_low") is not None else r["mean"]) for _, r in points],
+                   [(r["ci_high"] if r.get("ci_high") is not None else r["mean"]) - r["mean"] for _, r in points]]
+            ax.errorbar(centre, [y for y, _ in points], xerr=err, fmt="o", color=colour, capsize=3, label=label)
+    axes[0].axvline(guessing, color="grey", lw=0.8, ls="--", label="uniform guessing")
+    axes[1].axvline(0.5, color="grey", lw=0.8, ls=":", label="chance")
+    axes[0].set_yticks(ys, configs)
+    axes[0].set_xlabel("Shapes mistakes: edges to the true shape (lower is nearer)")
+    axes[1].set_xlabel("family captions against Shapes images (ROC AUC)")
+    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
+    labels = [l for ax in axes for l in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc="outside upper center", ncol=5, fontsize=8, frameon=False)
+    return fig
+
+
 def temperature_figure(temperature: dict, stem: Path) -> list[Path]:
     """Sun and Li's Figure 3 for a study: the learned temperature over training, one panel per
     geometry, one line per configuration (the mean over seeds at each logged step, shaded from

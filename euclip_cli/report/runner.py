@@ -46,6 +46,9 @@ def _study_sections(folder: Path, fmt: str) -> list[tuple[str, str, list]]:
     curves = folder / "study_temperature.png"
     learned = ([(f"Study {folder.name}: the learned temperature over training (mean over seeds, "
                  f"lowest to highest seed shaded)", curves)] if curves.exists() else [])
+    tree = folder / "study_hierarchy.png"
+    learned += ([(f"Study {folder.name}: Shapes mistakes in the class tree and entailment as a score (means, 95% "
+                  f"intervals over seeds)", tree)] if tree.exists() else [])
     noise = noise_table(folder)
     shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
              (f"Study {folder.name}: the paper's claims", claims, figure)]

@@ -98,10 +98,9 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
     what uniform guessing scores; nothing where the study's runs have no hierarchy analysis."""
     if not any(metric == "shapes_tie" for _, metric in rows):
         return []
-    from euclip_cli.data.world import SHAPES
-    from euclip_cli.hierarchy import chance, world_tree
+    from euclip_cli.hierarchy import world_guessing
 
-    guess = chance(SHAPES, SHAPES, world_tree())
+    guess = world_guessing()
     lines = ["", "## Hierarchy", "",
              "HyCoCLIP's hierarchical metrics of the Shapes predictions in the world generator's class tree "
              "(12 shapes, 3 families, one root), mean ± sd over seeds: the tree-induced error (edges between "
