@@ -1,10 +1,8 @@
-"""Studies: statistics against hand computations, the claims file against the study recipes, and a
-micro study through the CLI that resumes without retraining what it finished."""
+"""Studies: statistics against hand computations, the claims file against the study recipes, the
+figures, and the study's own checks (the micro study through the CLI: tests/test_micro_study.py)."""
 
-import csv
 import json
 import math
-import re
 import statistics
 
 import pytest
@@ -298,96 +296,6 @@ def test_a_bad_study_recipe_lists_every_problem(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     for text in ("seeds must be a positive integer", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr"):
         assert text in result.output
-
-
-# ---------------------------------------------------------------- a micro study, end to end
-
-def micro_study(tmp_path, world):
-    path = tmp_path / "study-micro.toml"
-    overrides = [f"data.train_dir={world / 'train'}", "data.batch_size=32", "optim.samples=64",
-                 "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=100"]
-    path.write_text(f'[study]\nseeds = 2\ntasks = "world/shapes,world/colour"\nbaseline = "clip"\n'
-                    f'overrides = {json.dumps(overrides)}\n[configs.clip]\nrecipe = "tiny-clip"\n'
-                    f'[configs.euclip]\nrecipe = "tiny-euclip"\n'
-                    f'[configs.euclidean-d2-l0]\nrecipe = "tiny-euclip"\noverrides = ["loss.entail_weight=0"]\n')
-    return path
-
-
-@pytest.mark.slow
-def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path, world, monkeypatch):
-    path, out = micro_study(tmp_path, world), tmp_path / "out"
-    real, executed = R.execute, []
-
-    def interrupted_after_two(p, threads, log_dir):
-        if len(executed) == 2:
-            raise KeyboardInterrupt  # Ctrl-C while the third run starts
-        executed.append(p.name)
-        return real(p, threads, log_dir)
-
-    monkeypatch.setattr(R, "execute", interrupted_after_two)
-    # Two jobs, as `make study` runs: the third run is interrupted while the second may still run.
-    args = ["study", "--recipe", str(path), "--out", str(out), "--world", str(world), "--jobs", "2"]
-    first = runner.invoke(app, args)
-    assert first.exit_code == 1 and sorted(executed) == ["clip-seed0", "euclip-seed0"]
-    assert re.search(r"\[1/6\] (clip|euclip)-seed0 done", first.output) and "left" in first.output
-
-    monkeypatch.setattr(R, "execute", lambda p, t, d: (executed.append(p.name), real(p, t, d))[1])
-    second = runner.invoke(app, args)
-    assert second.exit_code == 0, second.output
-    # The finished runs were not trained again.
-    assert sorted(executed[2:]) == ["clip-seed1", "euclidean-d2-l0-seed0", "euclidean-d2-l0-seed1", "euclip-seed1"]
-    assert "2 already finished" in second.output
-
-    rows = list(csv.DictReader((out / "study.csv").open()))
-    main = {r["config"]: r for r in rows if r["metric"] == "main"}
-    assert main["clip"]["n_seeds"] == "2" and float(main["clip"]["ci_low"]) <= float(main["clip"]["mean"])
-    assert main["euclip"]["diff_mean"] != "" and "diff_mean" not in {k for k, v in main["clip"].items() if v}
-    claims = list(csv.DictReader((out / "claims.csv").open()))
-    # Only the claims whose configurations the study has, read against Table 8 (64 samples: the small scale).
-    assert [c["claim"] for c in claims] == ["euclip-beats-clip", "entailment-helps-euclidean", "euclip-text-nearer-root"]
-    assert all(c["verdict"] in stats.VERDICTS for c in claims) and claims[0]["read_against"] == "Table 8 (small)"
-    assert float(claims[0]["family_level"]) == pytest.approx(1 - 0.05 / 3)
-
-    def auc(run, state=""):
-        return json.loads((out / "runs" / run / "analysis" / f"distances{state}.json").read_text())["auc_text_closer"]
-
-    # Credited: the change training made in EuCLIP minus the change it made in its lambda = 0 control.
-    changes = [(auc(f"euclip-seed{s}") - auc(f"euclip-seed{s}", "_init"))
-               - (auc(f"euclidean-d2-l0-seed{s}") - auc(f"euclidean-d2-l0-seed{s}", "_init")) for s in (0, 1)]
-    assert float(claims[2]["effect"]) == pytest.approx(statistics.fmean(changes))
-    # The effect is the paired difference of the runs' own Shapes accuracies.
-    shapes = {}
-    for run in (out / "runs").iterdir():
-        line = next(json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines() if '"world/shapes"' in l)
-        shapes[run.name] = 100 * line["metrics"]["acc1"]
-    by_hand = statistics.fmean(shapes[f"euclip-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
-    assert "## Regime" in (out / "study.md").read_text() and (out / "regime.json").exists()
-    assert float(claims[0]["effect"]) == pytest.approx(by_hand)
-    # The noise floor: the paired differences' sd and the sampling error of the runs' own scores.
-    noise = {r["metric"]: r for r in csv.DictReader((out / "noise.csv").open())}
-    paired = [statistics.stdev(shapes[f"{c}-seed{s}"] - shapes[f"clip-seed{s}"] for s in (0, 1))
-              for c in ("euclip", "euclidean-d2-l0")]
-    assert "world/shapes" not in noise  # Shapes is the main group's only task: one row, the group's
-    assert float(noise["main"]["paired_sd_median"]) == pytest.approx(statistics.median(paired))
-    size = json.loads((world / "manifest.json").read_text())["eval_size"]
-    sampling = statistics.median(100 * math.sqrt(a / 100 * (1 - a / 100) / size) for a in shapes.values())
-    assert float(noise["main"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
-    assert "world/colour" in noise  # one attribute task of several: a row of its own
-    assert "average" not in noise  # two of the ten tasks: no average, and no error of one
-    assert "## Noise floor" in (out / "study.md").read_text()
-    assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()
-    assert (out / "study_temperature.png").exists()  # the learned temperature over training, one panel per geometry
-    report = runner.invoke(app, ["report", "--studies-dir", str(tmp_path), "--runs-dir", str(tmp_path / "none"),
-                                 "--out", str(tmp_path / "tables")])
-    assert report.exit_code == 0, report.output
-    assert "Study out: the paper's claims" in report.output and "EuCLIP matches or beats CLIP" in report.output
-    assert "Study out: the noise floor (points)" in report.output
-    page = runner.invoke(app, ["report", "--format", "html", "--studies-dir", str(tmp_path), "--runs-dir",
-                               str(tmp_path / "none"), "--out", str(tmp_path / "tables")])
-    assert page.exit_code == 0, page.output
-    html = (tmp_path / "tables" / "report.html").read_text()
-    assert html.index("Study out") < html.index("Published numbers without") and "means and paired differences" in html
-    assert "Study out: the learned temperature over training" in html
 
 
 def test_the_study_figures_legend_hides_no_configuration():

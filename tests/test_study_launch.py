@@ -242,3 +242,11 @@ def test_the_committed_table4_plan_is_what_the_command_prints():
     result = runner.invoke(app, ["study", "--recipe", "study-table4", "--plan"], terminal_width=200)
     assert result.exit_code == 0 and result.output.splitlines() == committed[1:], result.output
     assert "1,518.0 GPU hours" in committed[-2]  # the figure docs/study.md states
+
+
+def test_a_slurm_launch_without_slurm_is_refused_before_anything_is_generated(tmp_path, world, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(tmp_path / "o"),
+                                 "--launcher", "slurm"])
+    assert result.exit_code == 2 and "sbatch and srun not found on PATH" in result.output, result.output
+    assert not (tmp_path / "o" / "jobs.json").exists() and not (tmp_path / "o" / "runs").exists()

@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -115,6 +116,13 @@ class SubmititLauncher:
         self.out, self.cluster = out, cluster
         self._jobs: dict[str, object] = {}  # job id -> submitit's Job, for the jobs this process submitted
 
+    def check(self) -> None:
+        """Refuse, before anything is generated or submitted, a SLURM launch where SLURM is absent."""
+        missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None] if self.cluster == "slurm" else []
+        if missing:
+            raise UsageError(f"--launcher slurm: {' and '.join(missing)} not found on PATH (no SLURM here): run "
+                             f"from a cluster's login node, or try the jobs here with --launcher submitit-local")
+
     def submit(self, job: RunJob, res: Resources) -> str:
         import submitit
 
@@ -182,7 +190,10 @@ class RayLauncher:
     """
 
     def __init__(self, out: Path):
-        import ray
+        try:
+            import ray
+        except ImportError:
+            raise UsageError("--launcher ray: ray is not installed: pip install 'euclip[distributed]'") from None
 
         self.out = out
         self._ray = ray
@@ -190,6 +201,9 @@ class RayLauncher:
         if self._started:
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
         self._refs: dict[str, object] = {}
+
+    def check(self) -> None:
+        pass
 
     def submit(self, job: RunJob, res: Resources) -> str:
         remote = self._ray.remote(_ray_run).options(
@@ -290,6 +304,7 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
 
     launcher = launcher_for(launcher_name, out)
     try:
+        launcher.check()
         jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}
         by_id = launcher.states([job["job_id"] for job in jobs.values()])
         states = {run: by_id[job["job_id"]] for run, job in jobs.items()}
