@@ -9,7 +9,6 @@ import math
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -180,15 +179,21 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
     assert done.exit_code == 0 and "0 submitted now" in done.output and (out / "study.md").exists(), done.output
 
 
-@pytest.mark.slow
-def test_a_study_through_submitits_local_executor_is_summarised(tmp_path, world):
-    out = tmp_path / "out"
-    path = study_file(tmp_path, world)
-    path.write_text(path.read_text().replace('"optim.samples=640", ', ''))  # two steps each: the launcher is the test
+def quick_study(tmp_path: Path, world: Path, launcher: str) -> Path:
+    """``study_file``'s study with two training steps a run (the launcher is what is tested), through
+    ``launcher`` until it is summarised; returns the study folder."""
+    out, path = tmp_path / "out", study_file(tmp_path, world)
+    path.write_text(path.read_text().replace('"optim.samples=640", ', ''))
     result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world),
-                                 "--launcher", "submitit-local", "--poll", "0.5"])
+                                 "--launcher", launcher, "--poll", "0.5"])
     assert result.exit_code == 0 and "2 submitted now" in result.output, result.output
     assert (out / "study.md").exists() and set(json.loads((out / "jobs.json").read_text())) == {"clip-seed0", "euclip-seed0"}
+    return out
+
+
+@pytest.mark.slow
+def test_a_study_through_submitits_local_executor_is_summarised(tmp_path, world):
+    quick_study(tmp_path, world, "submitit-local")
 
 
 # A trainer's stand-in for RunJob's own mechanics: counts to 40, saves its count at each step, stops

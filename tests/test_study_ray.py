@@ -9,15 +9,12 @@ import signal
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
-from euclip_cli.cli import app
 from euclip_cli.study import launch
 from euclip_cli.study.runner import RunPlan
 from euclip_cli.study.spec import Resources
-from tests.test_study_launch import COUNTER, study_file, wait_for
+from tests.test_study_launch import COUNTER, quick_study, wait_for
 
-runner = CliRunner()
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray is not installed: pip install 'euclip[distributed]' (make install does)")
 
@@ -34,13 +31,8 @@ def cluster():
 
 @pytest.mark.slow
 def test_a_study_through_ray_runs_each_run_as_a_task_and_is_summarised(cluster, tmp_path, world):
-    out = tmp_path / "out"
-    path = study_file(tmp_path, world)
-    path.write_text(path.read_text().replace('"optim.samples=640", ', ''))  # two steps each: the launcher is the test
-    result = runner.invoke(app, ["study", "--recipe", str(path), "--out", str(out), "--world", str(world),
-                                 "--launcher", "ray", "--poll", "0.5"])
-    assert result.exit_code == 0 and "2 submitted now" in result.output, result.output
-    assert (out / "study.md").exists() and cluster.is_initialized()  # a cluster it did not start, it leaves
+    quick_study(tmp_path, world, "ray")
+    assert cluster.is_initialized()  # a cluster it did not start, it leaves
 
 
 def test_a_task_whose_worker_dies_is_retried_and_resumes_where_its_run_left_off(cluster, tmp_path):
