@@ -255,3 +255,27 @@ def test_a_slurm_launch_without_slurm_is_refused_before_anything_is_generated(tm
                                  "--launcher", "slurm"])
     assert result.exit_code == 2 and "sbatch and srun not found on PATH" in result.output, result.output
     assert not (tmp_path / "o" / "jobs.json").exists() and not (tmp_path / "o" / "runs").exists()
+
+
+def test_a_job_its_scheduler_never_reports_ends_rather_than_being_followed_for_ever(tmp_path, world, monkeypatch):
+    class Silent:
+        """A scheduler that takes jobs and never reports them (sacct without them)."""
+
+        def check(self):
+            pass
+
+        def submit(self, job, res):
+            return f"job-{job.plan.name}"
+
+        def states(self, job_ids):
+            return {j: launch.UNKNOWN for j in job_ids}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(launch, "launcher_for", lambda name, out: Silent())
+    monkeypatch.setattr(launch, "LOST_AFTER_S", 0.3)
+    result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(tmp_path / "o"),
+                                 "--launcher", "slurm", "--poll", "0.1"])
+    assert result.exit_code == 1 and "2 run(s) failed" in result.output, result.output
+    assert "clip-seed0: failed: no output (see the scheduler's log) (job job-clip-seed0" in result.output

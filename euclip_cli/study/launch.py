@@ -41,6 +41,8 @@ SUBMITIT_DIR = "submitit"
 # How long a requeued job waits for its predecessor's trainer to release the run (its last
 # checkpoint may still be written when the new job starts).
 LOCK_WAIT_S = 600
+# How long a submitted job may stay unknown to its scheduler before the study counts it as ended.
+LOST_AFTER_S = 600
 # How a job stands, whatever the launcher: what ``Launcher.state`` returns.
 QUEUED, RUNNING, REQUEUED, ENDED, UNKNOWN = "queued", "running", "requeued", "ended", "unknown"
 LIVE = (QUEUED, RUNNING, REQUEUED)
@@ -324,8 +326,16 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
         say(f"study {study.name} through {launcher_name}: {len(plans)} runs; {len(plans) - len(todo)} finished, "
             f"{len(todo) - len(submit)} queued or running from before, {len(submit)} submitted now")
         shown: dict[str, str] = {}
+        unknown_since: dict[str, float] = {}
         while True:
             by_id = launcher.states([job["job_id"] for job in jobs.values()])
+            for job_id, state in by_id.items():
+                # A job the scheduler never reports (sacct lags behind sbatch, but not for minutes) ends,
+                # so that following the study cannot wait for ever; a rerun resubmits its run.
+                if state != UNKNOWN:
+                    unknown_since.pop(job_id, None)
+                elif time.monotonic() - unknown_since.setdefault(job_id, time.monotonic()) > LOST_AFTER_S:
+                    by_id[job_id] = ENDED
             lines = [run_state(p, jobs.get(p.name), by_id[jobs[p.name]["job_id"]] if p.name in jobs else UNKNOWN,
                                out / "logs" / f"{p.name}.log") for p in plans]
             for state in lines:
