@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,29 +215,42 @@ while n < 40:
 """
 
 
-def test_a_job_warned_of_its_time_limit_stops_its_command_and_is_requeued_where_it_resumes(tmp_path):
-    """submitit's local executor, as SLURM would: the warning (SIGUSR2) reaches the job alone; the job
-    stops its running command (SIGTERM), requeues itself, and the requeued job resumes."""
-    import sys
-
-    import submitit
-
+def counter_job(tmp_path: Path) -> tuple[launch.RunJob, Path]:
+    """A job whose one command is the counter; returns it and the file the counter saves to."""
     from euclip_cli.study.runner import RunPlan
 
     (tmp_path / "counter.py").write_text(COUNTER)
     count = tmp_path / "count"
     command = (sys.executable, str(tmp_path / "counter.py"), str(count))
-    job = launch.RunJob(RunPlan("c", 0, tmp_path / "run", (command,)), tmp_path / "logs", threads=1)
+    return launch.RunJob(RunPlan("c", 0, tmp_path / "run", (command,)), tmp_path / "logs", threads=1), count
+
+
+def interrupt_first_job(job: launch.RunJob, count: Path, how: signal.Signals, seconds: float) -> None:
+    """Once the counter is past 5, ``how`` to the process of the job's first attempt (its log names it)."""
+    wait_for(lambda: count.exists() and int(count.read_text() or 0) >= 5, seconds)
+    first = next(l for l in job.log.read_text().splitlines() if l.startswith("# job"))
+    os.kill(int(first.split("(pid ")[1].split(")")[0]), how)
+
+
+def resumed_counts(job: launch.RunJob) -> list[int]:
+    """Where each attempt of the counter started."""
+    return [int(l.split()[-1]) for l in job.log.read_text().splitlines() if l.startswith("resumed from")]
+
+
+def test_a_job_warned_of_its_time_limit_stops_its_command_and_is_requeued_where_it_resumes(tmp_path):
+    """submitit's local executor, as SLURM would: the warning (SIGUSR2) reaches the job alone; the job
+    stops its running command (SIGTERM), requeues itself, and the requeued job resumes."""
+    import submitit
+
+    job, count = counter_job(tmp_path)
     executor = submitit.LocalExecutor(tmp_path / "submitit" / "%j", max_num_timeout=3)
     executor.update_parameters(timeout_min=2, signal_delay_s=30)
     submitted = executor.submit(job)
-    wait_for(lambda: count.exists() and int(count.read_text() or 0) >= 5, 60)
-    first = next(l for l in job.log.read_text().splitlines() if l.startswith("# job"))
-    os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGUSR2)
+    interrupt_first_job(job, count, signal.SIGUSR2, 60)
     assert submitted.result() == "run"  # the run folder's name
     log = job.log.read_text()
     assert log.count("# job on") == 2 and "stopped at" in log and int(count.read_text()) == 40
-    resumed = [int(l.split()[-1]) for l in log.splitlines() if l.startswith("resumed from")]
+    resumed = resumed_counts(job)
     assert resumed[0] == 0 and resumed[1] >= 5  # the second job went on from where the first stopped
 
 

@@ -4,16 +4,13 @@ study's runs as Ray tasks, and a task whose worker is lost retried where its run
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
-import sys
 
 import pytest
 
 from euclip_cli.study import launch
-from euclip_cli.study.runner import RunPlan
 from euclip_cli.study.spec import Resources
-from tests.test_study_launch import COUNTER, quick_study, wait_for
+from tests.test_study_launch import counter_job, interrupt_first_job, quick_study, resumed_counts, wait_for
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="ray is not installed: pip install 'euclip[distributed]' (make install does)")
@@ -39,16 +36,10 @@ def test_a_task_whose_worker_dies_is_retried_and_resumes_where_its_run_left_off(
     """A node lost mid-run, as far as the task knows: its worker process killed outright. Ray retries
     the task; the retried job resumes from what the run saved (the counter stands in for a trainer
     and its checkpoints)."""
-    (tmp_path / "counter.py").write_text(COUNTER)
-    count = tmp_path / "count"
-    job = launch.RunJob(RunPlan("c", 0, tmp_path / "run", ((sys.executable, str(tmp_path / "counter.py"), str(count)),)),
-                        tmp_path / "logs", threads=1)
+    job, count = counter_job(tmp_path)
     ray_launcher = launch.RayLauncher(tmp_path)
     job_id = ray_launcher.submit(job, Resources(cpus=1, mem_gb=0.5))
-    wait_for(lambda: count.exists() and int(count.read_text() or 0) >= 5, 120)
-    first = next(l for l in job.log.read_text().splitlines() if l.startswith("# job"))
-    os.kill(int(first.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
+    interrupt_first_job(job, count, signal.SIGKILL, 120)
     wait_for(lambda: ray_launcher.states([job_id])[job_id] == launch.ENDED, 120)
-    log = job.log.read_text()
-    resumed = [int(l.split()[-1]) for l in log.splitlines() if l.startswith("resumed from")]
+    log, resumed = job.log.read_text(), resumed_counts(job)
     assert log.count("# job on") == 2 and resumed[0] == 0 and resumed[1] >= 5 and int(count.read_text()) == 40

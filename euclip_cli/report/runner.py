@@ -39,22 +39,21 @@ def check_options(table: str, fmt: str, runs_dir: Path, out: Path) -> None:
 
 def _study_sections(folder: Path, fmt: str) -> list[tuple[str, str, list]]:
     """A study's (title, rendered table, its figures): results, claims (with the study's figure), the noise
-    floor where measured; the learned temperature's course closes the block."""
+    floor where measured; the learned temperature's course and the hierarchy's figure close the block."""
     results, claims = study_tables(folder)
     png = folder / "study.png"
     figure = [(f"Study {folder.name}: means and paired differences with 95% intervals", png)] if png.exists() else []
-    curves = folder / "study_temperature.png"
-    learned = ([(f"Study {folder.name}: the learned temperature over training (mean over seeds, "
-                 f"lowest to highest seed shaded)", curves)] if curves.exists() else [])
-    tree = folder / "study_hierarchy.png"
-    learned += ([(f"Study {folder.name}: Shapes mistakes in the class tree and entailment as a score (means, 95% "
-                  f"intervals over seeds)", tree)] if tree.exists() else [])
+    closing = [(title, path) for title, path in (
+        (f"Study {folder.name}: the learned temperature over training (mean over seeds, lowest to highest seed "
+         f"shaded)", folder / "study_temperature.png"),
+        (f"Study {folder.name}: Shapes mistakes in the class tree and entailment as a score (means, 95% intervals "
+         f"over seeds)", folder / "study_hierarchy.png")) if path.exists()]
     noise = noise_table(folder)
     shown = [(f"Study {folder.name}: zero-shot (%), mean ± sd over seeds", results, []),
              (f"Study {folder.name}: the paper's claims", claims, figure)]
     if noise is not None:
         shown.append((f"Study {folder.name}: the noise floor (points)", noise, []))
-    shown[-1][2].extend(learned)
+    shown[-1][2].extend(closing)
     return [(title, render(df, fmt), own) for title, df, own in shown]
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 from euclip_cli import config as C
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir, read_json, wait_until_free, write_text_atomic
-from euclip_cli.study.runner import Child, RunPlan, done_commands, execute, is_done, last_line
+from euclip_cli.study.runner import LOGS, Child, RunPlan, done_commands, execute, is_done, last_line, run_log
 from euclip_cli.study.spec import Resources, Study
 
 LAUNCHERS = ("local", "submitit-local", "slurm", "ray")
@@ -68,7 +68,7 @@ class RunJob:
 
     @property
     def log(self) -> Path:
-        return self.log_dir / f"{self.plan.name}.log"
+        return run_log(self.log_dir, self.plan)
 
     def __call__(self) -> str:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -173,9 +173,6 @@ class SubmititLauncher:
                 out[job_id] = ENDED if any((self.out / SUBMITIT_DIR / job_id).glob("*_result.pkl")) else UNKNOWN
         return out
 
-    def scheduler_log(self, job_id: str) -> Path:
-        return self.out / SUBMITIT_DIR / job_id / f"{job_id}_0_log.out"
-
     def close(self) -> None:
         pass
 
@@ -226,9 +223,6 @@ class RayLauncher:
                 out[job_id] = ENDED if self._ray.wait([ref], timeout=0)[0] else RUNNING
         return out
 
-    def scheduler_log(self, job_id: str) -> Optional[Path]:
-        return None
-
     def close(self) -> None:
         if self._started:
             self._ray.shutdown()
@@ -248,10 +242,12 @@ def read_jobs(out: Path) -> dict[str, dict]:
     return read_json(path) if path.exists() else {}
 
 
-def record_job(out: Path, run: str, launcher: str, job_id: str, log: Path) -> None:
+def record_job(out: Path, run: str, launcher: str, job_id: str, log: Path) -> dict:
+    """Add a submitted job to ``jobs.json``; returns its entry."""
     jobs = read_jobs(out)
     jobs[run] = {"launcher": launcher, "job_id": job_id, "log": str(log), "submitted": _now()}
     write_text_atomic(out / JOBS_FILE, json.dumps(jobs, indent=2) + "\n")
+    return jobs[run]
 
 
 @dataclass(frozen=True)
@@ -288,6 +284,12 @@ def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path) -> Run
     return RunState(p.name, job_state, progress, job_id, str(log))
 
 
+def run_states(out: Path, plans: list[RunPlan], jobs: dict[str, dict], by_id: dict[str, str]) -> list[RunState]:
+    """Every run's state, from ``jobs`` (``jobs.json``'s entries) and their jobs' states by id."""
+    return [run_state(p, jobs.get(p.name), by_id.get(jobs[p.name]["job_id"], UNKNOWN) if p.name in jobs else UNKNOWN,
+                      run_log(out / LOGS, p)) for p in plans]
+
+
 def _progress(p: RunPlan) -> str:
     last = RunDir(p.run_dir).last_training_record() if p.run_dir.exists() else None
     if last is None:
@@ -309,20 +311,15 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
         launcher.check()
         jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}
         by_id = launcher.states([job["job_id"] for job in jobs.values()])
-        states = {run: by_id[job["job_id"]] for run, job in jobs.items()}
         todo = [p for p in plans if not is_done(p)]
-        submit = [p for p in todo if states.get(p.name) not in LIVE]
+        submit = [p for p in todo if p.name not in jobs or by_id[jobs[p.name]["job_id"]] not in LIVE]
         if submit:
             prepare_worlds(study, say)
-        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / LOGS).mkdir(parents=True, exist_ok=True)
         for p in submit:
             res = study.configs[p.config].resources
-            threads = max(1, res.cpus // res.devices)
-            job = RunJob(p, out / "logs", threads)
-            job_id = launcher.submit(job, res)
-            record_job(out, p.name, launcher_name, job_id, job.log)
-            jobs[p.name] = read_jobs(out)[p.name]
-            states[p.name] = QUEUED
+            job = RunJob(p, out / LOGS, threads=max(1, res.cpus // res.devices))
+            jobs[p.name] = record_job(out, p.name, launcher_name, launcher.submit(job, res), job.log)
         say(f"study {study.name} through {launcher_name}: {len(plans)} runs; {len(plans) - len(todo)} finished, "
             f"{len(todo) - len(submit)} queued or running from before, {len(submit)} submitted now")
         shown: dict[str, str] = {}
@@ -336,8 +333,7 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
                     unknown_since.pop(job_id, None)
                 elif time.monotonic() - unknown_since.setdefault(job_id, time.monotonic()) > LOST_AFTER_S:
                     by_id[job_id] = ENDED
-            lines = [run_state(p, jobs.get(p.name), by_id[jobs[p.name]["job_id"]] if p.name in jobs else UNKNOWN,
-                               out / "logs" / f"{p.name}.log") for p in plans]
+            lines = run_states(out, plans, jobs, by_id)
             for state in lines:
                 if shown.get(state.run) != state.line():
                     say(state.line())
@@ -364,8 +360,7 @@ def status(out: Path, plans: list[RunPlan]) -> list[str]:
         ids = [job["job_id"] for job in jobs.values() if job["launcher"] == name]
         if ids:
             by_id.update(launcher_for(name, out).states(ids))
-    return [run_state(p, jobs.get(p.name), by_id.get(jobs[p.name]["job_id"], UNKNOWN) if p.name in jobs else UNKNOWN,
-                      out / "logs" / f"{p.name}.log").line() for p in plans]
+    return [state.line() for state in run_states(out, plans, jobs, by_id)]
 
 
 # ------------------------------------------------------------------ the cost, before anything is submitted

@@ -35,6 +35,8 @@ from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
 
 DONE = ".study-done"
+# Where each run's commands write their output: STUDY/logs/RUN.log (``run_log``).
+LOGS = "logs"
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = No
     only that); None on success, else the failing command's last line. ``child`` is told which
     process runs, and stops the plan before its next command once ``stopping``."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    log = log_dir / f"{p.name}.log"
+    log = run_log(log_dir, p)
     done = done_commands(p)
     child = child or Child()
     with log.open("a") as f:
@@ -150,6 +152,11 @@ def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = No
             done.append(list(command))
             write_text_atomic(p.run_dir / DONE, json.dumps(done))
     return None
+
+
+def run_log(log_dir: Path, p: RunPlan) -> Path:
+    """The file a plan's commands write their output to."""
+    return log_dir / f"{p.name}.log"
 
 
 def last_line(log: Path) -> str:
@@ -227,7 +234,7 @@ def check_configurations(plans: list[RunPlan], out: Path) -> None:
 def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], jobs: int, world: Optional[Path],
          say: Callable[[str], None]) -> dict:
     todo = [p for p in plans if not is_done(p)]
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / LOGS).mkdir(parents=True, exist_ok=True)
     if todo:
         prepare_worlds(study, say)
     say(f"study {study.name}: {_count(len(study.configs), 'configuration')} x {_count(len(study.seeds), 'seed')} = "
@@ -240,7 +247,7 @@ def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], job
         while queue or pending:
             while queue and len(pending) < jobs:
                 p = queue.pop(0)
-                pending[pool.submit(execute, p, threads, out / "logs")] = (p, time.time())
+                pending[pool.submit(execute, p, threads, out / LOGS)] = (p, time.time())
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 p, began = pending.pop(future)
