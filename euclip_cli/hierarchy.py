@@ -9,56 +9,90 @@ For a prediction p of an image whose class is t, with A(n) the set of n, its anc
   recall |A(p) & A(t)| / |A(t)|;
 
 each averaged over the images. Where euclip differs: HyCoCLIP reads ancestor sets from a file made from
-WordNet; here they come from the tree given, and each holds the node itself and the root (so that a
-prediction at the root has a defined precision, 1, and recall 1 / |A(t)|).
+WordNet; here they come from the hierarchy given, and each holds the node itself and the root (so that a
+prediction at the root has a defined precision, 1, and recall 1 / |A(t)|). WordNet is a graph, not a tree
+(a synset may have two hypernyms): A(n) is then every node above n, and the TIE the shortest path between
+p and t over the graph's edges in either direction, as HyCoCLIP computes it on ImageNet's is-a graph.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from statistics import mean
 
 
 @dataclass(frozen=True)
 class Tree:
-    """A rooted tree by each node's parent (the root has none)."""
+    """A rooted hierarchy by each node's parents (the root has none; a tree's nodes have one each)."""
 
-    parent: dict[str, str]
+    parents: dict[str, tuple[str, ...]]
+    # Ancestor sets and distances memoised per node: a task scores its classes' pairs many times over.
+    _up: dict = field(default_factory=dict, compare=False, repr=False)
+    _around: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_parent(cls, parent: dict[str, str]) -> "Tree":
+        """A tree by each node's one parent."""
+        return cls({node: (above,) for node, above in parent.items()})
 
     @property
     def root(self) -> str:
-        roots = set(self.parent.values()) - set(self.parent)
+        roots = {p for above in self.parents.values() for p in above} - set(self.parents)
         if len(roots) != 1:
-            raise ValueError(f"a tree has one root, not {sorted(roots)}")  # a bug in the caller's table
+            raise ValueError(f"a hierarchy has one root, not {sorted(roots)}")  # a bug in the caller's table
         return roots.pop()
 
     def ancestors(self, node: str) -> list[str]:
-        """``node``, its parent, ..., the root."""
-        chain = [node]
-        while chain[-1] in self.parent:
-            chain.append(self.parent[chain[-1]])
-        return chain
+        """``node`` and every node above it, nearest first (breadth first), the root last."""
+        if node not in self._up:
+            seen, queue = [node], deque([node])
+            while queue:
+                for above in self.parents.get(queue.popleft(), ()):
+                    if above not in seen:
+                        seen.append(above)
+                        queue.append(above)
+            self._up[node] = seen
+        return self._up[node]
 
     def distance(self, a: str, b: str) -> int:
-        """Edges between ``a`` and ``b``: each one's depth below their lowest common ancestor, added."""
-        up_a, up_b = self.ancestors(a), self.ancestors(b)
-        above_b = set(up_b)
-        common = next(n for n in up_a if n in above_b)
-        return up_a.index(common) + up_b.index(common)
+        """Edges on the shortest path between ``a`` and ``b``, each edge walked either way (in a tree: each
+        one's depth below their lowest common ancestor, added)."""
+        if a not in self._around:
+            self._around[a] = self._distances_from(a)
+        return self._around[a][b]
+
+    def _distances_from(self, start: str) -> dict[str, int]:
+        below: dict[str, list[str]] = {}
+        for node, above in self.parents.items():
+            for p in above:
+                below.setdefault(p, []).append(node)
+        hops, queue = {start: 0}, deque([start])
+        while queue:
+            node = queue.popleft()
+            for near in (*self.parents.get(node, ()), *below.get(node, ())):
+                if near not in hops:
+                    hops[near] = hops[node] + 1
+                    queue.append(near)
+        return hops
+
+
+def _row(p: str, t: str, tree: Tree) -> tuple[float, ...]:
+    a_p, a_t = set(tree.ancestors(p)), set(tree.ancestors(t))
+    shared = len(a_p & a_t)
+    return (tree.distance(p, t), len(a_p) - shared + 1, shared / len(a_p | a_t), shared / len(a_p),
+            shared / len(a_t), float(p == t))
+
+
+METRICS = ("tie", "lca_error", "jaccard", "h_precision", "h_recall", "accuracy")
 
 
 def hierarchical_metrics(predicted: list[str], true: list[str], tree: Tree) -> dict[str, float]:
     """``{tie, lca_error, jaccard, h_precision, h_recall, accuracy, n}`` averaged over the pairs."""
     if len(predicted) != len(true) or not true:
         raise ValueError("one prediction per true class, and at least one")
-    rows = []
-    for p, t in zip(predicted, true):
-        a_p, a_t = set(tree.ancestors(p)), set(tree.ancestors(t))
-        shared = len(a_p & a_t)
-        rows.append((tree.distance(p, t), len(a_p) - shared + 1, shared / len(a_p | a_t), shared / len(a_p),
-                     shared / len(a_t), float(p == t)))
-    names = ("tie", "lca_error", "jaccard", "h_precision", "h_recall", "accuracy")
-    return {name: mean(r[i] for r in rows) for i, name in enumerate(names)} | {"n": len(rows)}
+    rows = [_row(p, t, tree) for p, t in zip(predicted, true)]
+    return {name: mean(r[i] for r in rows) for i, name in enumerate(METRICS)} | {"n": len(rows)}
 
 
 WORLD_ROOT = "shape"  # the world's captions name the root so at their most generic ("a shape")
@@ -66,8 +100,14 @@ WORLD_ROOT = "shape"  # the world's captions name the root so at their most gene
 
 def chance(true: list[str], classes: list[str], tree: Tree) -> dict[str, float]:
     """The metrics of a classifier that guesses uniformly among ``classes``: every class predicted once for
-    each true class, averaged (what a model that learned nothing scores on the same images)."""
-    return hierarchical_metrics([p for _ in true for p in classes], [t for t in true for _ in classes], tree)
+    each true class, averaged (what a model that learned nothing scores on the same images). Each distinct
+    true class is scored once and weighted by how often it is true (ImageNet: 1,000 classes, 50,000 images)."""
+    if not true:
+        raise ValueError("at least one true class")
+    counts = Counter(true)
+    per_class = {t: [mean(col) for col in zip(*(_row(p, t, tree) for p in classes))] for t in counts}
+    return {name: sum(per_class[t][i] * n for t, n in counts.items()) / len(true) for i, name in enumerate(METRICS)
+            } | {"n": len(true) * len(classes)}
 
 
 def world_tree() -> Tree:
@@ -76,7 +116,7 @@ def world_tree() -> Tree:
 
     parent = {family: WORLD_ROOT for family in TAXONOMY}
     parent.update({shape: family for family, shapes in TAXONOMY.items() for shape in shapes})
-    return Tree(parent)
+    return Tree.from_parent(parent)
 
 
 def world_guessing() -> dict[str, float]:

@@ -284,6 +284,11 @@ class RunDir:
         """``euclip analyze hierarchy``'s result."""
         return self.analysis_dir / "hierarchy.json"
 
+    @property
+    def wordnet_hierarchy_file(self) -> Path:
+        """``euclip analyze hierarchy --tree wordnet``'s result (ImageNet's classes in WordNet)."""
+        return self.analysis_dir / "hierarchy_wordnet.json"
+
     def distances_file(self, split: str = "eval", at_init: bool = False) -> Path:
         """``euclip analyze distances``'s result (figures share its stem): of the trained model, or
         of the untrained one the run started from."""

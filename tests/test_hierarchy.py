@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import random
-from collections import deque
-
 import pytest
 
 from euclip_cli.hierarchy import Tree, chance, hierarchical_metrics, world_hierarchy_tasks, world_tree
 
 # r -> a -> a1, a2;  r -> b -> b1
-SMALL = Tree({"a": "r", "b": "r", "a1": "a", "a2": "a", "b1": "b"})
+SMALL = Tree.from_parent({"a": "r", "b": "r", "a1": "a", "a2": "a", "b1": "b"})
+# r -> a, b; x under both a and b (two parents, as WordNet allows); a -> a1; x -> x1
+GRAPH = Tree({"a": ("r",), "b": ("r",), "x": ("a", "b"), "a1": ("a",), "x1": ("x",)})
 
 
 @pytest.mark.parametrize("predicted, true, expected", [
@@ -34,34 +34,46 @@ def test_metrics_are_means_over_images():
     assert found["accuracy"] == pytest.approx(1 / 3) and found["n"] == 3
 
 
-def test_tree_distance_is_the_shortest_path_in_the_undirected_tree():
+def test_tree_distance_is_the_depths_below_the_lowest_common_ancestor():
     rng = random.Random(0)
     parent = {f"n{i}": f"n{rng.randrange(i)}" for i in range(1, 60)}  # a random tree rooted at n0
-    tree = Tree(parent)
-    neighbours: dict[str, set[str]] = {}
-    for child, up in parent.items():
-        neighbours.setdefault(child, set()).add(up)
-        neighbours.setdefault(up, set()).add(child)
+    tree = Tree.from_parent(parent)
 
-    def bfs(source):
-        seen, queue = {source: 0}, deque([source])
-        while queue:
-            node = queue.popleft()
-            for n in neighbours[node]:
-                if n not in seen:
-                    seen[n] = seen[node] + 1
-                    queue.append(n)
-        return seen
+    def chain(node):  # node, its parent, ..., n0
+        up = [node]
+        while up[-1] in parent:
+            up.append(parent[up[-1]])
+        return up
 
-    for source in rng.sample(sorted(neighbours), 10):
-        hops = bfs(source)
-        assert all(tree.distance(source, target) == d for target, d in hops.items())
+    nodes = ["n0", *parent]
+    for a in rng.sample(nodes, 10):
+        for b in nodes:
+            up_a, up_b = chain(a), chain(b)
+            lowest = next(n for n in up_a if n in up_b)
+            assert tree.distance(a, b) == up_a.index(lowest) + up_b.index(lowest)
+
+
+@pytest.mark.parametrize("predicted, true, expected", [
+    # A(x1) = {x1, x, a, b, r}: both of x's parents; A(a1) = {a1, a, r}
+    ("a1", "x1", (3, 2, 2 / 6, 2 / 3, 2 / 5)),  # x1 - x - a - a1: through the nearer of x's parents
+    ("b", "x1", (2, 1, 2 / 5, 1, 2 / 5)),  # the other parent's side: b is above x1
+    ("x1", "a1", (3, 4, 2 / 6, 2 / 5, 2 / 3)),
+])
+def test_a_node_with_two_parents_has_both_above_it(predicted, true, expected):
+    found = hierarchical_metrics([predicted], [true], GRAPH)
+    assert [found[k] for k in ("tie", "lca_error", "jaccard", "h_precision", "h_recall")] == pytest.approx(expected)
+    assert GRAPH.root == "r" and set(GRAPH.ancestors("x1")) == {"x1", "x", "a", "b", "r"}
 
 
 def test_guessing_scores_what_uniform_predictions_score():
     classes = ["a1", "a2", "b1"]
     found = chance(["a1"], classes, SMALL)
     assert found["tie"] == pytest.approx((0 + 2 + 4) / 3) and found["accuracy"] == pytest.approx(1 / 3)
+    # Several images, a class true more often than another: every (guess, image) pair scored once.
+    true = ["a1", "b1", "a1", "a2"]
+    pairs = hierarchical_metrics([p for _ in true for p in classes], [t for t in true for _ in classes], SMALL)
+    found = chance(true, classes, SMALL)
+    assert {k: found[k] for k in pairs} == pytest.approx(pairs)
 
 
 def test_the_worlds_tree_is_its_generators_families_and_shapes():
@@ -69,9 +81,9 @@ def test_the_worlds_tree_is_its_generators_families_and_shapes():
     from euclip_cli.data.world_tasks import WORLD_TASKS
 
     tree = world_tree()
-    leaves = set(tree.parent) - set(tree.parent.values())
-    assert leaves == set(SHAPES) and all(tree.parent[s] == FAMILY_OF[s] for s in SHAPES)
-    assert {tree.parent[f] for f in FAMILY_OF.values()} == {tree.root}
+    leaves = set(tree.parents) - {p for above in tree.parents.values() for p in above}
+    assert leaves == set(SHAPES) and all(tree.parents[s] == (FAMILY_OF[s],) for s in SHAPES)
+    assert {tree.parents[f] for f in FAMILY_OF.values()} == {(tree.root,)}
     # The tasks scored on it are those whose classes are the shapes, in the order their labels index.
     shape_tasks = [f"world/{t.name}" for t in WORLD_TASKS if t.classes and t.classes[0].endswith(SHAPES[0])]
     assert world_hierarchy_tasks() == shape_tasks and len(shape_tasks) == 4

@@ -75,7 +75,8 @@ def test_no_module_imports_from_a_higher_layer():
 CORE_FLOORS = (
     ("foundations", ("errors", "stats", "published", "data", "data.world", "geometry.facts", "geometry.sphere",
                      "geometry.euclidean", "geometry.lorentz")),
-    ("facilities", ("device", "rundir", "hierarchy", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks")),
+    ("facilities", ("device", "rundir", "hierarchy", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks",
+                    "data.wordnet")),
     ("geometries", ("geometry", "geometry.registry")),
     ("config", ("config",)),
     ("parts", ("loss", "optim", "data.feed", "data.openclip_pipeline", "data.webshards", "data.world_files")),

@@ -265,3 +265,83 @@ def datacomp_metadata(host_url: str, files: int, rows: int, failures: dict[int, 
 def centroids(dim: int = 16, k: int = 8) -> np.ndarray:
     """(k, dim) well-separated unit vectors (scaled basis vectors), so nearest-centroid answers are exact."""
     return np.eye(k, dim, dtype=np.float32)
+
+
+def write_wordnet(folder, parents: dict[str, tuple[str, ...]], lemmas: dict[str, str]) -> None:
+    """A WordNet in Princeton's database format (what nltk's reader reads), holding only the noun synsets
+    named: each ``n<offset>`` line written at its own byte offset of ``data.noun`` (the offset is the
+    synset's id, as in the real file; the gaps are header lines, which start with two spaces), its
+    hypernyms as ``@`` pointers; ``index.noun`` lists each lemma's synset. The other parts of speech are
+    empty files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # One lexicographer file for every synset: nltk checks the numbering, not which file a synset is from.
+    (folder / "lexnames").write_text("00\tadj.all\t3\n01\tadj.pert\t3\n02\tadv.all\t4\n03\tnoun.Tops\t1\n")
+    data = bytearray()
+    for wnid in sorted(lemmas, key=lambda w: int(w[1:])):
+        offset = int(wnid[1:])
+        gap = offset - len(data)
+        if gap < 3:
+            raise ValueError(f"{wnid} leaves no room for the line before it")  # the test's own table
+        data += b"  " + b" " * (gap - 3) + b"\n"
+        up = parents.get(wnid, ())
+        pointers = "".join(f" @ {int(p[1:]):08d} n 0000" for p in up)
+        data += f"{offset:08d} 03 n 01 {lemmas[wnid]} 0 {len(up):03d}{pointers} | a stand-in synset  \n".encode()
+    (folder / "data.noun").write_bytes(bytes(data))
+    index = sorted(f"{lemmas[w]} n 1 1 @ 1 0 {int(w[1:]):08d}  " for w in lemmas)
+    (folder / "index.noun").write_text("\n".join(index) + "\n")
+    for name in ("data.adj", "data.adv", "data.verb", "index.adj", "index.adv", "index.verb", "adj.exc", "adv.exc",
+                 "noun.exc", "verb.exc", "index.sense", "cntlist.rev"):
+        (folder / name).write_text("")
+
+
+def nltk_package(folder, package: str) -> bytes:
+    """``folder``'s files zipped as nltk's server holds a package: one top-level folder named by its id."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(folder.iterdir()):
+            z.write(path, f"{package}/{path.name}")
+    return buffer.getvalue()
+
+
+class FakeNltkData(_Server):
+    """nltk's data server: ``/index.xml`` listing each package (id, url, sizes, md5 and sha256), and the
+    packages' zip files; ``corrupt`` names packages served with their last byte changed (the index keeps
+    the true checksum)."""
+
+    def __init__(self, packages: dict[str, tuple[bytes, int]]):
+        self.packages, self.corrupt, self.requests = packages, set(), []
+        data = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.strip("/")
+                data.requests.append(name)
+                if name == "index.xml":
+                    body = data.index().encode()
+                elif name.endswith(".zip") and name[:-4] in data.packages:
+                    body = data.packages[name[:-4]][0]
+                    if name[:-4] in data.corrupt:
+                        body = body[:-1] + bytes([body[-1] ^ 1])
+                else:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.start(Handler)
+
+    def index(self) -> str:
+        rows = [f'<package id="{pid}" name="{pid}" subdir="corpora" unzip="0" url="{self.url}/{pid}.zip" '
+                f'size="{len(body)}" unzipped_size="{unzipped}" checksum="{hashlib.md5(body).hexdigest()}" '
+                f'sha256_checksum="{hashlib.sha256(body).hexdigest()}" />'
+                for pid, (body, unzipped) in self.packages.items()]
+        return f"<?xml version='1.0'?>\n<nltk_data><packages>{''.join(rows)}</packages><collections /></nltk_data>\n"

@@ -246,7 +246,7 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
                   "text-text": entailment_study(emb.geometry, emb.curv, families, shapes, of_shape, radius)}
     result = {"geometry": emb.geometry.name, "logit": emb.geometry.logit,
               "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
-                       "parent": tree.parent},
+                       "parents": tree.parents},
               "tasks": tasks, "chance": guessing,
               "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named, **entailment}}
     return Analysis(result, write_result(run_dir, RunDir(run_dir).hierarchy_file.stem, result), run_dir)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from euclip_cli.analysis.protocol import protocol as pick_protocol
-from euclip_cli.cli.common import RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors
+from euclip_cli.cli.common import RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors, fail
 from euclip_cli.errors import UsageError
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
@@ -236,26 +236,47 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}")
 
 
+TREES = ("world", "wordnet")
+
+
 @app.command()
 def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
+              tree: str = typer.Option("world", help="world: the embedded world's class tree; wordnet: ImageNet's "
+                                                     "classes in WordNet (euclip download wordnet)."),
               world: Optional[Path] = WORLD_OPTION,
+              eval_root: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                       help="--tree wordnet: the ImageNet evaluation sets "
+                                                            "(default: the run's eval.root)."),
+              wordnet: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                     help="--tree wordnet: nltk_data folder holding WordNet "
+                                                          "(default: data/nltk_data)."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = RUNS_DIR_OPTION) -> None:
-    """How the run keeps the world's class tree: HyCoCLIP's tree-induced error, LCA error, Jaccard
-    similarity and hierarchical precision and recall of its zero-shot mistakes, in its own geometry; and
-    entailment as a score (ROC AUC, average precision) of family captions over images and shape captions.
+    """How the run keeps a class hierarchy: HyCoCLIP's tree-induced error, LCA error, Jaccard similarity
+    and hierarchical precision and recall of its zero-shot mistakes, in its own geometry. On the world's
+    tree (the default) also entailment as a score (ROC AUC, average precision) of family captions over
+    images and shape captions; with --tree wordnet, on ImageNet's classes in WordNet 3.0.
 
-    Example: euclip analyze hierarchy tiny-meru
+    Examples:
+      euclip analyze hierarchy tiny-meru
+      euclip analyze hierarchy medium-meru --tree wordnet
     """
     from rich.table import Table
 
     from euclip_cli.analysis import runner
 
+    if tree not in TREES:
+        fail(f"unknown --tree '{tree}': choose one of {', '.join(TREES)}", 2)
     with errors():
-        found = runner.hierarchy(run, device, world, runs_dir, _status)
-    result = found.result
-    table = Table(title=f"{found.run_dir.name} ({result['geometry']}, {result['logit']}): its mistakes in the "
-                        f"world's class tree")
+        if tree == "wordnet":
+            from euclip_cli.evaluate.hierarchy import wordnet_hierarchy
+
+            result, path, run_dir = wordnet_hierarchy(run, device, eval_root, wordnet, runs_dir, _status)
+        else:
+            found = runner.hierarchy(run, device, world, runs_dir, _status)
+            result, path, run_dir = found.result, found.path, found.run_dir
+    where = "WordNet's hierarchy of ImageNet's classes" if tree == "wordnet" else "the world's class tree"
+    table = Table(title=f"{run_dir.name} ({result['geometry']}, {result['logit']}): its mistakes in {where}")
     columns = ("accuracy", "tie", "lca_error", "jaccard", "h_precision", "h_recall")
     table.add_column("task", no_wrap=True)
     for column in columns:
@@ -263,6 +284,10 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
     for key, row in result["tasks"].items():
         table.add_row(key, *(f"{row[c]:.3f}" for c in columns))
         table.add_row("  guessing", *(f"{result['chance'][key][c]:.3f}" for c in columns), style="dim")
+    console.print(table)
+    if tree == "wordnet":
+        console.print(f"written: {path}")
+        return
     console.print(table)
     scored = Table(title="family captions against the Shapes images and the shape captions: is the pair related?")
     for column in ("pairs", "score", "ROC AUC", "average precision", "related / all"):
@@ -272,4 +297,4 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
             scored.add_row(pairs, score, f"{row['roc_auc']:.3f}", f"{row['average_precision']:.3f}",
                            f"{row['positives']} / {row['pairs']}")
     console.print(scored)
-    console.print(f"written: {found.path}")
+    console.print(f"written: {path}")

@@ -1,4 +1,4 @@
-"""``euclip download world | datacomp | urls | evalsets | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import typer
 from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
 from euclip_cli.config import DataConfig
 from euclip_cli.data.fetch import HF_DATASETS
+from euclip_cli.data.wordnet import INDEX_URL
 from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
@@ -210,6 +211,24 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             if "captions" in result:
                 what += f", {result['images']:,} images and {result['captions']:,} captions"
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
+
+
+@app.command()
+def wordnet(out: Path = typer.Option(Path("data/nltk_data"), callback=writable_folder,
+                                     help="nltk_data folder to install into (analyze hierarchy --wordnet)."),
+            index_url: str = typer.Option(INDEX_URL, help="nltk's data index; a mirror or a local server for tests.")
+            ) -> None:
+    """Fetch WordNet 3.0 (nltk's 'wordnet' package, checksummed by nltk's downloader), the hierarchy over
+    ImageNet's classes that 'euclip analyze hierarchy --tree wordnet' scores mistakes in. About 10 MB.
+
+    Example: euclip download wordnet
+    """
+    from euclip_cli.data.wordnet import fetch, reader
+
+    with errors():
+        said = fetch(out, index_url)
+        reader(out)  # what was fetched is a WordNet nltk can read, or this says so now
+    console.print(f"WordNet in {out}: {said}")
 
 
 # img2dataset's options, shared by ``datacomp`` and ``urls``; the defaults are DataComp's.

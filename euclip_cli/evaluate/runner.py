@@ -108,11 +108,8 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
         text_emb = embed_texts(model, tokenizer, texts)
         return retrieval_metrics(model.geometry, image_emb.to(device), text_emb, owner, curv)
-    ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
-    loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
-    image_emb, targets = image_emb.to(device), torch.tensor(labels, device=device)
-    prototypes = _prototypes(model, tokenizer, ds.classes, ds.templates, device)  # (C, D), the geometry's rule
+    image_emb, prototypes, targets = classification_inputs(model, cfg, task, data_dir, device, batch_size, cache,
+                                                           on_images)
     metrics = classification_metrics(model.geometry, image_emb, prototypes, targets, curv)
     if task.kind in ("wilds", "fairness"):
         meta_labels, metadata = read_metadata(data_dir)
@@ -121,6 +118,23 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
         topk = top_classes(model.geometry, image_emb, prototypes, curv)
         metrics.update(wilds_metrics(task.key, topk.cpu(), targets.cpu(), metadata))
     return metrics
+
+
+def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
+                          batch_size: int, cache: Optional[FeatureCache] = None,
+                          on_images: Callable[[int], None] = lambda n: None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A classification task's ``(image_emb (N, D), prototypes (C, D), targets (N,))`` on ``device``: the
+    images through the feature cache, the class prototypes by the geometry's rule from the task's own
+    class names and templates (what ``evaluate_task`` scores, and what ``euclip analyze hierarchy`` reads)."""
+    cache = cache or FeatureCache(None)
+    _require_data(task, data_dir)
+    _, transform = transforms_for(model.clip)
+    ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
+    loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
+    image_emb, labels = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
+    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), ds.classes, ds.templates, device)
+    return image_emb.to(device), prototypes, torch.tensor(labels, device=device)
 
 
 def evaluate_fairface(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,

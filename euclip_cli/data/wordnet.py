@@ -1,0 +1,108 @@
+"""WordNet 3.0, whose noun synsets name ImageNet's classes (``n01440764`` is the synset at byte offset
+1440764 of WordNet 3.0's ``data.noun``): fetched by nltk's downloader into a folder of the project's,
+read by nltk's corpus reader, and turned into the hypernym graph above a task's classes.
+
+nltk does both halves (its index, checksums and unpacking; the WordNet database format), so neither is
+written here; what is ours is where the data lives and which classes each ImageNet task has. HyCoCLIP
+reads the same corpus through nltk but takes its edges from ImageNet's own ``is_a`` file; here they are
+WordNet's hypernyms (instance hypernyms included), which that file was made from.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from euclip_cli.errors import Failure, UsageError
+
+WORDNET_DIR = Path("data/nltk_data")
+# nltk's package id for Princeton WordNet 3.0 (``wordnet31`` and ``english_wordnet`` renumber the synsets).
+PACKAGE = "wordnet"
+INDEX_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/index.xml"
+
+
+def fetch(folder: Path, index_url: str = INDEX_URL) -> str:
+    """Install nltk's WordNet package under ``folder`` (nltk_data layout: ``folder/corpora/wordnet``),
+    unpacked; returns what nltk said of it (installed, or already up to date). A server that cannot be
+    reached, an index without the package or a file failing its checksum is a ``Failure`` naming it."""
+    from nltk.downloader import Downloader, ErrorMessage, UpToDateMessage
+
+    folder.mkdir(parents=True, exist_ok=True)
+    said = "installed"
+    try:
+        with warnings.catch_warnings():  # nltk's advice on its own index format, not the user's to act on
+            warnings.simplefilter("ignore")
+            for message in Downloader(server_index_url=index_url).incr_download(PACKAGE, str(folder), extract=True):
+                if isinstance(message, ErrorMessage):
+                    raise Failure(f"could not fetch WordNet from {index_url}: {message.message}")
+                if isinstance(message, UpToDateMessage):
+                    said = "already up to date"
+    except (OSError, ValueError) as err:  # what nltk raises rather than reports: a malformed index, a full disk
+        raise Failure(f"could not fetch WordNet from {index_url}: {err}") from None
+    return said
+
+
+def reader(folder: Path):
+    """nltk's ``WordNetCorpusReader`` over the copy in ``folder`` (nothing else on nltk's search path)."""
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+    from nltk.data import FileSystemPathPointer
+
+    corpus = folder / "corpora" / PACKAGE
+    if not (corpus / "data.noun").is_file():
+        raise UsageError(f"no WordNet in {folder}: run 'euclip download wordnet --out {folder}'")
+    with warnings.catch_warnings():  # nltk warns that the multilingual (OMW) functions are absent: unused
+        warnings.simplefilter("ignore")
+        return WordNetCorpusReader(FileSystemPathPointer(str(corpus)), None)
+
+
+def hypernym_graph(wnids: list[str], folder: Path) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """``(parents, names)`` over ``wnids`` and every synset above them: each node's hypernyms (a synset
+    may have several: WordNet is a graph, not a tree), and each node's synset name (``tench.n.01``).
+    Nodes are named by wnid. A wnid that is not a WordNet 3.0 noun synset is a ``UsageError``."""
+    wn = reader(folder)
+    parents: dict[str, tuple[str, ...]] = {}
+    names: dict[str, str] = {}
+    todo = list(wnids)
+    while todo:
+        wnid = todo.pop()
+        if wnid in names:
+            continue
+        synset = _synset(wn, wnid, folder)
+        names[wnid] = synset.name()
+        above = [f"n{s.offset():08d}" for s in synset.hypernyms() + synset.instance_hypernyms()]
+        if above:
+            parents[wnid] = tuple(sorted(above))
+        todo.extend(above)
+    return parents, names
+
+
+def _synset(wn, wnid: str, folder: Path):
+    found = None
+    if len(wnid) == 9 and wnid[0] == "n" and wnid[1:].isdigit():
+        with warnings.catch_warnings():  # nltk warns, then returns None, for an offset with no synset
+            warnings.simplefilter("ignore")
+            found = wn.synset_from_pos_and_offset("n", int(wnid[1:]))
+    if found is None:
+        raise UsageError(f"{wnid} is not a noun synset of the WordNet in {folder} (is it WordNet 3.0, nltk's "
+                         f"'{PACKAGE}' package?)")
+    return found
+
+
+def imagenet_wnids(task_key: str) -> Optional[list[str]]:
+    """The wnid of each class of an ImageNet task, in its label order, or None for any other task: the
+    1,000 classes, and ImageNet-A's and -R's 200 among them in the same order (the lists timm ships)."""
+    from importlib.resources import files
+
+    lists = {"imagenet1k": "imagenet_synsets.txt", "imagenetv2": "imagenet_synsets.txt",
+             "imagenet_sketch": "imagenet_synsets.txt", "imagenet-a": "imagenet_a_synsets.txt",
+             "imagenet-r": "imagenet_r_synsets.txt"}
+    if task_key not in lists:
+        return None
+    every = (files("timm.data") / "_info" / lists["imagenet1k"]).read_text().split()
+    kept = set((files("timm.data") / "_info" / lists[task_key]).read_text().split())
+    return [w for w in every if w in kept]
+
+
+# The ImageNet tasks ``imagenet_wnids`` knows, in the order a report lists them.
+IMAGENET_TASKS = ("imagenet1k", "imagenetv2", "imagenet_sketch", "imagenet-a", "imagenet-r")

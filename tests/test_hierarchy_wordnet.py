@@ -1,0 +1,176 @@
+"""ImageNet's classes in WordNet: ``euclip download wordnet`` through nltk's downloader against a stand-in
+for nltk's data server, the hypernym graph read back through nltk's reader against the generator's, and
+``euclip analyze hierarchy --tree wordnet`` on a run evaluated on ImageNet-shaped sets made from the world."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+from euclip_cli.data.wordnet import hypernym_graph, imagenet_wnids
+from euclip_cli.data.world import SHAPES, TAXONOMY
+from euclip_cli.errors import UsageError
+from tests.webfakes import FakeNltkData, nltk_package, write_wordnet
+
+runner = CliRunner()
+ROOT = "n00001740"  # entity.n.01's real offset
+FAMILY = {family: f"n{15100000 + 1000 * k:08d}" for k, family in enumerate(TAXONOMY)}
+GROUPS = [f"n{15200000 + 1000 * g:08d}" for g in range(10)]
+
+
+def stand_in_wordnet() -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """ImageNet's 1,000 wnids at their real offsets: the first twelve under the world's families (their
+    images are the world's shapes), the first also under a second parent (WordNet allows several), the
+    rest spread over ten groups; families and groups under entity."""
+    wnids = imagenet_wnids("imagenet1k")
+    of_shape = {shape: family for family, shapes in TAXONOMY.items() for shape in shapes}
+    parents = {w: (FAMILY[of_shape[SHAPES[i]]],) if i < len(SHAPES) else (GROUPS[i % 10],) for i, w in enumerate(wnids)}
+    parents[wnids[0]] = tuple(sorted((parents[wnids[0]][0], GROUPS[0])))
+    parents.update({node: (ROOT,) for node in [*FAMILY.values(), *GROUPS]})
+    lemmas = {w: f"c{i}" for i, w in enumerate(wnids)} | {ROOT: "entity"}
+    lemmas.update({node: f"family{k}" for k, node in enumerate(FAMILY.values())})
+    lemmas.update({node: f"group{g}" for g, node in enumerate(GROUPS)})
+    return parents, lemmas
+
+
+@pytest.fixture(scope="module")
+def nltk_server(tmp_path_factory):
+    # nltk refuses to fetch from any address that is not globally routable (its SSRF guard), the stand-in's
+    # 127.0.0.1 included: lifted for this module only, everything else of nltk's downloader as shipped.
+    import nltk.pathsec
+
+    enforced, nltk.pathsec.ENFORCE = nltk.pathsec.ENFORCE, False
+    corpus = tmp_path_factory.mktemp("wordnet-source") / "wordnet"
+    write_wordnet(corpus, *stand_in_wordnet())
+    unzipped = sum(p.stat().st_size for p in corpus.iterdir())
+    server = FakeNltkData({"wordnet": (nltk_package(corpus, "wordnet"), unzipped)})
+    yield server
+    server.stop()
+    nltk.pathsec.ENFORCE = enforced
+
+
+@pytest.fixture(scope="module")
+def wordnet_dir(nltk_server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("nltk") / "nltk_data"
+    result = runner.invoke(app, ["download", "wordnet", "--out", str(out), "--index-url", f"{nltk_server.url}/index.xml"])
+    assert result.exit_code == 0, result.output
+    assert "installed" in result.output and (out / "corpora" / "wordnet" / "data.noun").is_file()
+    return out
+
+
+def test_a_second_download_fetches_nothing_again(nltk_server, wordnet_dir):
+    before = nltk_server.requests.count("wordnet.zip")
+    result = runner.invoke(app, ["download", "wordnet", "--out", str(wordnet_dir),
+                                 "--index-url", f"{nltk_server.url}/index.xml"])
+    assert result.exit_code == 0, result.output
+    assert "already up to date" in " ".join(result.output.split()) and nltk_server.requests.count("wordnet.zip") == before
+
+
+def test_a_package_failing_its_checksum_or_an_unreachable_server_is_one_line(nltk_server, tmp_path):
+    nltk_server.corrupt.add("wordnet")
+    try:
+        result = runner.invoke(app, ["download", "wordnet", "--out", str(tmp_path / "a"),
+                                     "--index-url", f"{nltk_server.url}/index.xml"])
+    finally:
+        nltk_server.corrupt.discard("wordnet")
+    assert result.exit_code == 1 and "could not fetch WordNet" in result.output and "sha256 mismatch" in result.output
+    assert not (tmp_path / "a" / "corpora" / "wordnet" / "data.noun").exists()
+    result = runner.invoke(app, ["download", "wordnet", "--out", str(tmp_path / "b"),
+                                 "--index-url", "http://127.0.0.1:9/index.xml"])
+    assert result.exit_code == 1 and "could not fetch WordNet from" in result.output and "refused" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_the_graph_read_through_nltk_is_the_generators(wordnet_dir):
+    parents, lemmas = stand_in_wordnet()
+    found, names = hypernym_graph(imagenet_wnids("imagenet1k"), wordnet_dir)
+    assert found == parents
+    assert names == {w: f"{lemma}.n.01" for w, lemma in lemmas.items()}
+
+
+def test_imagenets_class_lists_agree_with_clip_benchmarks():
+    from clip_benchmark.datasets.builder import all_imagenet_wordnet_ids
+
+    assert imagenet_wnids("imagenet1k") == all_imagenet_wordnet_ids
+    subset = imagenet_wnids("imagenet-r")
+    assert len(subset) == 200 and subset == [w for w in all_imagenet_wordnet_ids if w in set(subset)]
+    assert imagenet_wnids("world/shapes") is None
+
+
+def test_a_missing_wordnet_or_a_wnid_it_lacks_is_named(tmp_path):
+    with pytest.raises(UsageError, match="run 'euclip download wordnet"):
+        hypernym_graph(["n01440764"], tmp_path)
+    partial = tmp_path / "nltk_data"
+    write_wordnet(partial / "corpora" / "wordnet", {}, {ROOT: "entity"})
+    with pytest.raises(UsageError, match="n01440764 is not a noun synset"):
+        hypernym_graph(["n01440764"], partial)
+
+
+@pytest.fixture(scope="module")
+def imagenet_sets(world, tmp_path_factory):
+    """ImageNet-1k and ImageNet-R folders in clip-benchmark's wds layout: the world's Shapes images, whose
+    labels 0-11 name the first twelve classes of each, and every other class name beside them."""
+    root = tmp_path_factory.mktemp("eval")
+    for key, size in (("imagenet1k", 1000), ("imagenet-r", 200)):
+        dest = root / f"wds_{key}_test"
+        shutil.copytree(world / "eval" / "shapes", dest)
+        names = (dest / "classnames.txt").read_text().splitlines()
+        (dest / "classnames.txt").write_text("\n".join(names + [f"thing {i}" for i in range(len(names), size)]) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def evaluated(world, imagenet_sets, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    result = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}",
+                                 "data.batch_size=32", "optim.samples=64", "optim.warmup_steps=1",
+                                 "train.precision=fp32", "train.tensorboard=false", "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    run = runs / "tiny-clip"
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "imagenet1k", "--eval-root", str(imagenet_sets)])
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def image_labels(root) -> list[int]:
+    with tarfile.open(root / "wds_imagenet1k_test" / "test" / "0.tar") as shard:
+        return [int(shard.extractfile(m).read()) for m in shard.getmembers() if m.name.endswith(".cls")]
+
+
+def test_hierarchy_on_wordnet_scores_the_runs_own_predictions(evaluated, imagenet_sets, wordnet_dir):
+    result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "wordnet",
+                                 "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir)])
+    assert result.exit_code == 0, result.output
+    found = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
+    assert set(found["tasks"]) == {"imagenet1k", "imagenet-r"} and found["tree"]["root"] == ROOT
+    scored = json.loads((evaluated / "eval.jsonl").read_text().splitlines()[-1])
+    one_k = found["tasks"]["imagenet1k"]
+    # The same prediction rule as the evaluation: its top-1 accuracy is the hierarchy's accuracy.
+    assert one_k["accuracy"] == pytest.approx(scored["metrics"]["acc1"]) and one_k["n"] == len(image_labels(imagenet_sets))
+    # Every mistake is at least two edges away in this hierarchy (no class is above another); a right
+    # prediction is none: the mean TIE lies between those bounds.
+    assert 2 * (1 - one_k["accuracy"]) <= one_k["tie"] <= 4 * (1 - one_k["accuracy"])
+    # Uniform guessing, by hand: a shape's three siblings are 2 edges away, every other class 4, except
+    # that the first class also sits in group 0 with the 98 filler classes i >= 12, i % 10 == 0.
+    labels = image_labels(imagenet_sets)
+    by_hand = [(3 * 2 + 98 * 2 + 898 * 4) / 1000 if label == 0 else (3 * 2 + 996 * 4) / 1000 for label in labels]
+    guess = found["chance"]["imagenet1k"]
+    assert guess["accuracy"] == pytest.approx(1 / 1000) and guess["tie"] == pytest.approx(sum(by_hand) / len(labels))
+    assert found["chance"]["imagenet-r"]["accuracy"] == pytest.approx(1 / 200)
+    assert "WordNet's hierarchy of ImageNet's classes" in result.output
+
+
+def test_hierarchy_on_wordnet_without_its_data_says_what_to_fetch(evaluated, imagenet_sets, tmp_path):
+    result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "wordnet",
+                                 "--eval-root", str(imagenet_sets), "--wordnet", str(tmp_path)])
+    assert result.exit_code == 2 and "euclip download wordnet" in result.output
+    result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "wordnet",
+                                 "--eval-root", str(tmp_path)])
+    assert result.exit_code == 2 and "euclip download evalsets --tasks imagenet1k" in result.output
+    result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "imagenet"])
+    assert result.exit_code == 2 and "unknown --tree 'imagenet'" in result.output
