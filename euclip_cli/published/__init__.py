@@ -3,8 +3,9 @@
 ``euclip-tables.csv``: the EuCLIP paper's zero-shot results (Tables 1, 4, 5 and 8), one row per
 (table, model, label). Reports put our runs beside these rows; study claims take the paper's
 effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
-along image traversals, one row per (table, model, filter). ``meru-imagenet.csv``: MERU's
-zero-shot ImageNet accuracy of its released models (its Table 2). ``sun-li-temperature.csv``: Sun
+along image traversals, one row per (table, model, filter). ``meru-tables.csv``: MERU's Tables 1
+(zero-shot retrieval), 2 (zero-shot classification on 20 datasets) and 7 (linear probes), one row per
+(table, arch, model, dataset, metric), each dataset beside DataComp's task of it. ``sun-li-temperature.csv``: Sun
 and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
 study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP's stated GPU
 hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
@@ -17,7 +18,7 @@ from pathlib import Path
 
 EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
 EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
-MERU_IMAGENET = Path(__file__).with_name("meru-imagenet.csv")
+MERU_TABLES = Path(__file__).with_name("meru-tables.csv")
 SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
 OPENCLIP_THROUGHPUT = Path(__file__).with_name("openclip-throughput.csv")
 
@@ -48,11 +49,20 @@ def euclip_traversal():
     return rows.drop(columns="filter_K")
 
 
-def meru_imagenet():
-    """MERU's released models' zero-shot ImageNet accuracy (percent), by euclip arch and model."""
+def meru_tables():
+    """MERU's Tables 1, 2 and 7 as a DataFrame (values in percent; ``datacomp_task`` empty where DataComp
+    has no task of the dataset)."""
     import pandas as pd
 
-    return pd.read_csv(MERU_IMAGENET, comment="#")
+    return pd.read_csv(MERU_TABLES, comment="#", keep_default_na=False, dtype={"datacomp_task": str})
+
+
+def meru_imagenet():
+    """MERU's released models' zero-shot ImageNet accuracy (percent, its Table 2's first column), by euclip
+    arch and model."""
+    rows = meru_tables()
+    rows = rows[(rows["table"] == 2) & (rows["dataset"] == "ImageNet")]
+    return rows[["arch", "model"]].assign(imagenet=rows["value"].astype(float)).reset_index(drop=True)
 
 
 def sun_li_temperature():

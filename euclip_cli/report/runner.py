@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
-from euclip_cli.report.tables import (equilibrium_table, fill_command, load_runs, noise_table, paper_table,
-                                      released_table, render, single_seed_note, study_tables, suite_table,
+from euclip_cli.report.tables import (equilibrium_table, fill_command, load_runs, meru_table, noise_table,
+                                      paper_table, released_table, render, single_seed_note, study_tables, suite_table,
                                       traversal_table, without_runs)
 from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "equilibrium", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "equilibrium", "all")
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -64,6 +64,8 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
         return "Embedded world: zero-shot results (%)" + single_seed_note(list(df.get("seeds", []))), df
     if name == "released":
         return "Released models imported: published ImageNet zero-shot vs ours (%)", released_table(runs)
+    if name == "meru":
+        return ("MERU's Tables 1 and 2: published vs ours on DataComp's task of each dataset (%)", meru_table(runs))
     if name == "equilibrium":
         return ("Sun and Li's Figure 1 as numbers: the temperature where alignment and uniformity balance "
                 "(euclip analyze equilibrium)", equilibrium_table([runs_dir, *(f / "runs" for f in study_folders)]))

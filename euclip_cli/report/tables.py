@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
 
 from euclip_cli.geometry import describe
-from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, sun_li_temperature
+from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs
@@ -36,6 +36,7 @@ class Run:
     scores: dict[str, dict]  # suite -> aggregate
     imported: Optional[str] = None  # the format of a released checkpoint brought in by ``euclip import``
     import_meta: Optional[dict] = None  # meta.json's "imported" record
+    results: dict = field(default_factory=dict)  # task key -> its newest metrics
 
 
 def load_runs(runs_dir: Path) -> list[Run]:
@@ -46,7 +47,8 @@ def load_runs(runs_dir: Path) -> list[Run]:
         scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
         imported = run.meta().get("imported")
         runs.append(Run(run.name, config.get("recipe", ""), config, scores,
-                        imported.get("format") if imported else None, imported))
+                        imported.get("format") if imported else None, imported,
+                        {line["key"]: line["metrics"] for line in results}))
     return runs
 
 
@@ -125,7 +127,7 @@ def without_runs(name: str, df: pd.DataFrame) -> bool:
         return True
     if name.isdigit():
         return bool((df[[c for c in df.columns if c.endswith(" (ours)")]] == MISSING).all(axis=None))
-    if name == "traversal":
+    if name in ("traversal", "meru"):
         return bool((df["run"] == MISSING).all())
     return False
 
@@ -143,6 +145,8 @@ def fill_command(name: str) -> str:
         return "euclip analyze traverse RUN"
     if name == "released":
         return "euclip import openclip | euclip-authors | meru SOURCE --name RUN, then euclip eval"
+    if name == "meru":
+        return "euclip import meru SOURCE --name RUN, then euclip eval RUN --tasks datacomp"
     return "euclip report --help"
 
 
@@ -242,12 +246,47 @@ def released_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def meru_model(run: Run) -> Optional[str]:
+    """The model of MERU's tables a run is one of (``MERU`` or ``CLIP baseline``), or None: an import of
+    MERU's release says which; a run trained at one of MERU's architectures is MERU when hyperbolic and
+    the baseline when CLIP."""
+    if run.imported == "meru":
+        return (run.import_meta or {}).get("model")
+    if run.imported or not run.config.get("model", {}).get("arch", "").startswith("meru-"):
+        return None
+    return {"hyperbolic": "MERU", "clip": "CLIP baseline"}.get(run.config.get("geometry", {}).get("name"))
+
+
+def meru_table(runs: list[Run]) -> pd.DataFrame:
+    """MERU's Tables 1 (retrieval) and 2 (zero-shot classification) with each MERU-comparable run beside
+    its own row (``meru_model``): ours is DataComp's task of the same dataset, so its prompts, splits and,
+    for COCO, image set are DataComp's, not MERU's (``euclip_cli/published/meru-tables.csv`` says which
+    task). With no such run, every published row (Table 7's linear probes too) with ours missing."""
+    published = meru_tables()
+    rows = []
+    for run in runs:
+        model = meru_model(run)
+        arch = run.config.get("model", {}).get("arch")
+        mine = published[(published["arch"] == arch) & (published["model"] == model) & (published["table"] != 7)]
+        for _, ref in mine.iterrows():
+            value = run.results.get(ref["datacomp_task"], {}).get(ref["metric"]) if ref["datacomp_task"] else None
+            rows.append({"run": run.name, "table": f"Table {ref['table']}", "model": f"{ref['model']} {arch}",
+                         "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"],
+                         "ours": _cell([value], digits=2),
+                         "Δ": f"{100 * value - ref['value']:+.2f}" if value is not None else MISSING})
+    if rows:
+        return pd.DataFrame(rows)
+    return pd.DataFrame([{"run": MISSING, "table": f"Table {ref['table']}", "model": f"{ref['model']} {ref['arch']}",
+                          "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"], "ours": MISSING,
+                          "Δ": MISSING} for _, ref in published.iterrows()])
+
+
 def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:
     """The report page's tables, leading with what the user has: ``frames`` are (name, title, table)
     as ``euclip report`` builds them. Empty tables are left out; a paper table keeps only its rows
     with a run of ours, and every published row without one goes to one compact table of the papers'
-    values (the traversal rows to one of their own), at the end."""
-    kept, published, traversal = [], [], []
+    values (the traversal rows and MERU's to one each of their own), at the end."""
+    kept, published, traversal, meru = [], [], [], pd.DataFrame()
     for name, title, df in frames:
         if df.empty:
             continue
@@ -262,6 +301,11 @@ def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[st
             no_run = df["run"] == MISSING
             traversal.append(df.loc[no_run, ["paper", "filter", "published"]])
             df = df[~no_run]
+        elif name == "meru":
+            no_run = df["run"] == MISSING
+            meru = df[no_run].pivot_table(index=["table", "dataset", "metric"], columns="model", values="MERU",
+                                          sort=False).reset_index()
+            df = df[~no_run]
         if not df.empty:
             kept.append((title, df))
     published = [df for df in published if not df.empty]
@@ -273,6 +317,8 @@ def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[st
     if traversal:
         kept.append(("Published traversal counts without a run of ours (Tables 6 and 7)",
                      pd.concat(traversal, ignore_index=True)))
+    if not meru.empty:
+        kept.append(("MERU's published numbers without a run of ours (Tables 1, 2 and 7, %)", meru))
     return kept
 
 

@@ -1,0 +1,87 @@
+"""MERU's published Tables 1, 2 and 7 (``euclip_cli/published/meru-tables.csv``) and ``euclip report --table
+meru``, which puts MERU-comparable runs beside their own rows."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+from euclip_cli.evaluate.tasks import TASKS
+from euclip_cli.published import meru_imagenet, meru_tables
+from euclip_cli.report.tables import MISSING, Run, meru_model, meru_table
+
+runner = CliRunner()
+COCO = "retrieval/mscoco_2014_5k_test_image_text_retrieval"
+
+
+def test_every_published_model_has_every_column_of_each_table():
+    rows = meru_tables()
+    assert len(rows.groupby(["arch", "model"])) == 6
+    for table, columns in ((1, 8), (2, 20), (7, 19)):
+        per_model = rows[rows["table"] == table].groupby(["arch", "model"]).size()
+        assert (per_model == columns).all(), table
+    # Each dataset's DataComp task is one the registry knows (CUB-2011 alone has none).
+    tasks = set(rows["datacomp_task"]) - {""}
+    assert tasks <= set(TASKS) and set(rows.loc[rows["datacomp_task"] == "", "dataset"]) == {"CUB-2011"}
+    assert rows["value"].between(0, 100).all()
+
+
+def test_the_near_chance_columns_are_near_chance():
+    """The check on the column order (the headings are not in the paper's text): Table 2's caption says its
+    last four datasets are near random for every model; chance is 1/classes."""
+    rows = meru_tables()
+    zero_shot = rows[rows["table"] == 2]
+    for dataset, classes in (("MNIST", 10), ("CLEVR Counts", 8), ("PCAM", 2), ("SST2", 2)):
+        values = zero_shot.loc[zero_shot["dataset"] == dataset, "value"]
+        assert (abs(values - 100 / classes) < 10).all(), dataset
+
+
+def test_imagenet_is_table_twos_first_column():
+    imagenet = meru_imagenet().set_index(["arch", "model"])["imagenet"]
+    assert imagenet[("meru-vit-s", "MERU")] == 34.4 and imagenet[("meru-vit-l", "CLIP baseline")] == 38.4
+    assert len(imagenet) == 6
+
+
+def run(name, arch, geometry, results, imported=None, model=None):
+    config = {"model": {"arch": arch}, "geometry": {"name": geometry}}
+    meta = {"format": imported, "model": model} if imported else None
+    return Run(name, "", config, {}, imported, meta, results)
+
+
+def test_a_meru_run_sits_beside_its_own_rows_of_tables_one_and_two():
+    imported = run("meru-s", "meru-vit-s", "hyperbolic",
+                   {"imagenet1k": {"mean_per_class_recall": 0.35, "acc1": 0.5},
+                    COCO: {"image_retrieval_recall@5": 0.3}}, imported="meru", model="MERU")
+    trained = run("clip-b", "meru-vit-b", "clip", {})
+    other = run("tiny", "world-vit", "hyperbolic", {"imagenet1k": {"mean_per_class_recall": 0.1}})
+    assert [meru_model(r) for r in (imported, trained, other)] == ["MERU", "CLIP baseline", None]
+    table = meru_table([imported, trained, other])
+    assert set(table["run"]) == {"meru-s", "clip-b"} and set(table["table"]) == {"Table 1", "Table 2"}
+    mine = table[table["run"] == "meru-s"].set_index(["dataset", "metric"])
+    assert len(mine) == 8 + 20
+    imagenet = mine.loc[("ImageNet", "mean_per_class_recall")]
+    assert imagenet["MERU"] == 34.4 and imagenet["ours"] == "35.00" and imagenet["Δ"] == "+0.60"
+    coco = mine.loc[("COCO", "image_retrieval_recall@5")]
+    assert coco["MERU"] == 30.5 and coco["Δ"] == "-0.50"
+    assert mine.loc[("CUB-2011", "mean_per_class_recall"), "ours"] == MISSING  # DataComp has no CUB task
+    assert (table.loc[table["run"] == "clip-b", "ours"] == MISSING).all()
+
+
+def test_without_a_meru_run_the_report_writes_the_published_rows_and_says_what_fills_them(tmp_path):
+    result = runner.invoke(app, ["report", "--table", "meru", "--runs-dir", str(tmp_path / "runs"),
+                                 "--studies-dir", str(tmp_path), "--out", str(tmp_path / "tables")])
+    assert result.exit_code == 0, result.output
+    assert "euclip import meru" in " ".join(result.output.split())
+    written = (tmp_path / "tables" / "meru.md").read_text()
+    assert written.count("| missing") >= 282 and "CUB-2011" in written
+    assert len(meru_table([])) == len(meru_tables()) == 282
+
+
+def test_the_report_page_folds_the_published_rows_into_one_row_per_dataset_and_metric():
+    from euclip_cli.report.tables import fold_published
+
+    (title, folded), = fold_published([("meru", "MERU", meru_table([]))])
+    assert title.startswith("MERU's published numbers without a run of ours")
+    assert len(folded) == 8 + 20 + 19 and len(folded.columns) == 3 + 6
+    row = folded[(folded["table"] == "Table 2") & (folded["dataset"] == "ImageNet")].iloc[0]
+    assert row["MERU meru-vit-b"] == 37.5 and row["CLIP baseline meru-vit-s"] == 34.3
