@@ -79,9 +79,9 @@ class LossConfig:
 
 @dataclass
 class DataConfig:
-    # Which dataset ``euclip download --recipe`` fetches and ``train`` reads:
-    # "world" (the embedded default) or "datacomp-small" / "datacomp-medium".
-    dataset: str = "datacomp-small"
+    # Which dataset ``euclip download --recipe`` fetches and ``train`` reads: "world" (the embedded
+    # default), "datacomp-small" / "datacomp-medium" (filtered by ``filter``), or "redcaps" (MERU's data).
+    dataset: Literal["world", "datacomp-small", "datacomp-medium", "redcaps"] = "datacomp-small"
     filter: DataFilter = "clip-l14-30"
     # Training shards folder; empty = derived from dataset and filter under data/.
     train_dir: str = ""
@@ -238,7 +238,8 @@ def coerce(tp: Any, value: Any, *, from_text: bool) -> Any:
     """Convert ``value`` to ``tp`` or raise ValueError. Text comes from the command line."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (from_text and str(value).lower() in ("none", "null")):
+        # "none" in a recipe too: TOML has no null, and an override says it the same way.
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return coerce(inner[0], value, from_text=from_text)
@@ -547,6 +548,8 @@ def train_dir(cfg: Config) -> Path:
         return Path(cfg.data.train_dir)
     if cfg.data.dataset == "world":
         return Path("data") / "world" / "train"
+    if cfg.data.dataset == "redcaps":
+        return Path("data") / "redcaps" / "shards"
     return Path("data") / f"{cfg.data.dataset}-{cfg.data.filter}" / "shards"
 
 

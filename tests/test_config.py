@@ -81,6 +81,18 @@ def test_malformed_and_missing_recipes(tmp_path):
         C.load_config("no-such-recipe")
 
 
+def test_a_recipe_says_none_as_an_override_does(tmp_path):
+    """TOML has no null: "none" unsets any optional key in a recipe, as ``key=none`` does on the command line."""
+    recipe = tmp_path / "unset.toml"
+    recipe.write_text('extends = "tiny-clip"\n[geometry]\nlogit_scale_min_log = "none"\nlogit_scale_init = 1.5\n'
+                      '[optim]\ngrad_clip = "NONE"\n')
+    cfg = C.load_config(str(recipe))
+    assert cfg.geometry.logit_scale_min_log is None and cfg.optim.grad_clip is None
+    assert cfg.geometry.logit_scale_init == 1.5
+    with pytest.raises(C.ConfigError, match="expected a number or none"):
+        C.load_config(str(recipe), ["geometry.logit_scale_min_log=nothing"])
+
+
 def test_extends_chain_applies_parents_first():
     cfg = C.load_config("medium-b16-euclip")
     assert cfg.model.arch == "ViT-B-16"  # its own
@@ -104,7 +116,8 @@ def test_every_shipped_recipe_validates_and_has_a_header(name):
 
 
 # Multi(n, m) recipes reproduce Sun and Li's system, which the EuCLIP paper's tables do not cover.
-PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith("tiny-") and not C.is_study_recipe(n)
+# MERU's recipes reproduce MERU's own tables (tests/test_redcaps.py).
+PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith(("tiny-", "meru-")) and not C.is_study_recipe(n)
                  and C.load_config(n).model.class_tokens == 1]
 
 

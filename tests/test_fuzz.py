@@ -271,6 +271,7 @@ STOPPERS = {
     "download world": ["--out", "{tmp}/a-file"],
     "download evalsets": ["--root", "{tmp}/a-file"],
     "download wordnet": ["--out", "{tmp}/a-file"],
+    "download redcaps": ["--out", "{tmp}/a-file"],
     "download datacomp": ["--scale", "small", "--out", "{tmp}/a-file"],
     "download urls": ["--parquet", "{tmp}/absent.parquet", "--out", "{tmp}/a-file"],
     "analyze distances": [ABSENT_RUN],
@@ -285,7 +286,7 @@ STOPPERS = {
 # file stops a command as its line is parsed: cli.common.writable_folder).
 UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("study", "--out"), ("download world", "--out"),
                     ("download evalsets", "--root"), ("download datacomp", "--out"), ("download urls", "--out"),
-                    ("download wordnet", "--out"),
+                    ("download wordnet", "--out"), ("download redcaps", "--out"),
                     *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops"))}
 OPTION_EXAMPLES = 200 if LONG else 6
 

@@ -345,3 +345,33 @@ class FakeNltkData(_Server):
                 f'sha256_checksum="{hashlib.sha256(body).hexdigest()}" />'
                 for pid, (body, unzipped) in self.packages.items()]
         return f"<?xml version='1.0'?>\n<nltk_data><packages>{''.join(rows)}</packages><collections /></nltk_data>\n"
+
+
+class StaticHost(_Server):
+    """Files by path (``/name``), each request's path and Authorization header recorded; ``redirects`` maps a
+    path to a URL answered with 302 (a host handing a download to its CDN)."""
+
+    def __init__(self, files: dict[str, bytes], redirects: dict[str, str] | None = None):
+        self.files, self.redirects, self.requests = files, redirects or {}, []
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                host.requests.append((name, self.headers.get("Authorization")))
+                if name in host.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", host.redirects[name])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = host.files.get(name)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+        self.start(Handler)

@@ -1,4 +1,4 @@
-"""``euclip download world | datacomp | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp | redcaps | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import typer
 from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
 from euclip_cli.config import DataConfig
 from euclip_cli.data.fetch import HF_DATASETS
+from euclip_cli.data.redcaps import ANNOTATIONS_URL
 from euclip_cli.data.wordnet import INDEX_URL
 from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 
@@ -61,12 +62,15 @@ def download(ctx: typer.Context,
         generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
                        cfg.data.world_mismatch, cfg.data.world_eval_size, WORKERS)
         return
-    scale = cfg.data.dataset.removeprefix("datacomp-")
     shards = C.train_dir(cfg)
     if shards.name != "shards":
         fail(f"data.train_dir {shards} must end in 'shards' for the download to write there "
-             f"(or run 'euclip download datacomp --out DIR' and point data.train_dir at DIR/shards)", 2)
-    fetch_datacomp(scale, cfg.data.filter, shards.parent, None, ImageOptions())
+             f"(or run 'euclip download {cfg.data.dataset.split('-')[0]} --out DIR' and point data.train_dir at "
+             f"DIR/shards)", 2)
+    if cfg.data.dataset == "redcaps":
+        fetch_redcaps(shards.parent, ImageOptions())
+        return
+    fetch_datacomp(cfg.data.dataset.removeprefix("datacomp-"), cfg.data.filter, shards.parent, None, ImageOptions())
 
 
 def image_options(processes: int, threads: int, retries: int, timeout: int, shard_size: int, image_size: int,
@@ -144,6 +148,23 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
                 on_file=lambda stage, done, total: bars.update(f"{stage}: metadata files", done, total),
                 metadata_dir=metadata_dir, endpoint=hub_url, assets_dir=assets_dir, device=device, chunk=chunk,
                 uid_file=uid_file)
+        finally:
+            bars.stop()
+    print_summary(manifest, out)
+
+
+def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[str] = None,
+                  subreddits: Optional[list[str]] = None) -> None:
+    from euclip_cli.data import redcaps
+
+
+    bars = Bars()
+    command = shlex.join(["euclip", *sys.argv[1:]])
+    with errors():
+        try:
+            manifest = redcaps.download_redcaps(out, options, command, bars.say,
+                                                annotations_url or redcaps.ANNOTATIONS_URL, subreddits,
+                                                lambda n: bars.update("annotations", n, None, advance=True))
         finally:
             bars.stop()
     print_summary(manifest, out)
@@ -231,7 +252,7 @@ def wordnet(out: Path = typer.Option(Path("data/nltk_data"), callback=writable_f
     console.print(f"WordNet in {out}: {said}")
 
 
-# img2dataset's options, shared by ``datacomp`` and ``urls``; the defaults are DataComp's.
+# img2dataset's options, shared by ``datacomp``, ``redcaps`` and ``urls``; the defaults are DataComp's.
 _IMG = ImageOptions()
 PROCESSES = typer.Option(_IMG.processes, help="img2dataset processes.")
 THREADS = typer.Option(_IMG.threads, help="img2dataset threads per process.")
@@ -289,6 +310,33 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
                             distributor, spark_master)
     fetch_datacomp(scale, filter or "clip-l14-30", out or Path("data") / f"datacomp-{scale}-{name}", metadata_dir,
                    options, hub_url, assets_dir, device, chunk, uids)
+
+
+@app.command()
+def redcaps(out: Path = typer.Option(Path("data/redcaps"), callback=writable_folder,
+                                     help="Output folder (shards in OUT/shards, where MERU's recipes read)."),
+            subreddits: Optional[str] = typer.Option(None, help="Only these subreddits, comma-separated "
+                                                               "(a smaller download; default: all 350)."),
+            annotations_url: str = typer.Option(ANNOTATIONS_URL, help="RedCaps' annotations archive; a mirror or "
+                                                                     "a local server for tests."),
+            processes: int = PROCESSES, threads: int = THREADS, retries: int = RETRIES, timeout: int = TIMEOUT,
+            shard_size: int = SHARD_SIZE, image_size: int = IMAGE_SIZE, distributor: str = DISTRIBUTOR,
+            spark_master: str = SPARK_MASTER) -> None:
+    """Download RedCaps (12M Reddit image-caption pairs, MERU's training data): its annotations archive,
+    then the images with img2dataset into the same shards as DataComp's. Resumable.
+
+    Examples:
+      euclip download --recipe meru-vit-s          (all of it, into data/redcaps)
+      euclip download redcaps --subreddits itookapicture,pics --out data/redcaps-small
+    """
+    chosen = [s.strip() for s in subreddits.split(",") if s.strip()] if subreddits is not None else None
+    if subreddits is not None and not chosen:
+        fail("--subreddits names no subreddit: give a comma-separated list, or leave it out for all", 2)
+    # No face blurring: DataComp's face boxes come with its metadata, and RedCaps has none.
+    options = image_options(processes, threads, retries, timeout, shard_size, image_size, True, distributor,
+                            spark_master)
+    fetch_redcaps(out, options, annotations_url, chosen)
+    console.print(f"next: euclip train --recipe meru-vit-s data.train_dir={out / 'shards'}")
 
 
 @app.command()

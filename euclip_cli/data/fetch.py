@@ -46,11 +46,25 @@ def parse_pointer(text: str) -> Optional[LfsPointer]:
     return LfsPointer(fields["oid"].split(":", 1)[1].strip(), int(fields["size"]))
 
 
+def hub_hosts() -> set[str]:
+    """The hosts that may see the user's Hugging Face token: the Hub's, and the endpoint the user set
+    (``HF_ENDPOINT``, a mirror); never another host this module fetches from (Dropbox, a CDN, an asset host)."""
+    from urllib.parse import urlparse
+
+    hosts = {"huggingface.co", "hf.co"}
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "")).hostname
+    return hosts | ({endpoint} if endpoint else set())
+
+
 def open_url(url: str, start: int = 0):
+    from urllib.parse import urlparse
+
     headers = {"Range": f"bytes={start}-"} if start else {}
-    if os.environ.get("HF_TOKEN"):  # gated repos (WinoGAViL) need the user's token
-        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
     request = urllib.request.Request(url, headers=headers)
+    if os.environ.get("HF_TOKEN") and urlparse(url).hostname in hub_hosts():
+        # Gated repos (WinoGAViL) need the user's token; unredirected, so the CDN a download is redirected
+        # to never receives it.
+        request.add_unredirected_header("Authorization", f"Bearer {os.environ['HF_TOKEN']}")
     try:
         return urllib.request.urlopen(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as err:

@@ -6,7 +6,8 @@ One output folder per dataset::
     <out>/uids.npy           DataComp only: the subset, sorted u8,u8 (DataComp's uid-file format)
     <out>/download-list/     the selected rows (url, text, uid[, face_bboxes]): img2dataset's input
     <out>/shards/            img2dataset's webdataset output, which ``euclip train`` reads
-    <out>/metadata/          DataComp only, by default: the pool's parquet (and npz) files
+    <out>/metadata/          DataComp, by default: the pool's parquet (and npz) files; RedCaps: its
+                             annotations archive (``euclip_cli.data.redcaps``)
 
 Every stage leaves a record of completion, so the same command continues where a previous
 one stopped (img2dataset itself skips shards whose ``_stats.json`` exists) and does nothing
@@ -298,8 +299,10 @@ def _ray_cluster(options: ImageOptions):
         ray.shutdown()
 
 
-def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool) -> None:
-    """DataComp's img2dataset call, on the selected rows only."""
+def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool,
+                    columns: tuple[str, ...] = ()) -> None:
+    """DataComp's img2dataset call, on the selected rows only; ``columns`` of the list beside ``uid`` go
+    into each sample's json (RedCaps: its subreddit)."""
     import os
 
     # albumentations (imported by img2dataset, here and in every worker) would check PyPI for updates.
@@ -313,7 +316,7 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
         SparkSession.builder.master(options.spark_master).appName("euclip-download").getOrCreate()
     with _ray_cluster(options):
         download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
-                 save_additional_columns=["uid"], bbox_col="face_bboxes" if bbox else None,
+                 save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
                  output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
                  resize_mode="keep_ratio_largest", resize_only_if_bigger=True, encode_format="jpg",
                  processes_count=options.processes, thread_count=options.threads,
@@ -347,7 +350,8 @@ def summarize(shards_dir: Path, expected: int) -> dict:
             "complete": expected > 0 and all(i in stats for i in range(expected))}
 
 
-def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, say: Say) -> dict:
+def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, say: Say,
+                 columns: tuple[str, ...] = ()) -> dict:
     list_dir, shards_dir = out / LIST_DIR, out / SHARDS_DIR
     expected = expected_shards(list_dir, options.shard_size)
     if expected == 0:
@@ -362,7 +366,7 @@ def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, s
         done = before["shards"] if before else 0
         say(f"images: {expected - done} of {expected} shard(s) to fetch with img2dataset ({options.distributor}, "
             f"{options.processes} processes x {options.threads} threads) into {shards_dir}")
-        run_img2dataset(list_dir, shards_dir, options, bbox)
+        run_img2dataset(list_dir, shards_dir, options, bbox, columns)
     summary = summarize(shards_dir, expected)
     manifest.update(summary)
     manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -485,7 +489,7 @@ def training_record(train_dir: Path) -> Optional[dict]:
     silently change the experiment.
     """
     manifest = read_manifest(train_dir.parent)
-    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls"):
+    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls", "redcaps"):
         return None
     if not manifest.get("complete"):
         raise UsageError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "

@@ -1,0 +1,169 @@
+"""RedCaps, MERU's training data: ``euclip download redcaps`` (and ``download --recipe meru-*``) against an
+annotations archive in RedCaps' own format and an image host on 127.0.0.1; MERU's recipes; and the Hugging
+Face token kept from every other host a download touches."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli import config as C
+from euclip_cli.cli import app
+from euclip_cli.report.tables import Run, meru_model
+from tests.test_download_datacomp import FAST, one_line_error, shard_samples
+from tests.webfakes import ImageHost, StaticHost
+
+runner = CliRunner()
+
+
+def annotation_archive(host_url: str) -> bytes:
+    """RedCaps' release layout: ``annotations/{subreddit}_{year}.json``, each ``{"info", "annotations"}`` with
+    the fields its downloader writes; one image of ``pics`` is gone from its host."""
+    files = {
+        "itookapicture_2020": [("ab1", "ok/1.jpg", "my dog in the snow"), ("ab2", "ok/2.jpg", "sunset over the bay")],
+        "pics_2019": [("cd1", "ok/3.jpg", "a red door"), ("cd2", "missing/4.jpg", "gone"),
+                      ("cd3", "ok/5.jpg", "old bridge")],
+        "earthporn_2021": [("ef1", "ok/6.jpg", "mountains at dawn")],
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, rows in files.items():
+            subreddit = name.rsplit("_", 1)[0]
+            annotations = [{"image_id": i, "subreddit": subreddit, "url": f"{host_url}/{path}", "caption": caption,
+                            "raw_caption": caption.title(), "score": 10, "author": "someone", "created_utc": 1600000000,
+                            "permalink": f"/r/{subreddit}/comments/{i}/"} for i, path, caption in rows]
+            z.writestr(f"annotations/{name}.json", json.dumps({"info": {"version": "v1.0"}, "annotations": annotations}))
+    return buffer.getvalue()
+
+
+@pytest.fixture()
+def redcaps_web(monkeypatch):
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
+    images = ImageHost(slow_s=4)
+    archive = StaticHost({"redcaps_v1.0_annotations.zip": annotation_archive(images.url), "broken.zip": b"not a zip",
+                          "empty.zip": zipfile_bytes({"README.txt": b"hello"})})
+    yield archive
+    archive.stop()
+    images.stop()
+
+
+def zipfile_bytes(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buffer.getvalue()
+
+
+@pytest.mark.slow
+def test_redcaps_downloads_its_chosen_subreddits_into_datacomps_shard_format(redcaps_web, tmp_path):
+    out = tmp_path / "redcaps"
+    args = ["download", "redcaps", "--annotations-url", f"{redcaps_web.url}/redcaps_v1.0_annotations.zip",
+            "--subreddits", "ITookAPicture,pics", "--out", str(out), *FAST]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    samples = shard_samples(out / "shards")
+    # RedCaps' image_id is the uid; the caption as RedCaps cleaned it; the subreddit in each sample's json.
+    assert set(samples) == {"ab1", "ab2", "cd1", "cd3"}
+    assert samples["ab1"]["txt"] == "my dog in the snow" and samples["cd3"]["json"]["subreddit"] == "pics"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["identity"]["source"] == "redcaps" and manifest["identity"]["subreddits"] == ["itookapicture", "pics"]
+    assert manifest["selected"] == 5 and manifest["downloaded"] == 4 and manifest["complete"]
+    # Done is done: a rerun fetches nothing again, not even the archive.
+    before = len(redcaps_web.requests)
+    assert runner.invoke(app, args).exit_code == 0 and len(redcaps_web.requests) == before
+    # Other subreddits are another download: refused by name, nothing changed.
+    other = runner.invoke(app, [*args[:4], "--subreddits", "earthporn", *args[6:]])
+    one_line_error(other, 2, "holds another download", "subreddits")
+
+
+def test_an_archive_that_is_not_redcaps_is_named(redcaps_web, tmp_path):
+    for name, fragment in (("broken.zip", "is not a ZIP archive"), ("empty.zip", "holds no annotations/*.json"),
+                           ("absent.zip", "HTTP 404")):
+        result = runner.invoke(app, ["download", "redcaps", "--annotations-url", f"{redcaps_web.url}/{name}",
+                                     "--out", str(tmp_path / name), *FAST])
+        one_line_error(result, 1, fragment)
+    result = runner.invoke(app, ["download", "redcaps", "--annotations-url",
+                                 f"{redcaps_web.url}/redcaps_v1.0_annotations.zip", "--subreddits", "nosuchplace",
+                                 "--out", str(tmp_path / "none"), *FAST])
+    one_line_error(result, 2, "no annotation", "nosuchplace")
+    one_line_error(runner.invoke(app, ["download", "redcaps", "--subreddits", " , ", "--out", str(tmp_path / "x")]),
+                   2, "--subreddits names no subreddit")
+
+
+def test_a_meru_recipe_downloads_where_its_training_reads(tmp_path, monkeypatch):
+    from euclip_cli.data import redcaps
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setattr(redcaps, "ANNOTATIONS_URL", "http://127.0.0.1:9/redcaps_v1.0_annotations.zip")
+    result = runner.invoke(app, ["download", "--recipe", "meru-vit-s"])
+    one_line_error(result, 1, "could not reach http://127.0.0.1:9/redcaps_v1.0_annotations.zip")
+    manifest = json.loads((tmp_path / "data" / "redcaps" / "manifest.json").read_text())
+    assert manifest["identity"]["source"] == "redcaps"
+    assert C.train_dir(C.load_config("meru-vit-s")) == C.train_dir(C.load_config("meru-clip-vit-l"))
+
+
+MERU_RECIPES = ["meru-vit-s", "meru-vit-b", "meru-vit-l", "meru-clip-vit-s", "meru-clip-vit-b", "meru-clip-vit-l"]
+
+
+def test_each_meru_recipe_is_one_of_merus_published_models_with_merus_settings():
+    from euclip_cli.published import meru_tables
+
+    published = {(a, m) for a, m in meru_tables()[["arch", "model"]].itertuples(index=False)}
+    found = set()
+    for name in MERU_RECIPES:
+        cfg = C.load_config(name)
+        config = {"model": {"arch": cfg.model.arch}, "geometry": {"name": cfg.geometry.name}}
+        found.add((cfg.model.arch, meru_model(Run(name, name, config, {}))))
+        # MERU's section 4.1 and configs/train_meru_vit_l.py.
+        assert cfg.data.dataset == "redcaps" and cfg.data.batch_size * 120_000 == cfg.optim.samples
+        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.beta2, cfg.optim.eps) == (5e-4, 0.2, 0.98, 1e-8)
+        assert cfg.optim.warmup_steps == 4000 and cfg.geometry.logit_scale_max == 100.0
+        assert cfg.geometry.logit_scale_min_log is None
+        if cfg.geometry.name == "hyperbolic":
+            assert (cfg.loss.entail_weight, cfg.loss.entail_min_radius) == (0.2, 0.1)
+            assert (cfg.geometry.curvature_init, cfg.geometry.curvature_min, cfg.geometry.curvature_max) == (1, 0.1, 10)
+    assert found == published
+
+
+@pytest.mark.slow
+def test_a_meru_recipe_trains_a_step_on_the_cpu(world, tmp_path):
+    """MERU's ViT-S and text towers from scratch, hyperbolic, entailment on: two steps of four pairs."""
+    result = runner.invoke(app, ["train", "--recipe", "meru-vit-s", "data.dataset=world",
+                                 f"data.train_dir={world / 'train'}", "data.batch_size=4", "optim.samples=8",
+                                 "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false",
+                                 "data.workers=1", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    metrics = [json.loads(line) for line in (tmp_path / "meru-vit-s" / "metrics.jsonl").read_text().splitlines()]
+    assert any("entail" in key for key in metrics[-1]) and all(v == v for v in metrics[-1].values()
+                                                                  if isinstance(v, float))
+
+
+def test_the_hugging_face_token_goes_to_the_hub_only(monkeypatch, tmp_path):
+    """Every download goes through ``fetch.open_url``: the token reaches the Hub (or the endpoint the user
+    set), never another host, nor the CDN the Hub redirects to."""
+    from euclip_cli.data.fetch import fetch_file
+
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    cdn = StaticHost({"blob": b"payload"})
+    hub = StaticHost({"plain": b"payload"}, redirects={"redirected": f"{cdn.url.replace('127.0.0.1', 'localhost')}/blob"})
+    try:
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+        fetch_file(f"{hub.url}/plain", tmp_path / "a", None)
+        assert hub.requests[-1] == ("plain", None)  # 127.0.0.1 is not the Hub
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        fetch_file(f"{hub.url}/plain", tmp_path / "b", None)
+        assert hub.requests[-1] == ("plain", "Bearer hf_secret")
+        fetch_file(f"{hub.url}/redirected", tmp_path / "c", None)
+        assert hub.requests[-1] == ("redirected", "Bearer hf_secret") and cdn.requests[-1] == ("blob", None)
+        assert (tmp_path / "c").read_bytes() == b"payload"
+    finally:
+        hub.stop()
+        cdn.stop()
