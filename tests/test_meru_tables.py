@@ -85,3 +85,13 @@ def test_the_report_page_folds_the_published_rows_into_one_row_per_dataset_and_m
     assert len(folded) == 8 + 20 + 19 and len(folded.columns) == 3 + 6
     row = folded[(folded["table"] == "Table 2") & (folded["dataset"] == "ImageNet")].iloc[0]
     assert row["MERU meru-vit-b"] == 37.5 and row["CLIP baseline meru-vit-s"] == 34.3
+
+
+def test_merus_own_suite_is_preferred_to_datacomps_task_where_the_run_has_both():
+    results = {"imagenet1k": {"mean_per_class_recall": 0.30}, "meru/imagenet": {"mean_per_class_recall": 0.36},
+               "food101": {"mean_per_class_recall": 0.70}}
+    table = meru_table([run("meru-s", "meru-vit-s", "hyperbolic", results, imported="meru", model="MERU")])
+    rows = table.set_index(["dataset", "metric"])
+    assert rows.loc[("ImageNet", "mean_per_class_recall"), ["ours", "protocol"]].tolist() == ["36.00", "MERU's"]
+    assert rows.loc[("Food-101", "mean_per_class_recall"), ["ours", "protocol"]].tolist() == ["70.00", "DataComp's"]
+    assert rows.loc[("CUB-2011", "mean_per_class_recall"), "protocol"] == MISSING

@@ -198,6 +198,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     Examples:
       euclip download evalsets --tasks imagenet1k
       euclip download evalsets --tasks datacomp:main,wilds/fmow
+      euclip download evalsets --tasks meru      (the DataComp sets MERU's suite reads)
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
@@ -205,10 +206,19 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     from euclip_cli.evaluate.evalsets import download
     from euclip_cli.evaluate.tasks import select
 
+    from euclip_cli.evaluate.tasks import TASKS
+
     with errors():
-        chosen = select(tasks)
-    chosen = [t for t in chosen if t.suite == "datacomp"]
+        named = select(tasks)
+    # MERU's suite reads DataComp's sets: each of its tasks fetches its source's (once); one on no host cannot.
+    unhosted = [t for t in named if t.folder]
+    chosen = list(dict.fromkeys(TASKS[t.source] if t.source else t for t in named if t.suite != "world" and not t.folder))
+    for task in unhosted:
+        console.print(f"{task.key}: on no host; make {task.folder} under {root} with clip_benchmark_export_wds "
+                      f"(docs/meru.md)", highlight=False)
     if not chosen:
+        if unhosted:
+            return
         fail(f"--tasks '{tasks}' names no DataComp task (the embedded world's come from 'euclip download world')", 2)
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:

@@ -68,8 +68,12 @@ def fetch_command(tasks: list[Task]) -> str:
     """The one command that fetches the evaluation sets of ``tasks``."""
     if all(t.suite == "world" for t in tasks):
         return "euclip download world"
-    keys = ",".join(t.key for t in tasks)
-    return f"euclip download evalsets --tasks {keys if len(tasks) <= 3 else 'datacomp'}"
+    hosted = [t for t in tasks if not t.folder]
+    keys = ",".join(dict.fromkeys(t.images_key for t in hosted))
+    commands = [f"euclip download evalsets --tasks {keys if len(hosted) <= 3 else 'datacomp'}"] if hosted else []
+    # A set on no host is made from the original dataset by clip-benchmark's exporter (docs/meru.md).
+    commands += [f"clip_benchmark_export_wds into {t.folder} (docs/meru.md)" for t in tasks if t.folder]
+    return "' and '".join(commands)
 
 
 def _require_data(task: Task, data_dir: Path) -> None:
@@ -99,11 +103,11 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
     tokenizer = tokenizer_for(cfg.model.arch)
     curv = model.curvature()
     if task.kind == "retrieval":
-        ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test",
+        ds = build_dataset("wds/" + task.images_key, root=str(data_dir), transform=transform, split="test",
                            task="zeroshot_retrieval")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
                                              batch_size=None, num_workers=0)
-        image_emb, captions = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
+        image_emb, captions = cache.get(task.images_key, lambda: embed_images(model, loader, device, on_images))
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
         text_emb = embed_texts(model, tokenizer, texts)
@@ -125,15 +129,17 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
                           on_images: Callable[[int], None] = lambda n: None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A classification task's ``(image_emb (N, D), prototypes (C, D), targets (N,))`` on ``device``: the
-    images through the feature cache, the class prototypes by the geometry's rule from the task's own
-    class names and templates (what ``evaluate_task`` scores, and what ``euclip analyze hierarchy`` reads)."""
+    images through the feature cache (shared by the tasks that read one evaluation set), the class
+    prototypes by the geometry's rule from the set's class names and the task's templates (its own, as
+    MERU's suite brings, else the set's): what ``evaluate_task`` scores, and ``euclip analyze hierarchy`` reads."""
     cache = cache or FeatureCache(None)
     _require_data(task, data_dir)
     _, transform = transforms_for(model.clip)
-    ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test")
+    ds = build_dataset("wds/" + task.images_key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
-    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), ds.classes, ds.templates, device)
+    image_emb, labels = cache.get(task.images_key, lambda: embed_images(model, loader, device, on_images))
+    templates = list(task.templates) or ds.templates
+    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), ds.classes, templates, device)
     return image_emb.to(device), prototypes, torch.tensor(labels, device=device)
 
 
@@ -226,7 +232,7 @@ class EvalOutcome:
     def suite_lines(self) -> list[str]:
         """Each suite with a task scored: its groups' and average's main metric."""
         lines = []
-        for suite in ("world", "datacomp"):
+        for suite in ("world", "datacomp", "meru"):
             agg = aggregate(self.results, suite)
             if agg["tasks_done"]:
                 parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()

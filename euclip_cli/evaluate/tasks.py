@@ -1,4 +1,5 @@
-"""The task registry: DataComp's 40 evaluation tasks and the embedded world's, one layout for both.
+"""The task registry: DataComp's 40 evaluation tasks, the embedded world's, and MERU's (its 20 zero-shot
+datasets and 2 retrieval sets, read from DataComp's evaluation sets with MERU's prompts), one layout for all.
 
 Each suite groups its tasks the same way, so one report layout serves both:
 ``main`` (ImageNet / Shapes), ``shifts`` (ImageNet distribution shifts / shifted
@@ -23,9 +24,23 @@ class Task:
     kind: str  # classification, retrieval, winogavil, wilds, fairness
     main_metric: Optional[str]  # None: produces no main metric (FairFace, UTKFace)
     group: Optional[str]  # main, shifts, attributes, retrieval, or None
-    suite: str  # "datacomp" or "world"
+    suite: str  # "datacomp", "world" or "meru"
+    # meru suite: the DataComp task whose evaluation set it reads (None: a set of its own, ``folder``),
+    # and the prompts that replace that set's own templates.
+    source: Optional[str] = None
+    folder: Optional[str] = None
+    templates: tuple[str, ...] = ()
+
+    @property
+    def images_key(self) -> str:
+        """Whose images these are: tasks reading the same evaluation set share cached image features."""
+        return self.source or self.key
 
     def data_dir(self, eval_root: Path, world_root: Path) -> Path:
+        if self.source:
+            return TASKS[self.source].data_dir(eval_root, world_root)
+        if self.folder:
+            return eval_root / self.folder
         if self.suite == "world":
             return world_root / "eval" / self.key.split("/", 1)[1]
         if self.kind == "winogavil":
@@ -39,6 +54,9 @@ SUITE_COLUMNS = {
                  "retrieval": "Retrieval", "average": "Average over 38 datasets"},
     "world": {"main": "Shapes", "shifts": "Shape shifts", "attributes": "Attributes",
               "retrieval": "Retrieval", "average": "Average over 10 tasks"},
+    # MERU's Tables 1 and 2: ImageNet, its 19 other zero-shot datasets, COCO and Flickr30K.
+    "meru": {"main": "ImageNet", "shifts": "(none)", "attributes": "19 other datasets",
+             "retrieval": "Retrieval", "average": "Average over 22 tasks"},
 }
 GROUPS = ("main", "shifts", "attributes", "retrieval")
 
@@ -95,8 +113,43 @@ def _world_tasks() -> list[Task]:
                  "mean_recall@1" if t.classes is None else "acc1", t.group, "world") for t in WORLD_TASKS]
 
 
+# MERU's evaluation (its Tables 1 and 2; catalog in its meru/evaluation/catalog.py): (task, name, the
+# DataComp task whose test set is MERU's, or None, and the prompts of MERU's Table 8 it uses). Scored by
+# mean per-class accuracy on every dataset, as MERU scores them.
+_MERU = [
+    ("imagenet", "ImageNet", "imagenet1k", "imagenet"), ("food101", "Food-101", "food101", "food101"),
+    ("cifar10", "CIFAR-10", "cifar10", "cifar10"), ("cifar100", "CIFAR-100", "vtab/cifar100", "cifar10"),
+    ("cub2011", "CUB-2011", None, "cub2011"), ("sun397", "SUN397", "sun397", "sun397"),
+    ("cars", "Stanford Cars", "cars", "cars"), ("aircraft", "FGVC Aircraft", "fgvc_aircraft", "aircraft"),
+    ("dtd", "DTD", "vtab/dtd", "dtd"), ("pets", "Oxford-IIIT Pets", "vtab/pets", "pets"),
+    ("caltech101", "Caltech-101", "vtab/caltech101", "caltech101"),
+    ("flowers102", "Flowers", "vtab/flowers", "flowers102"), ("stl10", "STL-10", "stl10", "stl10"),
+    ("eurosat", "EuroSAT", "vtab/eurosat", "eurosat"), ("resisc45", "RESISC", "vtab/resisc45", "resisc45"),
+    ("country211", "Country211", "country211", "country211"), ("mnist", "MNIST", "mnist", "mnist"),
+    ("clevr", "CLEVR Counts", "vtab/clevr_count_all", "clevr"), ("pcam", "PCAM", "vtab/pcam", "pcam"),
+    ("sst2", "SST2", "renderedsst2", "sst2"),
+]
+MERU_PROMPTS = Path(__file__).with_name("meru-prompts.toml")
+
+
+def _meru_tasks() -> list[Task]:
+    import tomllib
+
+    prompts = tomllib.loads(MERU_PROMPTS.read_text())
+    tasks = [Task(f"meru/{key}", name, _C, "mean_per_class_recall", "main" if key == "imagenet" else "attributes",
+                  "meru", source=source, folder=None if source else f"wds_{key}_test",
+                  templates=tuple(prompts[prompt])) for key, name, source, prompt in _MERU]
+    # Table 1's retrieval, on DataComp's sets: Flickr30K's is MERU's; COCO's is the 2014 Karpathy test
+    # split, not MERU's val2017 (5,000 images each).
+    tasks += [Task(f"meru/{key}", name, _R, "image_retrieval_recall@5", "retrieval", "meru", source=source)
+              for key, name, source in (("coco", "COCO", "retrieval/mscoco_2014_5k_test_image_text_retrieval"),
+                                        ("flickr30k", "Flickr30K", "retrieval/flickr_1k_test_image_text_retrieval"))]
+    return tasks
+
+
 TASKS: dict[str, Task] = {t[0]: Task(*t, suite="datacomp") for t in _DATACOMP}
 TASKS.update({t.key: t for t in _world_tasks()})
+TASKS.update({t.key: t for t in _meru_tasks()})
 
 
 def list_tasks(suite: Optional[str] = None) -> list[Task]:

@@ -146,7 +146,7 @@ def fill_command(name: str) -> str:
     if name == "released":
         return "euclip import openclip | euclip-authors | meru SOURCE --name RUN, then euclip eval"
     if name == "meru":
-        return "euclip import meru SOURCE --name RUN, then euclip eval RUN --tasks datacomp"
+        return "euclip import meru SOURCE --name RUN, then euclip eval RUN --tasks meru"
     return "euclip report --help"
 
 
@@ -257,28 +257,45 @@ def meru_model(run: Run) -> Optional[str]:
     return {"hyperbolic": "MERU", "clip": "CLIP baseline"}.get(run.config.get("geometry", {}).get("name"))
 
 
+def meru_task_keys() -> dict[str, str]:
+    """MERU's datasets (as ``meru-tables.csv`` names them) to the meru suite's task of each."""
+    return {t.name: t.key for t in TASKS.values() if t.suite == "meru"}
+
+
+def _meru_score(run: Run, ref, suite_keys: dict[str, str]) -> tuple[Optional[float], str]:
+    """A run's value for a published row of MERU's, and by which protocol: MERU's suite (``euclip eval
+    --tasks meru``: its prompts, mean per-class accuracy) where the run has it, else DataComp's task."""
+    mine = run.results.get(suite_keys.get(ref["dataset"], ""), {}).get(ref["metric"])
+    if mine is not None:
+        return mine, "MERU's"
+    theirs = run.results.get(ref["datacomp_task"], {}).get(ref["metric"]) if ref["datacomp_task"] else None
+    return theirs, "DataComp's" if theirs is not None else ""
+
+
 def meru_table(runs: list[Run]) -> pd.DataFrame:
     """MERU's Tables 1 (retrieval) and 2 (zero-shot classification) with each MERU-comparable run beside
-    its own row (``meru_model``): ours is DataComp's task of the same dataset, so its prompts, splits and,
-    for COCO, image set are DataComp's, not MERU's (``euclip_cli/published/meru-tables.csv`` says which
-    task). With no such run, every published row (Table 7's linear probes too) with ours missing."""
+    its own row (``meru_model``): ours from MERU's suite where the run was evaluated on it, else from
+    DataComp's task of the same dataset, whose prompts, splits and, for COCO, image set are DataComp's
+    (the ``protocol`` column says which). With no such run, every published row (Table 7's linear probes
+    too) with ours missing."""
     published = meru_tables()
+    suite_keys = meru_task_keys()
     rows = []
     for run in runs:
         model = meru_model(run)
         arch = run.config.get("model", {}).get("arch")
         mine = published[(published["arch"] == arch) & (published["model"] == model) & (published["table"] != 7)]
         for _, ref in mine.iterrows():
-            value = run.results.get(ref["datacomp_task"], {}).get(ref["metric"]) if ref["datacomp_task"] else None
+            value, protocol = _meru_score(run, ref, suite_keys)
             rows.append({"run": run.name, "table": f"Table {ref['table']}", "model": f"{ref['model']} {arch}",
                          "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"],
-                         "ours": _cell([value], digits=2),
+                         "ours": _cell([value], digits=2), "protocol": protocol or MISSING,
                          "Δ": f"{100 * value - ref['value']:+.2f}" if value is not None else MISSING})
     if rows:
         return pd.DataFrame(rows)
     return pd.DataFrame([{"run": MISSING, "table": f"Table {ref['table']}", "model": f"{ref['model']} {ref['arch']}",
                           "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"], "ours": MISSING,
-                          "Δ": MISSING} for _, ref in published.iterrows()])
+                          "protocol": MISSING, "Δ": MISSING} for _, ref in published.iterrows()])
 
 
 def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:

@@ -1,0 +1,94 @@
+"""MERU's evaluation suite (``euclip eval --tasks meru``): its 20 zero-shot datasets and 2 retrieval sets
+read from DataComp's evaluation sets with MERU's prompts, on stand-ins made from the embedded world."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+
+import pytest
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+from euclip_cli.evaluate.tasks import MERU_PROMPTS, TASKS, list_tasks, select
+from euclip_cli.published import meru_tables
+from tests.test_datacomp_eval import TINY
+
+runner = CliRunner()
+
+
+def test_the_suite_is_merus_tables_one_and_two():
+    tasks = list_tasks("meru")
+    assert len(tasks) == 22 and {t.kind for t in tasks} == {"classification", "retrieval"}
+    published = meru_tables()
+    names = set(published.loc[published["table"].isin([1, 2]), "dataset"])
+    assert {t.name for t in tasks} == names
+    # Each reads the DataComp set the published table names for its dataset (CUB-2011: a folder of its own).
+    of_dataset = dict(zip(published["dataset"], published["datacomp_task"]))
+    assert all((t.source or "") == of_dataset[t.name] for t in tasks)
+    assert all(t.source in TASKS and TASKS[t.source].suite == "datacomp" for t in tasks if t.source)
+    # Every prompt of MERU's Table 8 is a template with one slot, and every classification task has some.
+    prompts = tomllib.loads(MERU_PROMPTS.read_text())
+    assert all(p.count("{c}") == 1 for ps in prompts.values() for p in ps)
+    assert all(t.templates for t in tasks if t.kind == "classification")
+    assert TASKS["meru/cifar100"].templates == TASKS["meru/cifar10"].templates  # one list for both (Table 8)
+    assert TASKS["meru/imagenet"].templates[0] == "i took a picture : itap of a {c}."
+
+
+def test_evalsets_fetches_the_datacomp_sets_the_suite_reads(tmp_path):
+    from euclip_cli.evaluate.runner import fetch_command
+
+    assert fetch_command(select("meru/food101,meru/imagenet")) == "euclip download evalsets --tasks food101,imagenet1k"
+    assert "clip_benchmark_export_wds into wds_cub2011_test" in fetch_command(select("meru/cub2011"))
+    result = runner.invoke(app, ["download", "evalsets", "--tasks", "meru/cub2011", "--root", str(tmp_path)])
+    assert result.exit_code == 0 and "on no host" in result.output
+
+
+@pytest.fixture(scope="module")
+def meru_sets(world, tmp_path_factory):
+    """The folders the suite reads, made from the world's Shapes and retrieval sets in DataComp's layout."""
+    root = tmp_path_factory.mktemp("evalsets")
+    for task in list_tasks("meru"):
+        dest = task.data_dir(root, world)
+        if not dest.exists():
+            shutil.copytree(world / "eval" / ("retrieval" if task.kind == "retrieval" else "shapes"), dest)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    result = runner.invoke(app, ["train", "--recipe", "tiny-meru", f"data.train_dir={world / 'train'}", *TINY,
+                                 "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    return runs / "tiny-meru"
+
+
+@pytest.mark.slow
+def test_the_whole_suite_scores_with_merus_prompts_and_shares_the_image_features(trained, meru_sets, monkeypatch):
+    import euclip_cli.evaluate.runner as evaluation
+
+    embedded = []
+    real = evaluation.embed_texts
+    monkeypatch.setattr(evaluation, "embed_texts", lambda model, tok, texts: embedded.append(texts) or real(model, tok, texts))
+    result = runner.invoke(app, ["eval", str(trained), "--tasks", "food101", "--eval-root", str(meru_sets)])
+    assert result.exit_code == 0, result.output
+    cached = {p.name for p in (trained / "features").rglob("*.pt")}
+    result = runner.invoke(app, ["eval", str(trained), "--tasks", "meru", "--eval-root", str(meru_sets)])
+    assert result.exit_code == 0, result.output
+    assert "meru (22/22 tasks)" in " ".join(result.output.split())
+    lines = {line["key"]: line for line in map(json.loads, (trained / "eval.jsonl").read_text().splitlines())}
+    assert all(not lines[t.key].get("failed") for t in list_tasks("meru"))
+    # MERU's own prompts, not the set's: Food-101's two, filled with the set's class names.
+    classes = (meru_sets / "wds_food101_test" / "classnames.txt").read_text().splitlines()
+    food_prompts = [texts for texts in embedded if texts[0].startswith("food :")]
+    assert food_prompts == [[p.format(c=c) for c in classes for p in ("food : {c}.", "food porn : {c}.")]]
+    # Food-101's images were embedded once, for DataComp's task, and read from the cache for MERU's; only
+    # CUB-2011, a set of the suite's own, has features under its own name.
+    after = {p.name for p in (trained / "features").rglob("*.pt")}
+    assert "food101.pt" in cached and {name for name in after if name.startswith("meru__")} == {"meru__cub2011.pt"}
+    food = lines["meru/food101"]["metrics"]
+    assert food["main_metric"] == food["mean_per_class_recall"]
+    coco = lines["meru/coco"]["metrics"]
+    assert coco["main_metric"] == coco["image_retrieval_recall@5"]
