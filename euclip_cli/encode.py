@@ -59,6 +59,23 @@ def embed_images(model: EuclipModel, batches: Iterable, device: torch.device,
 
 
 @torch.no_grad()
+def embed_image_trunks(model: EuclipModel, batches: Iterable, device: torch.device,
+                       on_images: Callable[[int], None] = lambda n: None) -> tuple[torch.Tensor, list]:
+    """``(features (N, F), labels)``: the image tower's fp32 features before its projection
+    (``towers.image_trunk_features``, what linear probes read) under the encoders' precision, on the host."""
+    from euclip_cli.device import autocast_factory
+    from euclip_cli.towers import image_trunk_features
+
+    found, labels = [], []
+    for images, label in batches:
+        with autocast_factory(model.encoder_precision, device)():
+            found.append(image_trunk_features(model.clip, images.to(device)).float().cpu())
+        labels.extend(label if isinstance(label, (list, tuple)) else label.tolist())
+        on_images(len(images))
+    return torch.cat(found), labels
+
+
+@torch.no_grad()
 def embed_texts(model: EuclipModel, tokenizer, texts: list[str], batch_size: int = 256) -> torch.Tensor:
     """``(len(texts), D)`` output-space text embeddings."""
     # The tokens stay on the host: the text tower plans its groups there and copies them over itself.

@@ -136,7 +136,8 @@ def test_download_world_refuses_a_folder_holding_something_else(tmp_path):
 
 
 def test_a_built_wheel_ships_every_recipe(tmp_path):
-    """A non-editable install (pip install euclip) must find the recipes: they are package data."""
+    """A non-editable install (pip install euclip) must find the recipes and every other data file the
+    package reads: they are package data."""
     import shutil
     import zipfile
     from pathlib import Path
@@ -151,8 +152,13 @@ def test_a_built_wheel_ships_every_recipe(tmp_path):
                             "-w", str(tmp_path / "wheel")], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     wheel = next((tmp_path / "wheel").glob("euclip-*.whl"))
-    shipped = {Path(n).stem for n in zipfile.ZipFile(wheel).namelist() if n.startswith("euclip_cli/recipes/")}
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {Path(n).stem for n in names if n.startswith("euclip_cli/recipes/")}
     assert shipped == set(list_recipes()) and len(shipped) > 10
+    # Every data file the package reads at run time (published tables, claims, MERU's prompts).
+    package = root / "euclip_cli"
+    data = {str(p.relative_to(root)) for p in package.rglob("*") if p.suffix in (".csv", ".toml")}
+    assert data <= set(names), sorted(data - set(names))
 
 
 def test_a_truncated_config_in_one_run_is_named_not_a_json_error(tmp_path):

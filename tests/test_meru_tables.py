@@ -48,7 +48,7 @@ def run(name, arch, geometry, results, imported=None, model=None):
     return Run(name, "", config, {}, imported, meta, results)
 
 
-def test_a_meru_run_sits_beside_its_own_rows_of_tables_one_and_two():
+def test_a_meru_run_sits_beside_its_own_rows_of_each_table():
     imported = run("meru-s", "meru-vit-s", "hyperbolic",
                    {"imagenet1k": {"mean_per_class_recall": 0.35, "acc1": 0.5},
                     COCO: {"image_retrieval_recall@5": 0.3}}, imported="meru", model="MERU")
@@ -56,9 +56,9 @@ def test_a_meru_run_sits_beside_its_own_rows_of_tables_one_and_two():
     other = run("tiny", "world-vit", "hyperbolic", {"imagenet1k": {"mean_per_class_recall": 0.1}})
     assert [meru_model(r) for r in (imported, trained, other)] == ["MERU", "CLIP baseline", None]
     table = meru_table([imported, trained, other])
-    assert set(table["run"]) == {"meru-s", "clip-b"} and set(table["table"]) == {"Table 1", "Table 2"}
+    assert set(table["run"]) == {"meru-s", "clip-b"} and set(table["table"]) == {"Table 1", "Table 2", "Table 7"}
     mine = table[table["run"] == "meru-s"].set_index(["dataset", "metric"])
-    assert len(mine) == 8 + 20
+    assert len(mine) == 8 + 20 + 19
     imagenet = mine.loc[("ImageNet", "mean_per_class_recall")]
     assert imagenet["MERU"] == 34.4 and imagenet["ours"] == "35.00" and imagenet["Δ"] == "+0.60"
     coco = mine.loc[("COCO", "image_retrieval_recall@5")]
@@ -89,9 +89,13 @@ def test_the_report_page_folds_the_published_rows_into_one_row_per_dataset_and_m
 
 def test_merus_own_suite_is_preferred_to_datacomps_task_where_the_run_has_both():
     results = {"imagenet1k": {"mean_per_class_recall": 0.30}, "meru/imagenet": {"mean_per_class_recall": 0.36},
-               "food101": {"mean_per_class_recall": 0.70}}
+               "food101": {"mean_per_class_recall": 0.70}, "meru-probe/food101": {"mean_per_class_recall": 0.86}}
     table = meru_table([run("meru-s", "meru-vit-s", "hyperbolic", results, imported="meru", model="MERU")])
     rows = table.set_index(["dataset", "metric"])
     assert rows.loc[("ImageNet", "mean_per_class_recall"), ["ours", "protocol"]].tolist() == ["36.00", "MERU's"]
     assert rows.loc[("Food-101", "mean_per_class_recall"), ["ours", "protocol"]].tolist() == ["70.00", "DataComp's"]
     assert rows.loc[("CUB-2011", "mean_per_class_recall"), "protocol"] == MISSING
+    # Table 7: the probe of MERU's suite, beside its 85.2 (MERU ViT-S/16, Food-101); no DataComp stand-in.
+    probe = rows.loc[("Food-101", "linear_probe_mean_per_class")]
+    assert probe[["ours", "protocol", "Δ"]].tolist() == ["86.00", "MERU's", "+0.80"]
+    assert rows.loc[("CIFAR-10", "linear_probe_mean_per_class"), "ours"] == MISSING

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
-from euclip_cli.encode import FeatureCache, embed_images, embed_texts, feature_cache, load_model
+from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, embed_texts, feature_cache,
+                               load_model)
 from euclip_cli.errors import EuclipError, UsageError
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import Task, select
@@ -59,9 +61,10 @@ def _lines(path: Path) -> list[str]:
 
 
 def has_data(task: Task, data_dir: Path) -> bool:
-    """Whether ``data_dir`` holds the task's evaluation set (as ``euclip download`` writes it)."""
-    marker = "instances.jsonl" if task.kind == "winogavil" else "test/nshards.txt"
-    return (data_dir / marker).exists()
+    """Whether ``data_dir`` holds the task's evaluation set (as ``euclip download`` writes it; a probe's
+    train split too)."""
+    markers = {"winogavil": ["instances.jsonl"], "probe": ["train/nshards.txt", "test/nshards.txt"]}
+    return all((data_dir / m).exists() for m in markers.get(task.kind, ["test/nshards.txt"]))
 
 
 def fetch_command(tasks: list[Task]) -> str:
@@ -97,6 +100,8 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
     if task.kind == "winogavil":
         return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     _require_data(task, data_dir)
+    if task.kind == "probe":
+        return evaluate_probe(model, task, data_dir, device, batch_size, cache, on_images)
     if task.key in ("fairness/fairface", "fairness/utkface"):
         return evaluate_fairface(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     _, transform = transforms_for(model.clip)
@@ -141,6 +146,33 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
     templates = list(task.templates) or ds.templates
     prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), ds.classes, templates, device)
     return image_emb.to(device), prototypes, torch.tensor(labels, device=device)
+
+
+def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch.device, batch_size: int,
+                   cache: FeatureCache, on_images: Callable[[int], None]) -> dict:
+    """MERU's linear probe (``probe.linear_probe``) on the image tower's features before its projection,
+    each split's cached like zero-shot features; without a ``val`` split, the last ``task.val_fraction``
+    of ``train`` (in shard order) is the validation split."""
+    from euclip_cli.evaluate.probe import linear_probe
+
+    _, transform = transforms_for(model.clip)
+
+    def features(split: str) -> tuple[torch.Tensor, list]:
+        ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split=split)
+        loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
+        return embed_image_trunks(model, loader, device, on_images)
+
+    splits = {split: cache.get(f"{task.key}-{split}", lambda split=split: features(split))
+              for split in ("train", "val", "test") if (data_dir / split / "nshards.txt").exists()}
+    train_x, train_y = splits["train"][0].numpy(), np.asarray(splits["train"][1])
+    if "val" in splits:
+        val = (splits["val"][0].numpy(), np.asarray(splits["val"][1]))
+    else:
+        cut = len(train_y) - max(1, round(task.val_fraction * len(train_y)))
+        if cut < 1:
+            raise EvalError(f"task {task.key}: the train split in {data_dir} is too small to hold out validation")
+        val, train_x, train_y = (train_x[cut:], train_y[cut:]), train_x[:cut], train_y[:cut]
+    return linear_probe((train_x, train_y), val, (splits["test"][0].numpy(), np.asarray(splits["test"][1])))
 
 
 def evaluate_fairface(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,

@@ -21,7 +21,7 @@ from euclip_cli.errors import UsageError
 class Task:
     key: str  # clip-benchmark style id, the results key ("imagenet1k", "world/shapes")
     name: str  # display name (DataComp's results "dataset")
-    kind: str  # classification, retrieval, winogavil, wilds, fairness
+    kind: str  # classification, retrieval, winogavil, wilds, fairness, probe
     main_metric: Optional[str]  # None: produces no main metric (FairFace, UTKFace)
     group: Optional[str]  # main, shifts, attributes, retrieval, or None
     suite: str  # "datacomp", "world" or "meru"
@@ -30,6 +30,9 @@ class Task:
     source: Optional[str] = None
     folder: Optional[str] = None
     templates: tuple[str, ...] = ()
+    # Linear probes (kind "probe"): the share of the train split held out for validation where the set
+    # has no val split of its own (MERU's catalog: 10% for Food-101 and CIFAR, 20% elsewhere).
+    val_fraction: float = 0.2
 
     @property
     def images_key(self) -> str:
@@ -57,6 +60,9 @@ SUITE_COLUMNS = {
     # MERU's Tables 1 and 2: ImageNet, its 19 other zero-shot datasets, COCO and Flickr30K.
     "meru": {"main": "ImageNet", "shifts": "(none)", "attributes": "19 other datasets",
              "retrieval": "Retrieval", "average": "Average over 22 tasks"},
+    # MERU's Table 7: linear probes on the 19 datasets (train, val and test splits of each).
+    "meru-probe": {"main": "(none)", "shifts": "(none)", "attributes": "19 datasets (linear probe)",
+                   "retrieval": "(none)", "average": "Average over 19 datasets"},
 }
 GROUPS = ("main", "shifts", "attributes", "retrieval")
 
@@ -147,9 +153,18 @@ def _meru_tasks() -> list[Task]:
     return tasks
 
 
+def _meru_probe_tasks() -> list[Task]:
+    """Table 7's 19 datasets (ImageNet is not among them): each a folder of its own with train, test and
+    (where the dataset has one) val splits in clip-benchmark's layout, made with its exporter."""
+    return [Task(f"meru-probe/{key}", name, "probe", "mean_per_class_recall", "attributes", "meru-probe",
+                 folder=f"wds_{key}_probe", val_fraction=0.1 if key in ("food101", "cifar10", "cifar100") else 0.2)
+            for key, name, _, _ in _MERU if key != "imagenet"]
+
+
 TASKS: dict[str, Task] = {t[0]: Task(*t, suite="datacomp") for t in _DATACOMP}
 TASKS.update({t.key: t for t in _world_tasks()})
 TASKS.update({t.key: t for t in _meru_tasks()})
+TASKS.update({t.key: t for t in _meru_probe_tasks()})
 
 
 def list_tasks(suite: Optional[str] = None) -> list[Task]:

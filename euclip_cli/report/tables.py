@@ -257,15 +257,19 @@ def meru_model(run: Run) -> Optional[str]:
     return {"hyperbolic": "MERU", "clip": "CLIP baseline"}.get(run.config.get("geometry", {}).get("name"))
 
 
-def meru_task_keys() -> dict[str, str]:
-    """MERU's datasets (as ``meru-tables.csv`` names them) to the meru suite's task of each."""
-    return {t.name: t.key for t in TASKS.values() if t.suite == "meru"}
+def meru_task_keys() -> dict[tuple[str, str], str]:
+    """(suite, MERU's dataset as ``meru-tables.csv`` names it) to the task of the meru suites."""
+    return {(t.suite, t.name): t.key for t in TASKS.values() if t.suite in ("meru", "meru-probe")}
 
 
-def _meru_score(run: Run, ref, suite_keys: dict[str, str]) -> tuple[Optional[float], str]:
-    """A run's value for a published row of MERU's, and by which protocol: MERU's suite (``euclip eval
-    --tasks meru``: its prompts, mean per-class accuracy) where the run has it, else DataComp's task."""
-    mine = run.results.get(suite_keys.get(ref["dataset"], ""), {}).get(ref["metric"])
+def _meru_score(run: Run, ref, suite_keys: dict[tuple[str, str], str]) -> tuple[Optional[float], str]:
+    """A run's value for a published row of MERU's, and by which protocol: MERU's suites (``euclip eval
+    --tasks meru``: its prompts, mean per-class accuracy; ``meru-probe``: its linear probes) where the run
+    has them, else (zero-shot only) DataComp's task of the dataset."""
+    if ref["table"] == 7:
+        value = run.results.get(suite_keys.get(("meru-probe", ref["dataset"]), ""), {}).get("mean_per_class_recall")
+        return value, "MERU's" if value is not None else ""
+    mine = run.results.get(suite_keys.get(("meru", ref["dataset"]), ""), {}).get(ref["metric"])
     if mine is not None:
         return mine, "MERU's"
     theirs = run.results.get(ref["datacomp_task"], {}).get(ref["metric"]) if ref["datacomp_task"] else None
@@ -273,18 +277,18 @@ def _meru_score(run: Run, ref, suite_keys: dict[str, str]) -> tuple[Optional[flo
 
 
 def meru_table(runs: list[Run]) -> pd.DataFrame:
-    """MERU's Tables 1 (retrieval) and 2 (zero-shot classification) with each MERU-comparable run beside
-    its own row (``meru_model``): ours from MERU's suite where the run was evaluated on it, else from
-    DataComp's task of the same dataset, whose prompts, splits and, for COCO, image set are DataComp's
-    (the ``protocol`` column says which). With no such run, every published row (Table 7's linear probes
-    too) with ours missing."""
+    """MERU's Tables 1 (retrieval), 2 (zero-shot classification) and 7 (linear probes) with each
+    MERU-comparable run beside its own rows (``meru_model``): ours from MERU's suites where the run was
+    evaluated on them, else (Tables 1 and 2) from DataComp's task of the same dataset, whose prompts,
+    splits and, for COCO, image set are DataComp's (the ``protocol`` column says which). With no such
+    run, every published row with ours missing."""
     published = meru_tables()
     suite_keys = meru_task_keys()
     rows = []
     for run in runs:
         model = meru_model(run)
         arch = run.config.get("model", {}).get("arch")
-        mine = published[(published["arch"] == arch) & (published["model"] == model) & (published["table"] != 7)]
+        mine = published[(published["arch"] == arch) & (published["model"] == model)]
         for _, ref in mine.iterrows():
             value, protocol = _meru_score(run, ref, suite_keys)
             rows.append({"run": run.name, "table": f"Table {ref['table']}", "model": f"{ref['model']} {arch}",

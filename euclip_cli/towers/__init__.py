@@ -72,3 +72,22 @@ def transforms_for(clip: open_clip.CLIP):
     stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
     return (open_clip.image_transform(size, is_train=True, **stats),
             open_clip.image_transform(size, is_train=False, **stats))
+
+
+def image_trunk_features(clip: open_clip.CLIP, images: torch.Tensor) -> torch.Tensor:
+    """The image tower's features before its projection, ``(B, 3, H, W) -> (B, width)``: what MERU's and
+    CLIP's linear probes read (for MERU, still in Euclidean space: nothing is lifted). A timm tower
+    (MERU's) is its trunk, whose head is the projection; open_clip's ViT runs without its ``proj``."""
+    from open_clip.transformer import VisionTransformer
+
+    visual = clip.visual
+    if hasattr(visual, "trunk"):
+        return visual.trunk(images)
+    if isinstance(visual, VisionTransformer):
+        proj, visual.proj = visual.proj, None
+        try:
+            return visual(images)
+        finally:
+            visual.proj = proj
+    raise UsageError(f"a linear probe reads a ViT's features before its projection; a {type(visual).__name__} "
+                     f"image tower has no such point")

@@ -1,0 +1,103 @@
+"""MERU's linear probes (its Table 7): the cost search against hand arithmetic, the probe on toy sets whose
+answer is known, the features before the projection against each tower's own forward, and
+``euclip eval --tasks meru-probe/...`` end to end on probe sets made from the embedded world."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from euclip_cli.cli import app
+from euclip_cli.evaluate.probe import FIRST_PASS, linear_probe, search_cost
+from tests.test_datacomp_eval import TINY
+
+runner = CliRunner()
+
+
+def test_the_search_refines_around_the_first_passs_best_as_worked_out_by_hand():
+    # Validation score peaking at C = 300 in log space. First pass: 1e2 is nearest (0.48 decades).
+    # Steps: 10 and 1e3 lose to 1e2; 10^1.5 and 10^2.5 -> 10^2.5 (0.02 decades off); 10^2.25, 10^2.75 and
+    # 10^2.375, 10^2.625 lose to it.
+    best, score, tried = search_cost(lambda c: -abs(math.log10(c) - math.log10(300)))
+    assert best == pytest.approx(10 ** 2.5) and score == pytest.approx(-abs(2.5 - math.log10(300)))
+    assert len(tried) == len(FIRST_PASS) + 2 * 4
+    # A flat score keeps the first C tried: a later one must be strictly better.
+    assert search_cost(lambda c: 0.5)[0] == FIRST_PASS[0] == 1e-6
+
+
+def blobs(n_per_class: int, noise_seed: int, classes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Three classes around fixed centres 10 apart on average, each point 0.5 from its centre per axis."""
+    centres = np.random.default_rng(0).normal(size=(classes, 8)) * 10
+    rng = np.random.default_rng(noise_seed)
+    x = np.concatenate([c + 0.5 * rng.normal(size=(n_per_class, 8)) for c in centres])
+    return x, np.repeat(np.arange(classes), n_per_class)
+
+
+def test_a_separable_set_is_probed_perfectly_and_random_labels_at_chance():
+    # Same centres, fresh noise per split: separable by a margin of many standard deviations.
+    found = linear_probe(blobs(20, 1), blobs(20, 2), blobs(20, 3))
+    assert found["mean_per_class_recall"] == 1.0 and found["acc1"] == 1.0
+    assert (found["train"], found["val"], found["test"]) == (60, 60, 60)
+    rng = np.random.default_rng(3)
+    noise = [(rng.normal(size=(300, 8)), rng.integers(0, 2, 300)) for _ in range(3)]
+    assert abs(linear_probe(*noise)["mean_per_class_recall"] - 0.5) < 0.12
+
+
+def test_the_features_before_the_projection_are_what_each_tower_projects():
+    from euclip_cli import config as C
+    from euclip_cli.model import initial_model
+    from euclip_cli.towers import image_trunk_features
+
+    images = torch.randn(2, 3, 224, 224)
+    for recipe in ("tiny-meru", "meru-vit-s"):
+        clip = initial_model(C.load_config(recipe)).clip.eval()
+        with torch.no_grad():
+            trunk = image_trunk_features(clip, images if recipe == "meru-vit-s" else images[:, :, :64, :64])
+            projected = clip.visual(images if recipe == "meru-vit-s" else images[:, :, :64, :64])
+            # The tower's own projection of these features is its output: a ViT's ``proj``, a timm head.
+            mapped = trunk @ clip.visual.proj if recipe == "tiny-meru" else clip.visual.head(trunk)
+        assert torch.allclose(mapped, projected, atol=1e-5)
+        assert recipe == "tiny-meru" or trunk.shape[1] == 384 != projected.shape[1]  # ViT-S's width, not 512
+        assert recipe == "meru-vit-s" or clip.visual.proj is not None  # put back after use
+
+
+@pytest.fixture(scope="module")
+def probe_sets(world, tmp_path_factory):
+    """Food-101's probe set with train and test only, CIFAR-10's with its own val split: the world's Shapes
+    images (train) and its shifted renderings (test), in clip-benchmark's layout."""
+    root = tmp_path_factory.mktemp("probes")
+    for key, splits in (("food101", ("train", "test")), ("cifar10", ("train", "val", "test"))):
+        dest = root / f"wds_{key}_probe"
+        shutil.copytree(world / "eval" / "shapes", dest)  # classnames and the test split
+        for split in splits:
+            if split != "test":
+                shutil.copytree(world / "eval" / "shapes" / "test", dest / split)
+    return root
+
+
+@pytest.mark.slow
+def test_probes_run_through_eval_with_their_splits_and_cached_features(world, probe_sets, tmp_path):
+    result = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}", *TINY,
+                                 "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "tiny-clip"
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/food101,meru-probe/cifar10",
+                                 "--eval-root", str(probe_sets)])
+    assert result.exit_code == 0, result.output
+    lines = {line["key"]: line["metrics"] for line in map(json.loads, (run / "eval.jsonl").read_text().splitlines())}
+    food, cifar = lines["meru-probe/food101"], lines["meru-probe/cifar10"]
+    n = food["test"]
+    # Food-101 holds out its last 10% of train for validation; CIFAR-10's set has a val split of its own.
+    assert (food["train"], food["val"]) == (n - round(0.1 * n), round(0.1 * n))
+    assert (cifar["train"], cifar["val"], cifar["test"]) == (n, n, n)
+    assert food["costs_tried"] == 15 and food["main_metric"] == food["mean_per_class_recall"] > 1 / 12
+    features = {p.name for p in (run / "features").rglob("*.pt")}
+    assert {"meru-probe__food101-train.pt", "meru-probe__food101-test.pt", "meru-probe__cifar10-val.pt"} <= features
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/pets", "--eval-root", str(probe_sets)])
+    assert "clip_benchmark_export_wds into wds_pets_probe" in " ".join(result.output.split())
