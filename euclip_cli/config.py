@@ -101,6 +101,10 @@ class DataConfig:
     # Batches cross to the device through staging buffers allocated once (page-locked on a GPU,
     # euclip_cli.data.feed); false moves them straight from shared memory, as OpenCLIP does (an A/B).
     staging: bool = True
+    # RedCaps only: the probability that a caption is prefixed with its word-segmented subreddit,
+    # "i took a picture : my dog" (MERU: 0.5, drawn afresh each time a sample is read); 0 leaves captions
+    # as they are. Read from each sample's json (euclip download redcaps keeps it); euclip's loader only.
+    subreddit_prefix: float = 0.0
     # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
     # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
     order_seed: Optional[int] = None
@@ -500,6 +504,11 @@ def validate(cfg: Config) -> list[str]:
         problems.append("optim.samples: the budget is smaller than one batch")
     if not 0 <= cfg.data.max_skipped_fraction <= 1:
         problems.append("data.max_skipped_fraction: must be in [0, 1] (1 turns the limit off)")
+    if not 0 <= cfg.data.subreddit_prefix <= 1:
+        problems.append("data.subreddit_prefix: a probability, in [0, 1]")
+    elif cfg.data.subreddit_prefix and cfg.data.pipeline != "euclip":
+        problems.append(f"data.subreddit_prefix: only euclip's loader prefixes captions, not data.pipeline="
+                        f"{cfg.data.pipeline}")
     if not 0 <= cfg.data.world_mismatch < 1:
         problems.append("data.world_mismatch: must lie in [0, 1)")
     if cfg.data.world_samples < 1 or cfg.data.world_eval_size < 1:

@@ -65,6 +65,10 @@ def test_cross_field_rules():
         C.load_config(None, ["geometry.logit=d2"])
     with pytest.raises(C.ConfigError, match="does not divide"):
         C.load_config("tiny-clip", ["optim.accum_steps=3"])
+    with pytest.raises(C.ConfigError, match="only euclip's loader prefixes captions"):
+        C.load_config("meru-vit-s", ["data.pipeline=openclip"])
+    with pytest.raises(C.ConfigError, match="data.subreddit_prefix: a probability"):
+        C.load_config("meru-vit-s", ["data.subreddit_prefix=1.5"])
 
 
 def test_malformed_and_missing_recipes(tmp_path):

@@ -4,7 +4,6 @@ read from DataComp's evaluation sets with MERU's prompts, on stand-ins made from
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 
 import pytest
@@ -14,6 +13,7 @@ from euclip_cli.cli import app
 from euclip_cli.evaluate.tasks import MERU_PROMPTS, TASKS, list_tasks, select
 from euclip_cli.published import meru_tables
 from tests.test_datacomp_eval import TINY
+from tests.wdsfixtures import first_samples
 
 runner = CliRunner()
 
@@ -47,12 +47,13 @@ def test_evalsets_fetches_the_datacomp_sets_the_suite_reads(tmp_path):
 
 @pytest.fixture(scope="module")
 def meru_sets(world, tmp_path_factory):
-    """The folders the suite reads, made from the world's Shapes and retrieval sets in DataComp's layout."""
+    """The folders the suite reads, made from the first 24 images of the world's Shapes and retrieval sets
+    in DataComp's layout (the suite's wiring is under test here, not its numbers)."""
     root = tmp_path_factory.mktemp("evalsets")
     for task in list_tasks("meru"):
         dest = task.data_dir(root, world)
         if not dest.exists():
-            shutil.copytree(world / "eval" / ("retrieval" if task.kind == "retrieval" else "shapes"), dest)
+            first_samples(world / "eval" / ("retrieval" if task.kind == "retrieval" else "shapes"), dest, 24)
     return root
 
 

@@ -125,6 +125,7 @@ def test_each_meru_recipe_is_one_of_merus_published_models_with_merus_settings()
         assert cfg.data.dataset == "redcaps" and cfg.data.batch_size * 120_000 == cfg.optim.samples
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.beta2, cfg.optim.eps) == (5e-4, 0.2, 0.98, 1e-8)
         assert cfg.optim.warmup_steps == 4000 and cfg.geometry.logit_scale_max == 100.0
+        assert cfg.data.subreddit_prefix == 0.5
         assert cfg.geometry.logit_scale_min_log is None
         if cfg.geometry.name == "hyperbolic":
             assert (cfg.loss.entail_weight, cfg.loss.entail_min_radius) == (0.2, 0.1)
@@ -167,3 +168,68 @@ def test_the_hugging_face_token_goes_to_the_hub_only(monkeypatch, tmp_path):
     finally:
         hub.stop()
         cdn.stop()
+
+
+def test_merus_caption_prefix_as_its_mapper_writes_it():
+    import torch
+
+    from euclip_cli.data.redcaps import SubredditPrefix, subreddit_words
+
+    sample = {"txt": b"my dog in the snow", "json": json.dumps({"uid": "ab1", "subreddit": "itookapicture"}).encode()}
+    assert subreddit_words("itookapicture") == "i took a picture" and subreddit_words("EarthPorn") == "earth porn"
+    assert SubredditPrefix(1.0)(sample) == "i took a picture : my dog in the snow"
+    assert SubredditPrefix(0.0)(sample) == "my dog in the snow"
+    assert SubredditPrefix(1.0)({"txt": b"no json"}) == "no json"  # a shard that is not RedCaps'
+    torch.manual_seed(0)
+    prefixed = sum(SubredditPrefix(0.5)(sample) != "my dog in the snow" for _ in range(2000))
+    assert abs(prefixed / 2000 - 0.5) < 0.05
+
+
+def redcaps_like_shards(folder, count: int = 48) -> list[str]:
+    """A shard as ``euclip download redcaps`` writes them: jpg, txt and a json naming the subreddit."""
+    import tarfile
+
+    from tests.webfakes import image_bytes
+
+    folder.mkdir(parents=True)
+    with tarfile.open(folder / "00000000.tar", "w") as tar:
+        for i in range(count):
+            subreddit = ("itookapicture", "earthporn", "pics")[i % 3]
+            for ext, data in (("jpg", image_bytes(i)), ("txt", f"caption {i}".encode()),
+                              ("json", json.dumps({"uid": f"u{i}", "subreddit": subreddit}).encode())):
+                info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return [str(folder / "00000000.tar")]
+
+
+def test_the_prefix_is_drawn_per_batch_so_a_resumed_loader_repeats_it(tmp_path):
+    """The loader seeds torch per batch: the prefixes a resumed stream draws are those of the unbroken one."""
+    import torch
+
+    from euclip_cli.data.loader import TrainBatches
+    from euclip_cli.data.redcaps import SubredditPrefix
+
+    shards = redcaps_like_shards(tmp_path / "shards")
+
+    def tokens(caption: str) -> torch.Tensor:  # the caption's characters, so a test can read them back
+        return torch.tensor([[ord(c) for c in caption[:40].ljust(40)]])
+
+    def stream(**kwargs):
+        return TrainBatches(shards, 8, lambda image: torch.zeros(3, 4, 4), tokens, seed=5, shuffle_buffer=16,
+                            segment_steps=3, caption=SubredditPrefix(0.5), **kwargs)
+
+    unbroken = stream()
+    expected = [next(unbroken)[1] for _ in range(5)]
+    captions = ["".join(map(chr, row)).strip() for batch in expected for row in batch.tolist()]
+    prefixed = [c for c in captions if " : caption " in c]
+    assert 0 < len(prefixed) < len(captions)
+    # Each prefix is its own sample's subreddit, segmented (sample i is of subreddit i % 3).
+    words = ("i took a picture", "earth porn", "pics")
+    assert all(c.split(" : ")[0] == words[int(c.rsplit(" ", 1)[1]) % 3] for c in prefixed)
+    first = stream()
+    for _ in range(2):
+        next(first)
+    resumed = stream(start=2, state=first.state())
+    assert all(torch.equal(next(resumed)[1], want) for want in expected[2:])
+    unbroken.close(), first.close(), resumed.close()

@@ -254,9 +254,10 @@ class TrainStream(IterableDataset):
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
-                 positions: dict[int, WorkerPosition]):
+                 positions: dict[int, WorkerPosition], caption: Callable[[dict], str]):
         super().__init__()
         self.shards, self.batch_size, self.transform, self.tokenizer = shards, batch_size, transform, tokenizer
+        self.caption = caption
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
         self.segment_steps, self.workers, self.start, self.positions = segment_steps, max(1, workers), start, positions
 
@@ -300,13 +301,13 @@ class TrainStream(IterableDataset):
             try:
                 image_key = next(k for k in IMAGE_KEYS if k in sample)
                 image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
-                caption = sample["txt"].decode("utf-8")
                 if rng_state is None:
                     # Augmentation is seeded per batch, from the raw position it starts at, so a
                     # resume (always at a batch boundary) needs no RNG state. Private to the loader:
                     # the trainer's own generator is saved and restored around the batch.
                     rng_state = torch.get_rng_state()
                     torch.manual_seed(derive_seed(seed, batch_start))
+                caption = self.caption(sample)
                 pixels = self.transform(image)
                 text = self.tokenizer(caption)[0]
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
@@ -326,6 +327,11 @@ class TrainStream(IterableDataset):
                 started, cpu_started = time.perf_counter(), time.thread_time()
                 batch_start, rng_state = raw, None
                 images, tokens = [], []
+
+
+def stored_caption(sample: dict) -> str:
+    """A sample's caption as its shard stores it (``txt``)."""
+    return sample["txt"].decode("utf-8")
 
 
 # What stops a trainer at the end of its step, with a checkpoint: SIGTERM (a preemption, a kill),
@@ -362,12 +368,15 @@ class TrainBatches:
 
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
-                 start: int = 0, state: dict | None = None, sharing: str = "file_descriptor"):
+                 start: int = 0, state: dict | None = None, sharing: str = "file_descriptor",
+                 caption: Callable[[dict], str] = stored_caption):
         """``segment_steps``: global batches between restarts of the streams (``segment_steps_for``).
         ``sharing``: how workers hand their buffers over (torch.multiprocessing's sharing strategy,
         set for the whole process): ``file_descriptor`` (torch's default) passes each buffer's file
         descriptor through a handshake that the worker serves; ``file_system`` names the buffer in
-        /dev/shm instead, with no handshake, at the risk of files left behind by a killed process."""
+        /dev/shm instead, with no handshake, at the risk of files left behind by a killed process.
+        ``caption``: a sample's caption from its raw entries (a caption augmentation draws from torch's
+        generator, which is seeded per batch, so a resume repeats it exactly)."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -376,7 +385,7 @@ class TrainBatches:
         self.resumed_exactly = usable or start == 0
         self.work = LoaderWork()
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
-                              shuffle_buffer, segment_steps, workers, start, dict(self.positions))
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption)
         self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)

@@ -9,13 +9,15 @@ the ``image_id`` as uid, the subreddit kept in each sample's json), and img2data
 DataComp's settings. What differs from the RedCaps downloader MERU used: img2dataset's resizing
 (longest side at most 512 px, DataComp's) rather than the downloader's shorter side 512; the downloader's
 own filters were applied to the annotations before their release, so none are applied again. MERU's
-training-time augmentation (the word-segmented subreddit prefixed to half the captions) is not applied here.
+training-time augmentation, the word-segmented subreddit prefixed to half the captions, is
+``SubredditPrefix`` (``data.subreddit_prefix``), applied by the loader as it reads each sample.
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -89,3 +91,32 @@ def download_redcaps(out: Path, options: ImageOptions, command: str, say: Say, u
         write_manifest(out, manifest)
         (list_dir / ".complete").touch()
     return fetch_images(out, manifest, options, bbox=False, say=say, columns=COLUMNS)
+
+
+@lru_cache(maxsize=None)
+def subreddit_words(name: str) -> str:
+    """A subreddit's name as words, ``itookapicture`` -> ``i took a picture``: wordsegment's English
+    unigram and bigram model, as MERU segments them (its corpus loads once per process, under a second)."""
+    import wordsegment
+
+    if not wordsegment.UNIGRAMS:
+        wordsegment.load()
+    return " ".join(wordsegment.segment(wordsegment.clean(name)))
+
+
+class SubredditPrefix:
+    """MERU's caption augmentation (its ``RedCapsTarMapper``): with ``probability``, ``"{subreddit words} :
+    {caption}"``, drawn from torch's generator (which the loader seeds per batch); a sample whose json names
+    no subreddit keeps its caption. Picklable, for the loader's worker processes."""
+
+    def __init__(self, probability: float):
+        self.probability = probability
+
+    def __call__(self, sample: dict) -> str:
+        import torch
+
+        caption = sample["txt"].decode("utf-8")
+        subreddit = json.loads(sample["json"]).get("subreddit") if "json" in sample else None
+        if not subreddit or torch.rand(()).item() >= self.probability:
+            return caption
+        return f"{subreddit_words(subreddit)} : {caption}"

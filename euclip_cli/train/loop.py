@@ -174,8 +174,17 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                            shuffle_buffer=cfg.data.shuffle_buffer,
                            segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
-                           sharing=cfg.data.sharing)
+                           sharing=cfg.data.sharing, **caption_augmentation(cfg))
     return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
+
+
+def caption_augmentation(cfg: C.Config) -> dict:
+    """The loader's ``caption`` argument: MERU's subreddit prefix where the recipe asks for it."""
+    if not cfg.data.subreddit_prefix:
+        return {}
+    from euclip_cli.data.redcaps import SubredditPrefix
+
+    return {"caption": SubredditPrefix(cfg.data.subreddit_prefix)}
 
 
 def host_threads(setting: int, device: torch.device, workers: int) -> Optional[int]:
