@@ -121,6 +121,8 @@ def imagenet_sets(world, tmp_path_factory):
         shutil.copytree(world / "eval" / "shapes", dest)
         names = (dest / "classnames.txt").read_text().splitlines()
         (dest / "classnames.txt").write_text("\n".join(names + [f"thing {i}" for i in range(len(names), size)]) + "\n")
+        # One template: 1,000 class names are embedded once each, not once per template.
+        (dest / "zeroshot_classification_templates.txt").write_text("a picture of {c}\n")
     return root
 
 
