@@ -27,9 +27,12 @@ class Tree:
     """A rooted hierarchy by each node's parents (the root has none; a tree's nodes have one each)."""
 
     parents: dict[str, tuple[str, ...]]
-    # Ancestor sets and distances memoised per node: a task scores its classes' pairs many times over.
+    # Ancestors, ancestor sets and distances memoised per node, and the children of each node: a task
+    # scores its classes' pairs many times over (uniform guessing on ImageNet: a million pairs).
     _up: dict = field(default_factory=dict, compare=False, repr=False)
+    _up_sets: dict = field(default_factory=dict, compare=False, repr=False)
     _around: dict = field(default_factory=dict, compare=False, repr=False)
+    _below: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_parent(cls, parent: dict[str, str]) -> "Tree":
@@ -55,6 +58,12 @@ class Tree:
             self._up[node] = seen
         return self._up[node]
 
+    def ancestor_set(self, node: str) -> frozenset[str]:
+        """``ancestors(node)`` as a set."""
+        if node not in self._up_sets:
+            self._up_sets[node] = frozenset(self.ancestors(node))
+        return self._up_sets[node]
+
     def distance(self, a: str, b: str) -> int:
         """Edges on the shortest path between ``a`` and ``b``, each edge walked either way (in a tree: each
         one's depth below their lowest common ancestor, added)."""
@@ -63,10 +72,11 @@ class Tree:
         return self._around[a][b]
 
     def _distances_from(self, start: str) -> dict[str, int]:
-        below: dict[str, list[str]] = {}
-        for node, above in self.parents.items():
-            for p in above:
-                below.setdefault(p, []).append(node)
+        if not self._below:
+            for node, above in self.parents.items():
+                for p in above:
+                    self._below.setdefault(p, []).append(node)
+        below = self._below
         hops, queue = {start: 0}, deque([start])
         while queue:
             node = queue.popleft()
@@ -78,7 +88,7 @@ class Tree:
 
 
 def _row(p: str, t: str, tree: Tree) -> tuple[float, ...]:
-    a_p, a_t = set(tree.ancestors(p)), set(tree.ancestors(t))
+    a_p, a_t = tree.ancestor_set(p), tree.ancestor_set(t)
     shared = len(a_p & a_t)
     return (tree.distance(p, t), len(a_p) - shared + 1, shared / len(a_p | a_t), shared / len(a_p),
             shared / len(a_t), float(p == t))

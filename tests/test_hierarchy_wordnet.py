@@ -38,26 +38,33 @@ def stand_in_wordnet() -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
     return parents, lemmas
 
 
-@pytest.fixture(scope="module")
-def nltk_server(tmp_path_factory):
-    # nltk refuses to fetch from any address that is not globally routable (its SSRF guard), the stand-in's
-    # 127.0.0.1 included: lifted for this module only, everything else of nltk's downloader as shipped.
+def download_wordnet(*args: str):
+    """``euclip download wordnet ARGS``, with nltk's refusal to fetch from any address that is not globally
+    routable (its SSRF guard; the stand-in's 127.0.0.1 included) lifted for this call only: everything
+    else of nltk, reading the corpus included, runs as shipped."""
     import nltk.pathsec
 
     enforced, nltk.pathsec.ENFORCE = nltk.pathsec.ENFORCE, False
+    try:
+        return runner.invoke(app, ["download", "wordnet", *args])
+    finally:
+        nltk.pathsec.ENFORCE = enforced
+
+
+@pytest.fixture(scope="module")
+def nltk_server(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("wordnet-source") / "wordnet"
     write_wordnet(corpus, *stand_in_wordnet())
     unzipped = sum(p.stat().st_size for p in corpus.iterdir())
     server = FakeNltkData({"wordnet": (nltk_package(corpus, "wordnet"), unzipped)})
     yield server
     server.stop()
-    nltk.pathsec.ENFORCE = enforced
 
 
 @pytest.fixture(scope="module")
 def wordnet_dir(nltk_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("nltk") / "nltk_data"
-    result = runner.invoke(app, ["download", "wordnet", "--out", str(out), "--index-url", f"{nltk_server.url}/index.xml"])
+    result = download_wordnet("--out", str(out), "--index-url", f"{nltk_server.url}/index.xml")
     assert result.exit_code == 0, result.output
     assert "installed" in result.output and (out / "corpora" / "wordnet" / "data.noun").is_file()
     return out
@@ -65,8 +72,7 @@ def wordnet_dir(nltk_server, tmp_path_factory):
 
 def test_a_second_download_fetches_nothing_again(nltk_server, wordnet_dir):
     before = nltk_server.requests.count("wordnet.zip")
-    result = runner.invoke(app, ["download", "wordnet", "--out", str(wordnet_dir),
-                                 "--index-url", f"{nltk_server.url}/index.xml"])
+    result = download_wordnet("--out", str(wordnet_dir), "--index-url", f"{nltk_server.url}/index.xml")
     assert result.exit_code == 0, result.output
     assert "already up to date" in " ".join(result.output.split()) and nltk_server.requests.count("wordnet.zip") == before
 
@@ -74,14 +80,12 @@ def test_a_second_download_fetches_nothing_again(nltk_server, wordnet_dir):
 def test_a_package_failing_its_checksum_or_an_unreachable_server_is_one_line(nltk_server, tmp_path):
     nltk_server.corrupt.add("wordnet")
     try:
-        result = runner.invoke(app, ["download", "wordnet", "--out", str(tmp_path / "a"),
-                                     "--index-url", f"{nltk_server.url}/index.xml"])
+        result = download_wordnet("--out", str(tmp_path / "a"), "--index-url", f"{nltk_server.url}/index.xml")
     finally:
         nltk_server.corrupt.discard("wordnet")
     assert result.exit_code == 1 and "could not fetch WordNet" in result.output and "sha256 mismatch" in result.output
     assert not (tmp_path / "a" / "corpora" / "wordnet" / "data.noun").exists()
-    result = runner.invoke(app, ["download", "wordnet", "--out", str(tmp_path / "b"),
-                                 "--index-url", "http://127.0.0.1:9/index.xml"])
+    result = download_wordnet("--out", str(tmp_path / "b"), "--index-url", "http://127.0.0.1:9/index.xml")
     assert result.exit_code == 1 and "could not fetch WordNet from" in result.output and "refused" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 

@@ -288,7 +288,6 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
     if tree == "wordnet":
         console.print(f"written: {path}")
         return
-    console.print(table)
     scored = Table(title="family captions against the Shapes images and the shape captions: is the pair related?")
     for column in ("pairs", "score", "ROC AUC", "average precision", "related / all"):
         scored.add_column(column, justify="left" if column in ("pairs", "score") else "right")

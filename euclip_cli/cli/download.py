@@ -157,7 +157,6 @@ def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[st
                   subreddits: Optional[list[str]] = None) -> None:
     from euclip_cli.data import redcaps
 
-
     bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
     with errors():
@@ -204,9 +203,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
 
     from euclip_cli.data.fetch import FetchError
     from euclip_cli.evaluate.evalsets import download
-    from euclip_cli.evaluate.tasks import select
-
-    from euclip_cli.evaluate.tasks import TASKS
+    from euclip_cli.evaluate.tasks import TASKS, select
 
     with errors():
         named = select(tasks)

@@ -115,7 +115,9 @@ class SubredditPrefix:
     def __call__(self, sample: dict) -> str:
         import torch
 
-        caption = sample["txt"].decode("utf-8")
+        from euclip_cli.data.loader import stored_caption
+
+        caption = stored_caption(sample)
         subreddit = json.loads(sample["json"]).get("subreddit") if "json" in sample else None
         if not subreddit or torch.rand(()).item() >= self.probability:
             return caption

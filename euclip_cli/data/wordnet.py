@@ -45,12 +45,17 @@ def fetch(folder: Path, index_url: str = INDEX_URL) -> str:
 
 def reader(folder: Path):
     """nltk's ``WordNetCorpusReader`` over the copy in ``folder`` (nothing else on nltk's search path)."""
+    import nltk.data
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
     from nltk.data import FileSystemPathPointer
 
     corpus = folder / "corpora" / PACKAGE
     if not (corpus / "data.noun").is_file():
         raise UsageError(f"no WordNet in {folder}: run 'euclip download wordnet --out {folder}'")
+    # nltk reads corpora only under the folders on its data path (its guard against reading files planted
+    # elsewhere): the folder the user named is one.
+    if str(folder.resolve()) not in nltk.data.path:
+        nltk.data.path.insert(0, str(folder.resolve()))
     with warnings.catch_warnings():  # nltk warns that the multilingual (OMW) functions are absent: unused
         warnings.simplefilter("ignore")
         return WordNetCorpusReader(FileSystemPathPointer(str(corpus)), None)
