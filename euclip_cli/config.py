@@ -43,6 +43,16 @@ class ModelConfig:
     # (exact trimming, ``euclip_cli.towers.text.text_features``); 0: every length its own group; unset: by
     # the device's kind, 0 on a CPU and 2 on a GPU, where each group launches the whole tower again.
     text_groups: Optional[int] = None
+    # The width D of the projections (both towers' output); unset: the arch's own. With m class tokens
+    # each token projects to D/m.
+    embed_dim: Optional[int] = None
+    # A run (a path, or a name under the runs folder) whose latest checkpoint's towers this run starts
+    # from; the projections and the geometry's scalars start fresh, as in MERU's embedding-width study
+    # (its section 4.4): the source's projections may have another width.
+    init_from: Optional[str] = None
+    # True: only the projections and the geometry's scalars learn; the towers stay as init_from left
+    # them and run as at evaluation (no BatchNorm statistics move). Needs init_from.
+    freeze_towers: bool = False
 
 
 @dataclass
@@ -472,6 +482,13 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"model.class_tokens: {cfg.model.class_tokens} class tokens make a point of PS(n, "
                         f"{cfg.model.class_tokens}); set geometry.name=\"product-sphere\" and "
                         f"geometry.blocks={cfg.model.class_tokens}")
+    if cfg.model.embed_dim is not None and (cfg.model.embed_dim < 1 or cfg.model.embed_dim % max(cfg.model.class_tokens, 1)):
+        problems.append(f"model.embed_dim: {cfg.model.embed_dim} must be a positive multiple of model.class_tokens "
+                        f"({cfg.model.class_tokens}), or none (the arch's own)")
+    if cfg.model.freeze_towers and not cfg.model.init_from:
+        problems.append("model.freeze_towers: frozen towers must come from a trained run; set model.init_from=RUN")
+    if cfg.model.init_from is not None and not cfg.model.init_from.strip():
+        problems.append("model.init_from: empty; name a run (a path or a name under the runs folder), or none")
     if not 0 < g.curvature_min <= g.curvature_init <= g.curvature_max:
         problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
     if g.logit_scale_max <= 0:

@@ -33,7 +33,7 @@ def load_model(run: RunDir, device: torch.device, at_init: bool = False
         if not run.config_file.exists():
             raise UsageError(f"{run.path} is not a run directory (no {run.config_file.name}): name a run's folder")
         cfg, found, step = C.from_dict(run.config()), None, 0
-        model = initial_model(cfg)
+        model = initial_model(cfg, run.path.parent)
     else:
         found, state, _ = run.readable_checkpoint()
         if found is None:

@@ -23,14 +23,16 @@ from euclip_cli.device import autocast_factory
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
-from euclip_cli.towers import build_clip, remove_final_layernorm, token_width
+from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
+from euclip_cli.towers import build_clip, projection_names, remove_final_layernorm, token_width
 from euclip_cli.towers.text import TextPlan, class_tokens, groups_for, text_features, text_plan
 
 
-def state_mismatch(model: nn.Module, state: dict) -> Optional[str]:
-    """What stops ``state`` (a state dict) from loading into ``model``, in words, or None when it fits:
-    the number and first of the missing and the unexpected keys, or the first tensor of another shape."""
-    expected = model.state_dict()
+def state_mismatch(model: nn.Module | dict, state: dict) -> Optional[str]:
+    """What stops ``state`` (a state dict) from loading into ``model`` (a module, or the state dict it
+    expects), in words, or None when it fits: the number and first of the missing and the unexpected keys,
+    or the first tensor of another shape."""
+    expected = model if isinstance(model, dict) else model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     problems = []
@@ -75,7 +77,7 @@ def check_buildable(cfg: Config) -> None:
     """What ``EuclipModel(cfg)`` would refuse in the configuration (an unknown arch, class tokens or
     geometry blocks that do not divide its dimension), found from names and sizes without building a
     tower: the trainer checks this before it looks at the data, and builds the model after."""
-    width = token_width(cfg.model.arch, cfg.model.class_tokens)
+    width = token_width(cfg.model.arch, cfg.model.class_tokens, cfg.model.embed_dim)
     _geometry(cfg, width * cfg.model.class_tokens)
 
 
@@ -83,9 +85,19 @@ class EuclipModel(nn.Module):
     def __init__(self, cfg: Config, clip: Optional[open_clip.CLIP] = None):
         """``clip``: already-built towers (e.g. an open_clip pretrained model) instead of fresh ones."""
         super().__init__()
-        self.clip = clip if clip is not None else build_clip(cfg.model.arch, cfg.model.class_tokens)
+        self.clip = clip if clip is not None else build_clip(cfg.model.arch, cfg.model.class_tokens,
+                                                              cfg.model.embed_dim)
         if not cfg.model.final_ln:
             remove_final_layernorm(self.clip)
+        # What starts fresh when the towers come from another run (``start_from``), and all that learns
+        # besides the scalars when they are frozen.
+        self.projection_names = (projection_names(cfg.model.arch, cfg.model.class_tokens)
+                                 if cfg.model.init_from or cfg.model.freeze_towers else frozenset())
+        self.towers_frozen = cfg.model.freeze_towers
+        self.started_from: Optional[dict] = None  # set by ``initial_model`` when the towers come from a run
+        if self.towers_frozen:
+            for name, p in self.clip.named_parameters():
+                p.requires_grad_(name in self.projection_names)
         self.text_groups = cfg.model.text_groups
         g = cfg.geometry
         # Multi(n, m) towers project each of their m class tokens to n = text_projection's width.
@@ -109,6 +121,14 @@ class EuclipModel(nn.Module):
         if self.geometry.has_curvature:
             self.log_curv = nn.Parameter(torch.tensor(math.log(g.curvature_init)), requires_grad=g.learn_curvature)
             self.log_curv_range = (math.log(g.curvature_min), math.log(g.curvature_max))
+
+    def train(self, mode: bool = True) -> "EuclipModel":
+        """Frozen towers run as at evaluation (no BatchNorm statistic moves, no dropout) even while the
+        projections train; a projection is a bare matrix or linear map, which no mode changes."""
+        super().train(mode)
+        if self.towers_frozen:
+            self.clip.eval()
+        return self
 
     def _embed(self, features: torch.Tensor, log_scale: Optional[torch.Tensor]) -> torch.Tensor:
         with torch.autocast(features.device.type, enabled=False):
@@ -174,12 +194,52 @@ class EuclipModel(nn.Module):
         return out
 
 
-def initial_model(cfg: Config) -> EuclipModel:
+def init_source(cfg: Config, runs_dir: Optional[Path] = None) -> RunDir:
+    """The run ``model.init_from`` names (a path, or a name under ``runs_dir``, default the runs folder), or a
+    usage error naming the key and the commands that make such a run."""
+    name = cfg.model.init_from
+    try:
+        return resolve(name, runs_dir or RUNS_DIR)
+    except UsageError:
+        raise UsageError(f"model.init_from: no run '{name}' (neither a run folder nor a name under "
+                         f"{runs_dir or RUNS_DIR}); train it (euclip train --recipe RECIPE --name {name}) or import "
+                         f"a released model under that name (euclip import FORMAT SOURCE --name {name})") from None
+
+
+def start_from(model: EuclipModel, source: RunDir) -> dict:
+    """Load the towers of ``source``'s latest checkpoint into ``model`` (``model.init_from``), all but the
+    projections and the logit scale, which keep their fresh values, as do the geometry's other scalars;
+    returns where they came from, for the run's metadata. A usage error names a source without a
+    checkpoint or with other towers."""
+    found, state, _ = source.readable_checkpoint()
+    if found is None:
+        raise UsageError(f"model.init_from: {source.path} has no readable checkpoint: train it (euclip train) or "
+                         f"import one (euclip import) first")
+    fresh = model.projection_names | {"logit_scale"}
+    theirs = {key.removeprefix("clip."): value for key, value in state["model"].items()
+              if key.startswith("clip.") and key.removeprefix("clip.") not in fresh}
+    ours = {key: value for key, value in model.clip.state_dict().items() if key not in fresh}
+    problem = state_mismatch(ours, theirs)
+    if problem:
+        arch = state["config"]["model"]
+        raise UsageError(f"model.init_from: the towers of {found} (model.arch={arch['arch']}, model.final_ln="
+                         f"{arch['final_ln']}, model.class_tokens={arch['class_tokens']}) do not fit this run's "
+                         f"({problem}); start from a run of this run's arch, final LayerNorm and class tokens")
+    model.clip.load_state_dict(theirs, strict=False)
+    return {"run": str(source.path), "checkpoint": found.name, "step": state["step"]}
+
+
+def initial_model(cfg: Config, runs_dir: Optional[Path] = None, towers: bool = True) -> EuclipModel:
     """The model a run of ``cfg`` starts training from, on the CPU: its weights are fixed by
-    ``train.seed`` (the trainer builds it through this function, so a study can measure a run's
-    untrained state without a checkpoint of it)."""
+    ``train.seed`` and, with ``model.init_from`` (resolved under ``runs_dir``, default the runs folder), its
+    towers are that run's (``towers=False`` leaves them fresh: a resumed run loads its own). The trainer
+    builds it through this function, so a study can measure a run's untrained state without a checkpoint
+    of it. ``model.started_from`` says where the towers came from (None: fresh)."""
     import random
 
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
-    return EuclipModel(cfg)
+    model = EuclipModel(cfg)
+    if cfg.model.init_from and towers:
+        model.started_from = start_from(model, init_source(cfg, runs_dir))
+    return model

@@ -16,6 +16,7 @@ from tests.test_datacomp_eval import TINY
 from tests.wdsfixtures import first_samples
 
 runner = CliRunner()
+CLEVR_WORDS = ["three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 
 
 def test_the_suite_is_merus_tables_one_and_two():
@@ -53,7 +54,9 @@ def meru_sets(world, tmp_path_factory):
     for task in list_tasks("meru"):
         dest = task.data_dir(root, world)
         if not dest.exists():
-            first_samples(world / "eval" / ("retrieval" if task.kind == "retrieval" else "shapes"), dest, 24)
+            # DataComp's CLEVR Counts names its eight classes by words, where MERU's suite names them by digits.
+            words = CLEVR_WORDS if task.key == "meru/clevr" else None
+            first_samples(world / "eval" / ("retrieval" if task.kind == "retrieval" else "shapes"), dest, 24, words)
     return root
 
 
@@ -89,6 +92,9 @@ def test_the_whole_suite_scores_with_merus_prompts_and_shares_the_image_features
     # CUB-2011, a set of the suite's own, has features under its own name.
     after = {p.name for p in (trained / "features").rglob("*.pt")}
     assert "food101.pt" in cached and {name for name in after if name.startswith("meru__")} == {"meru__cub2011.pt"}
+    # CLEVR Counts: MERU's digits in the set's label order (label 0 counts three objects), not the set's words.
+    clevr = [texts for texts in embedded if texts[0].startswith("a photo of") and texts[0].endswith("objects.")]
+    assert clevr == [[f"a photo of {n} objects." for n in range(3, 11)]]
     food = lines["meru/food101"]["metrics"]
     assert food["main_metric"] == food["mean_per_class_recall"]
     coco = lines["meru/coco"]["metrics"]

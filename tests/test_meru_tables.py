@@ -1,4 +1,4 @@
-"""MERU's published Tables 1, 2 and 7 (``euclip_cli/published/meru-tables.csv``) and ``euclip report --table
+"""MERU's published Tables 1, 2, 3 and 7 (``euclip_cli/published/meru-tables.csv``) and ``euclip report --table
 meru``, which puts MERU-comparable runs beside their own rows."""
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ def test_every_published_model_has_every_column_of_each_table():
     for table, columns in ((1, 8), (2, 20), (7, 19)):
         per_model = rows[rows["table"] == table].groupby(["arch", "model"]).size()
         assert (per_model == columns).all(), table
+    # Table 3: ViT-L's two models at five widths, COCO recall@5 both ways and ImageNet.
+    widths = rows[rows["table"] == 3].groupby(["arch", "model", "embed_dim"]).size()
+    assert len(widths) == 2 * 5 and (widths == 3).all()
+    assert set(rows.loc[rows["table"] != 3, "embed_dim"]) == {512}
     # Each dataset's DataComp task is one the registry knows (CUB-2011 alone has none).
     tasks = set(rows["datacomp_task"]) - {""}
     assert tasks <= set(TASKS) and set(rows.loc[rows["datacomp_task"] == "", "dataset"]) == {"CUB-2011"}
@@ -36,14 +40,24 @@ def test_the_near_chance_columns_are_near_chance():
         assert (abs(values - 100 / classes) < 10).all(), dataset
 
 
+def test_table_threes_widest_models_are_the_vit_l_rows_of_tables_one_and_two():
+    """Table 3's 512 column is the ViT-L/16 models the narrower ones start from: the same numbers transcribed
+    from Tables 1 and 2 (a check on either transcription)."""
+    rows = meru_tables()
+    key = ["model", "dataset", "metric"]
+    widest = rows[(rows["table"] == 3) & (rows["embed_dim"] == 512)].set_index(key)["value"]
+    full = rows[rows["table"].isin([1, 2]) & (rows["arch"] == "meru-vit-l")].set_index(key)["value"]
+    assert len(widest) == 6 and (full.loc[widest.index] == widest).all()
+
+
 def test_imagenet_is_table_twos_first_column():
     imagenet = meru_imagenet().set_index(["arch", "model"])["imagenet"]
     assert imagenet[("meru-vit-s", "MERU")] == 34.4 and imagenet[("meru-vit-l", "CLIP baseline")] == 38.4
     assert len(imagenet) == 6
 
 
-def run(name, arch, geometry, results, imported=None, model=None):
-    config = {"model": {"arch": arch}, "geometry": {"name": geometry}}
+def run(name, arch, geometry, results, imported=None, model=None, **towers):
+    config = {"model": {"arch": arch, **towers}, "geometry": {"name": geometry}}
     meta = {"format": imported, "model": model} if imported else None
     return Run(name, "", config, {}, imported, meta, results)
 
@@ -74,7 +88,7 @@ def test_without_a_meru_run_the_report_writes_the_published_rows_and_says_what_f
     assert "euclip import meru" in " ".join(result.output.split())
     written = (tmp_path / "tables" / "meru.md").read_text()
     assert written.count("| missing") >= 282 and "CUB-2011" in written
-    assert len(meru_table([])) == len(meru_tables()) == 282
+    assert len(meru_table([])) == len(meru_tables()) == 282 + 30
 
 
 def test_the_report_page_folds_the_published_rows_into_one_row_per_dataset_and_metric():
@@ -82,9 +96,26 @@ def test_the_report_page_folds_the_published_rows_into_one_row_per_dataset_and_m
 
     (title, folded), = fold_published([("meru", "MERU", meru_table([]))])
     assert title.startswith("MERU's published numbers without a run of ours")
-    assert len(folded) == 8 + 20 + 19 and len(folded.columns) == 3 + 6
+    assert len(folded) == 8 + 20 + 19 + 3 * 5 and len(folded.columns) == 4 + 6
     row = folded[(folded["table"] == "Table 2") & (folded["dataset"] == "ImageNet")].iloc[0]
     assert row["MERU meru-vit-b"] == 37.5 and row["CLIP baseline meru-vit-s"] == 34.3
+
+
+def test_a_run_of_frozen_towers_sits_beside_table_threes_row_of_its_width():
+    results = {"meru/imagenet": {"mean_per_class_recall": 0.31}, "meru/coco": {"image_retrieval_recall@5": 0.27}}
+    frozen = dict(init_from="meru-vit-l", freeze_towers=True)
+    narrow = run("meru-w64", "meru-vit-l", "hyperbolic", results, embed_dim=64, **frozen)
+    widest = run("clip-w512", "meru-vit-l", "clip", results, **frozen)
+    odd = run("meru-w200", "meru-vit-l", "hyperbolic", results, embed_dim=200, **frozen)
+    whole = run("meru-l-64", "meru-vit-l", "hyperbolic", results, embed_dim=64)  # trained whole: in no table
+    table = meru_table([narrow, widest, odd, whole])
+    assert set(table["run"]) == {"meru-w64", "clip-w512"} and set(table["table"]) == {"Table 3"}
+    mine = table[table["run"] == "meru-w64"].set_index(["dataset", "metric"])
+    assert len(mine) == 3 and set(mine["embed_dim"]) == {64}
+    assert mine.loc[("ImageNet", "mean_per_class_recall"), ["MERU", "ours", "Δ"]].tolist() == [32.3, "31.00", "-1.30"]
+    assert mine.loc[("COCO", "image_retrieval_recall@5"), ["MERU", "Δ"]].tolist() == [26.5, "+0.50"]
+    assert mine.loc[("COCO", "text_retrieval_recall@5"), "ours"] == MISSING
+    assert table.loc[table["run"] == "clip-w512", "MERU"].tolist() == [31.7, 40.6, 38.4]
 
 
 def test_merus_own_suite_is_preferred_to_datacomps_task_where_the_run_has_both():

@@ -26,17 +26,21 @@ def with_metadata(source, dest, rows_for):
                     out.addfile(info, buf)
 
 
-def first_samples(source, dest, count: int):
+def first_samples(source, dest, count: int, classes=None):
     """Copy a wds task folder keeping only its first ``count`` samples (a smaller set, where a test needs
-    the format and the wiring rather than the numbers)."""
+    the format and the wiring rather than the numbers); with ``classes``, only samples whose label is one
+    of theirs, and they are the set's class names."""
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.tar", "nshards.txt"))
-    keys: list[str] = []
-    with tarfile.open(source / "test" / "0.tar") as src, tarfile.open(dest / "test" / "0.tar", "w") as out:
+    samples: dict[str, list] = {}
+    with tarfile.open(source / "test" / "0.tar") as src:
         for member in src.getmembers():
-            key = member.name.split(".", 1)[0]
-            if key not in keys:
-                if len(keys) == count:
-                    break
-                keys.append(key)
-            out.addfile(member, io.BytesIO(src.extractfile(member).read()))
+            samples.setdefault(member.name.split(".", 1)[0], []).append((member, src.extractfile(member).read()))
+    kept = [key for key, files in samples.items()
+            if classes is None or all(int(data) < len(classes) for m, data in files if m.name.endswith(".cls"))]
+    with tarfile.open(dest / "test" / "0.tar", "w") as out:
+        for key in kept[:count]:
+            for member, data in samples[key]:
+                out.addfile(member, io.BytesIO(data))
     (dest / "test" / "nshards.txt").write_text("1\n")
+    if classes is not None:
+        (dest / "classnames.txt").write_text("".join(f"{name}\n" for name in classes))

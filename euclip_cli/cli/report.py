@@ -14,8 +14,8 @@ from euclip_cli.rundir import STUDIES_DIR
 
 def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the paper's tables), traversal "
                                                           "(Tables 6 and 7), released (imported runs beside "
-                                                          "their published rows), meru (MERU's Tables 1, 2 and "
-                                                          "7 beside MERU-comparable runs), equilibrium (runs' euclip "
+                                                          "their published rows), meru (MERU's Tables 1, 2, 3 "
+                                                          "and 7 beside MERU-comparable runs), equilibrium (runs' euclip "
                                                           "analyze equilibrium, studies' runs included) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),

@@ -144,7 +144,11 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
     image_emb, labels = cache.get(task.images_key, lambda: embed_images(model, loader, device, on_images))
     templates = list(task.templates) or ds.templates
-    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), ds.classes, templates, device)
+    if task.classes and len(task.classes) != len(ds.classes):
+        raise EvalError(f"task {task.key}: {data_dir / 'classnames.txt'} has {len(ds.classes)} classes where the "
+                        f"task names {len(task.classes)} ({', '.join(task.classes)}); fetch the set again "
+                        f"({fetch_command([task])})")
+    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), list(task.classes) or ds.classes, templates, device)
     return image_emb.to(device), prototypes, torch.tensor(labels, device=device)
 
 

@@ -30,6 +30,8 @@ class Task:
     source: Optional[str] = None
     folder: Optional[str] = None
     templates: tuple[str, ...] = ()
+    # Class names that replace that set's, one per label in its order (MERU's own where they differ).
+    classes: tuple[str, ...] = ()
     # Linear probes (kind "probe"): the share of the train split held out for validation where the set
     # has no val split of its own (MERU's catalog: 10% for Food-101 and CIFAR, 20% elsewhere).
     val_fraction: float = 0.2
@@ -136,6 +138,10 @@ _MERU = [
     ("sst2", "SST2", "renderedsst2", "sst2"),
 ]
 MERU_PROMPTS = Path(__file__).with_name("meru-prompts.toml")
+# MERU names CLEVR's counts by digits ("a photo of 3 objects."), DataComp's set by words ("three"); label i of
+# VTAB's count_all task, which DataComp's set is, counts i + 3 objects. Every other list of MERU's is the
+# set's, up to case and spacing, which CLIP's tokenizer drops, or was not compared (docs/meru.md).
+MERU_CLASSES = {"clevr": tuple(str(count) for count in range(3, 11))}
 
 
 def _meru_tasks() -> list[Task]:
@@ -144,7 +150,8 @@ def _meru_tasks() -> list[Task]:
     prompts = tomllib.loads(MERU_PROMPTS.read_text())
     tasks = [Task(f"meru/{key}", name, _C, "mean_per_class_recall", "main" if key == "imagenet" else "attributes",
                   "meru", source=source, folder=None if source else f"wds_{key}_test",
-                  templates=tuple(prompts[prompt])) for key, name, source, prompt in _MERU]
+                  templates=tuple(prompts[prompt]), classes=MERU_CLASSES.get(key, ()))
+             for key, name, source, prompt in _MERU]
     # Table 1's retrieval, on DataComp's sets: Flickr30K's is MERU's; COCO's is the 2014 Karpathy test
     # split, not MERU's val2017 (5,000 images each).
     tasks += [Task(f"meru/{key}", name, _R, "image_retrieval_recall@5", "retrieval", "meru", source=source)

@@ -4,8 +4,8 @@
 (table, model, label). Reports put our runs beside these rows; study claims take the paper's
 effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
 along image traversals, one row per (table, model, filter). ``meru-tables.csv``: MERU's Tables 1
-(zero-shot retrieval), 2 (zero-shot classification on 20 datasets) and 7 (linear probes), one row per
-(table, arch, model, dataset, metric), each dataset beside DataComp's task of it. ``sun-li-temperature.csv``: Sun
+(zero-shot retrieval), 2 (zero-shot classification on 20 datasets), 3 (embedding widths) and 7 (linear
+probes), one row per (table, arch, model, dataset, metric, embed_dim), each dataset beside DataComp's task of it. ``sun-li-temperature.csv``: Sun
 and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
 study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP's stated GPU
 hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
@@ -50,7 +50,7 @@ def euclip_traversal():
 
 
 def meru_tables():
-    """MERU's Tables 1, 2 and 7 as a DataFrame (values in percent; ``datacomp_task`` empty where DataComp
+    """MERU's Tables 1, 2, 3 and 7 as a DataFrame (values in percent; ``datacomp_task`` empty where DataComp
     has no task of the dataset)."""
     import pandas as pd
 

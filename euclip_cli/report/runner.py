@@ -65,7 +65,7 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
     if name == "released":
         return "Released models imported: published ImageNet zero-shot vs ours (%)", released_table(runs)
     if name == "meru":
-        return ("MERU's Tables 1, 2 and 7: published vs ours, by MERU's suites or DataComp's task of each dataset (%)",
+        return ("MERU's Tables 1, 2, 3 and 7: published vs ours, by MERU's suites or DataComp's task of each dataset (%)",
                 meru_table(runs))
     if name == "equilibrium":
         return ("Sun and Li's Figure 1 as numbers: the temperature where alignment and uniformity balance "

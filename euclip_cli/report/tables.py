@@ -276,30 +276,42 @@ def _meru_score(run: Run, ref, suite_keys: dict[tuple[str, str], str]) -> tuple[
     return theirs, "DataComp's" if theirs is not None else ""
 
 
+def meru_width(run: Run) -> tuple[int, bool]:
+    """``(embedding width, towers frozen)`` of a run as MERU's tables tell models apart: Table 3's models
+    are Table 2's ViT-L towers, frozen, under new projections of each width (``model.freeze_towers``,
+    ``model.embed_dim``); every other model of its tables is 512 wide and trained whole."""
+    model = run.config.get("model", {})
+    return model.get("embed_dim") or 512, bool(model.get("freeze_towers"))
+
+
 def meru_table(runs: list[Run]) -> pd.DataFrame:
-    """MERU's Tables 1 (retrieval), 2 (zero-shot classification) and 7 (linear probes) with each
-    MERU-comparable run beside its own rows (``meru_model``): ours from MERU's suites where the run was
-    evaluated on them, else (Tables 1 and 2) from DataComp's task of the same dataset, whose prompts,
-    splits and, for COCO, image set are DataComp's (the ``protocol`` column says which). With no such
-    run, every published row with ours missing."""
+    """MERU's Tables 1 (retrieval), 2 (zero-shot classification), 3 (embedding widths) and 7 (linear probes)
+    with each MERU-comparable run beside its own rows (``meru_model``, ``meru_width``: a run with frozen
+    towers beside Table 3's row of its width, any other beside Tables 1, 2 and 7): ours from MERU's suites
+    where the run was evaluated on them, else (zero-shot) from DataComp's task of the same dataset, whose
+    prompts, splits and, for COCO, image set are DataComp's (the ``protocol`` column says which). With no
+    such run, every published row with ours missing."""
     published = meru_tables()
     suite_keys = meru_task_keys()
     rows = []
     for run in runs:
         model = meru_model(run)
         arch = run.config.get("model", {}).get("arch")
-        mine = published[(published["arch"] == arch) & (published["model"] == model)]
+        width, frozen = meru_width(run)
+        mine = published[(published["arch"] == arch) & (published["model"] == model)
+                         & (published["embed_dim"] == width) & ((published["table"] == 3) == frozen)]
         for _, ref in mine.iterrows():
             value, protocol = _meru_score(run, ref, suite_keys)
             rows.append({"run": run.name, "table": f"Table {ref['table']}", "model": f"{ref['model']} {arch}",
-                         "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"],
+                         "embed_dim": width, "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"],
                          "ours": _cell([value], digits=2), "protocol": protocol or MISSING,
                          "Δ": f"{100 * value - ref['value']:+.2f}" if value is not None else MISSING})
     if rows:
         return pd.DataFrame(rows)
     return pd.DataFrame([{"run": MISSING, "table": f"Table {ref['table']}", "model": f"{ref['model']} {ref['arch']}",
-                          "dataset": ref["dataset"], "metric": ref["metric"], "MERU": ref["value"], "ours": MISSING,
-                          "protocol": MISSING, "Δ": MISSING} for _, ref in published.iterrows()])
+                          "embed_dim": ref["embed_dim"], "dataset": ref["dataset"], "metric": ref["metric"],
+                          "MERU": ref["value"], "ours": MISSING, "protocol": MISSING, "Δ": MISSING}
+                         for _, ref in published.iterrows()])
 
 
 def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:
@@ -324,7 +336,7 @@ def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[st
             df = df[~no_run]
         elif name == "meru":
             no_run = df["run"] == MISSING
-            meru = df[no_run].pivot_table(index=["table", "dataset", "metric"], columns="model", values="MERU",
+            meru = df[no_run].pivot_table(index=["table", "embed_dim", "dataset", "metric"], columns="model", values="MERU",
                                           sort=False).reset_index()
             df = df[~no_run]
         if not df.empty:
@@ -339,7 +351,7 @@ def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[st
         kept.append(("Published traversal counts without a run of ours (Tables 6 and 7)",
                      pd.concat(traversal, ignore_index=True)))
     if not meru.empty:
-        kept.append(("MERU's published numbers without a run of ours (Tables 1, 2 and 7, %)", meru))
+        kept.append(("MERU's published numbers without a run of ours (Tables 1, 2, 3 and 7, %)", meru))
     return kept
 
 

@@ -7,6 +7,8 @@ runs each caption on its shortest exact context (``towers.text.text_features``).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import open_clip
 import torch
 from torch import nn
@@ -16,25 +18,39 @@ from euclip_cli.towers import archs, text, vision
 from euclip_cli.towers.attention import pack_attention
 
 
-def token_width(arch: str, class_tokens: int = 1) -> int:
-    """n, the width each of m = ``class_tokens`` class tokens projects to (D/m for the arch's dimension D),
-    found without building anything; a usage error for an unknown arch or an m that does not divide D."""
+def token_width(arch: str, class_tokens: int = 1, embed_dim: Optional[int] = None) -> int:
+    """n, the width each of m = ``class_tokens`` class tokens projects to (D/m, for D = ``embed_dim`` or the
+    arch's dimension), found without building anything; a usage error for an unknown arch or an m that does
+    not divide D."""
     found = archs.lookup(arch)
-    if found.embed_dim % class_tokens:
-        raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension "
-                         f"{found.embed_dim}")
-    return found.embed_dim // class_tokens
+    width = embed_dim or found.embed_dim
+    if width % class_tokens:
+        raise UsageError(f"model.class_tokens={class_tokens} does not divide {arch}'s embedding dimension {width}")
+    return width // class_tokens
 
 
-def build_clip(arch: str, class_tokens: int = 1) -> open_clip.CLIP:
-    """open_clip's towers for ``arch``; with m = ``class_tokens`` > 1, Multi(D/m, m): each class token
-    projected to D/m, so the concatenated feature keeps the arch's dimension D."""
-    clip = archs.lookup(arch).build(token_width(arch, class_tokens))
+def build_clip(arch: str, class_tokens: int = 1, embed_dim: Optional[int] = None) -> open_clip.CLIP:
+    """open_clip's towers for ``arch`` projecting to ``embed_dim`` (default: the arch's); with
+    m = ``class_tokens`` > 1, Multi(D/m, m): each class token projected to D/m, so the concatenated feature
+    keeps the dimension D."""
+    clip = archs.lookup(arch).build(token_width(arch, class_tokens, embed_dim))
     pack_attention(clip)
     if class_tokens > 1:
         text.add_class_tokens(clip, class_tokens)
         vision.add_class_tokens(clip.visual, class_tokens)
     return clip
+
+
+def projection_names(arch: str, class_tokens: int = 1) -> frozenset[str]:
+    """The state-dict names of the towers' projections: every tensor whose shape depends on the embedding
+    width, found by building the towers at two widths on the meta device (no memory, no arithmetic), so an
+    arch registered later needs no list of its own (open_clip's ``proj``, a ResNet's attention-pool output,
+    a timm head, extra class tokens' projections)."""
+    width = token_width(arch, class_tokens) * class_tokens
+    with torch.device("meta"):
+        one = build_clip(arch, class_tokens, width).state_dict()
+        two = build_clip(arch, class_tokens, 2 * width).state_dict()
+    return frozenset(name for name, value in one.items() if value.shape != two[name].shape)
 
 
 def batchnorm_statistics(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -29,7 +29,7 @@ from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
 from euclip_cli.errors import Failure
-from euclip_cli.model import EuclipModel, check_buildable, initial_model, load_run_weights
+from euclip_cli.model import EuclipModel, check_buildable, init_source, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
@@ -124,18 +124,24 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # user's first problem to hear about, before whatever the data folder lacks; the towers are built
     # only once the data is there (a large arch takes a while).
     check_buildable(cfg)
+    runs_dir = Path(run_dir).parent
+    # A resumed run loads its own towers: the run it started from need not be there any more.
+    fresh = RunDir(run_dir).latest_checkpoint() is None
+    if cfg.model.init_from and fresh:
+        init_source(cfg, runs_dir)  # a run to start from that is not there: before any data is read
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)
-    model = initial_model(cfg).to(device)
     # The data and the model are checked before the run directory exists: a corrected command must
     # not be refused as "another configuration" by a directory its failed first try left behind.
     directory = RunDir(run_dir)
+    model = initial_model(cfg, runs_dir, towers=fresh).to(device)
     with contextlib.ExitStack() as guard:
         if ranks.main:
             guard.enter_context(directory.lock())
             # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
-            directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded},
+            directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded,
+                                                                           "init_from": model.started_from},
                             complete=lambda stored: C.to_dict(C.from_dict(stored)))
         return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
 
