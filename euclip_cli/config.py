@@ -115,6 +115,9 @@ class DataConfig:
     # "i took a picture : my dog" (MERU: 0.5, drawn afresh each time a sample is read); 0 leaves captions
     # as they are. Read from each sample's json (euclip download redcaps keeps it); euclip's loader only.
     subreddit_prefix: float = 0.0
+    # The smallest share of an image's area a training crop keeps (the lower end of RandomResizedCrop's
+    # scale): open_clip's 0.9; MERU's 0.5.
+    crop_scale: float = 0.9
     # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
     # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
     order_seed: Optional[int] = None
@@ -526,6 +529,8 @@ def validate(cfg: Config) -> list[str]:
     elif cfg.data.subreddit_prefix and cfg.data.pipeline != "euclip":
         problems.append(f"data.subreddit_prefix: only euclip's loader prefixes captions, not data.pipeline="
                         f"{cfg.data.pipeline}")
+    if not 0 < cfg.data.crop_scale <= 1:
+        problems.append(f"data.crop_scale: {cfg.data.crop_scale} is not a share of the image's area in (0, 1]")
     if not 0 <= cfg.data.world_mismatch < 1:
         problems.append("data.world_mismatch: must lie in [0, 1)")
     if cfg.data.world_samples < 1 or cfg.data.world_eval_size < 1:

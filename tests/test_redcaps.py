@@ -125,7 +125,7 @@ def test_each_meru_recipe_is_one_of_merus_published_models_with_merus_settings()
         assert cfg.data.dataset == "redcaps" and cfg.data.batch_size * 120_000 == cfg.optim.samples
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.beta2, cfg.optim.eps) == (5e-4, 0.2, 0.98, 1e-8)
         assert cfg.optim.warmup_steps == 4000 and cfg.geometry.logit_scale_max == 100.0
-        assert cfg.data.subreddit_prefix == 0.5
+        assert cfg.data.subreddit_prefix == 0.5 and cfg.data.crop_scale == 0.5
         assert cfg.geometry.logit_scale_min_log is None
         if cfg.geometry.name == "hyperbolic":
             assert (cfg.loss.entail_weight, cfg.loss.entail_min_radius) == (0.2, 0.1)
@@ -133,17 +133,55 @@ def test_each_meru_recipe_is_one_of_merus_published_models_with_merus_settings()
     assert found == published
 
 
+def test_merus_position_embeddings_are_moco_v3s_sine_cosine_table():
+    """Against MoCo v3's construction written out entry by entry: its grid is indexed (w, h) and flattened, so
+    on a square grid the first half of a patch's entries follow its row."""
+    import math
+
+    import torch
+
+    from euclip_cli.towers import build_clip
+    from euclip_cli.towers.archs import sincos_positions
+
+    side, width = 3, 8
+    q = width // 4
+    want = torch.zeros(1 + side * side, width)
+    for first in range(side):
+        for second in range(side):
+            token = 1 + first * side + second
+            for k in range(q):
+                angle = 1 / 10000 ** (k / q)
+                want[token, [k, q + k, 2 * q + k, 3 * q + k]] = torch.tensor(
+                    [math.sin(first * angle), math.cos(first * angle), math.sin(second * angle),
+                     math.cos(second * angle)])
+    torch.testing.assert_close(sincos_positions(side, side, width), want)
+    trunk = build_clip("meru-vit-s").visual.trunk
+    assert not trunk.pos_embed.requires_grad
+    torch.testing.assert_close(trunk.pos_embed[0], sincos_positions(14, 14, 384))
+
+
 @pytest.mark.slow
-def test_a_meru_recipe_trains_a_step_on_the_cpu(world, tmp_path):
-    """MERU's ViT-S and text towers from scratch, hyperbolic, entailment on: one step of four pairs."""
+def test_a_meru_recipe_trains_a_step_on_the_cpu(world, tmp_path, monkeypatch):
+    """MERU's ViT-S and text towers from scratch, hyperbolic, entailment on: one step of four pairs, MERU's
+    crops, its position embeddings left as they were built."""
+    from euclip_cli.rundir import RunDir, load_checkpoint
+    from euclip_cli.towers.archs import sincos_positions
+    from euclip_cli.train import loop
+
+    scales = []
+    real = loop.transforms_for
+    monkeypatch.setattr(loop, "transforms_for", lambda clip, scale: scales.append(scale) or real(clip, scale))
     result = runner.invoke(app, ["train", "--recipe", "meru-vit-s", "data.dataset=world",
                                  f"data.train_dir={world / 'train'}", "data.batch_size=4", "optim.samples=4",
                                  "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false",
                                  "data.workers=1", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert scales == [0.5]
     metrics = [json.loads(line) for line in (tmp_path / "meru-vit-s" / "metrics.jsonl").read_text().splitlines()]
     assert any("entail" in key for key in metrics[-1]) and all(v == v for v in metrics[-1].values()
                                                                   if isinstance(v, float))
+    state = load_checkpoint(RunDir(tmp_path / "meru-vit-s").latest_checkpoint())["model"]
+    assert state["clip.visual.trunk.pos_embed"][0].equal(sincos_positions(14, 14, 384))
 
 
 def test_the_hugging_face_token_goes_to_the_hub_only(monkeypatch, tmp_path):

@@ -81,12 +81,15 @@ def tokenizer_for(arch: str):
     return archs.lookup(arch).tokenizer()
 
 
-def transforms_for(clip: open_clip.CLIP):
+def transforms_for(clip: open_clip.CLIP, crop_scale: float = 0.9):
     """open_clip's (train, eval) image transforms at the model's resolution, with the tower's mean
-    and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's."""
+    and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's; a training
+    crop keeps at least ``crop_scale`` of the image's area (``data.crop_scale``)."""
+    from open_clip.transform import AugmentationCfg
+
     size = image_size(clip)
     stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
-    return (open_clip.image_transform(size, is_train=True, **stats),
+    return (open_clip.image_transform(size, is_train=True, aug_cfg=AugmentationCfg(scale=(crop_scale, 1.0)), **stats),
             open_clip.image_transform(size, is_train=False, **stats))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import open_clip
+import torch
 from torch import nn
 
 from euclip_cli.errors import UsageError
@@ -194,12 +195,34 @@ def _register_mocov3_small() -> None:
                                                      **kwargs))
 
 
+def sincos_positions(rows: int, cols: int, width: int) -> torch.Tensor:
+    """MoCo v3's fixed 2-D sine-cosine position embedding, which MERU's ViTs use: ``(1 + rows * cols, width)``,
+    the class token's row zero, then the patches in timm's order (row by row). The patch in row r and column
+    c gets ``[sin(r w), cos(r w), sin(c w), cos(c w)]`` with ``w_k = 10000^(-k / q)``, k < q = width / 4.
+    (MoCo v3's code names the row's half "w"; on the square grids of these towers it is the row.)"""
+    if width % 4:
+        raise ValueError(f"a 2-D sine-cosine embedding needs a width divisible by 4, not {width}")  # a bug in the table
+    q = width // 4
+    omega = 10000.0 ** -(torch.arange(q, dtype=torch.float32) / q)
+    row, col = torch.meshgrid(torch.arange(rows, dtype=torch.float32), torch.arange(cols, dtype=torch.float32),
+                              indexing="ij")
+    by_row, by_col = row.reshape(-1, 1) * omega, col.reshape(-1, 1) * omega
+    patches = torch.cat([by_row.sin(), by_row.cos(), by_col.sin(), by_col.cos()], dim=1)
+    return torch.cat([torch.zeros(1, width), patches])
+
+
 def meru_towers(clip: open_clip.CLIP) -> None:
-    """Make a timm image tower MERU's: torch's LayerNorm epsilon, ImageNet's mean and std."""
-    for module in clip.visual.trunk.modules():
+    """Make a timm image tower MERU's: torch's LayerNorm epsilon, ImageNet's mean and std, and fixed
+    sine-cosine position embeddings (MERU's ``use_sincos2d_pos``: set once, never learned)."""
+    trunk = clip.visual.trunk
+    for module in trunk.modules():
         if isinstance(module, nn.LayerNorm):
             module.eps = MERU_LAYERNORM_EPS
     clip.visual.image_mean, clip.visual.image_std = IMAGENET_MEAN, IMAGENET_STD
+    rows, cols = trunk.patch_embed.grid_size
+    with torch.no_grad():
+        trunk.pos_embed.copy_(sincos_positions(rows, cols, trunk.embed_dim)[None])
+    trunk.pos_embed.requires_grad_(False)
 
 
 def meru_arch(name: str, timm_model: str, embed_dim: int = 512, text_cfg: Optional[dict] = None) -> Arch:

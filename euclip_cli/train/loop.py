@@ -169,7 +169,7 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                      data_state: Optional[dict]):
     """This rank's batches from ``step`` on: euclip's loader at the checkpoint's position, or OpenCLIP's
     pipeline (``data.pipeline``), with the model's training transforms and tokenizer."""
-    transform, _ = transforms_for(clip)
+    transform, _ = transforms_for(clip, cfg.data.crop_scale)
     tokenizer = tokenizer_for(cfg.model.arch)
     per_rank = cfg.data.batch_size // ranks.world
     if cfg.data.pipeline == "openclip":
