@@ -78,6 +78,21 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n)
 
 
+def paired_proportion_se(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """The standard error of the difference of two proportions measured on the same ``n`` examples, ``a[i]``
+    and ``b[i]`` whether each of two models got example i right: sqrt(var(a_i - b_i) / n), the plug-in
+    variance of McNemar's test, ((r + w) / n - ((r - w) / n)^2) / n with r the examples only ``a`` got right
+    and w those only ``b`` did. Examples both get right or wrong add nothing, so two similar models on one
+    evaluation set differ by less sampling noise than either score carries (``binomial_se``)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"{len(a)} and {len(b)} outcomes: a paired difference needs the same examples, at least one")
+    n = len(a)
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    # Never negative in exact arithmetic (|r - w| <= r + w <= n); the max keeps rounding from making it so.
+    return math.sqrt(max(0.0, (only_a + only_b) / n - ((only_a - only_b) / n) ** 2) / n)
+
+
 def paired_difference(a: dict[int, float], b: dict[int, float], interval: str = "t", level: float = 0.95,
                       seed: int = 0) -> Optional[Estimate]:
     """The mean of ``a[s] - b[s]`` over the seeds ``s`` both have, with its interval; None without a

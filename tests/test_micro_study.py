@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from euclip_cli import stats
 from euclip_cli.cli import app
 from euclip_cli.study import runner as R
+from euclip_cli.evaluate.hits import unpack_hits
 
 runner = CliRunner()
 
@@ -90,6 +91,19 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     size = json.loads((world / "manifest.json").read_text())["eval_size"]
     sampling = statistics.median(100 * math.sqrt(a / 100 * (1 - a / 100) / size) for a in shapes.values())
     assert float(noise["main"]["sampling_se_median"]) == pytest.approx(sampling, rel=1e-5)
+    # ... and of a run's difference to its seed's CLIP run on the same images, from the images each got right.
+    def right(run):
+        line = next(json.loads(l) for l in (out / "runs" / run / "eval.jsonl").read_text().splitlines()
+                    if '"world/shapes"' in l)
+        return unpack_hits(line["hits"]["acc1"])
+
+    def paired(a, b):
+        only_a, only_b = sum(x and not y for x, y in zip(a, b)), sum(y and not x for x, y in zip(a, b))
+        return 100 * math.sqrt(((only_a + only_b) / size - ((only_a - only_b) / size) ** 2) / size)
+
+    assert sum(right("clip-seed0")) == round(shapes["clip-seed0"] / 100 * size)
+    pairs = [paired(right(f"{c}-seed{s}"), right(f"clip-seed{s}")) for c in ("euclip", "euclidean-d2-l0") for s in (0, 1)]
+    assert float(noise["main"]["paired_sampling_se_median"]) == pytest.approx(statistics.median(pairs), rel=1e-5)
     assert "world/colour" in noise  # one attribute task of several: a row of its own
     assert "average" not in noise  # two of the ten tasks: no average, and no error of one
     assert "## Noise floor" in (out / "study.md").read_text()

@@ -97,6 +97,65 @@ def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
     assert R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
 
 
+def test_the_paired_sampling_error_by_hand_and_against_a_simulation_with_known_truth():
+    """Two models scored on the same examples: only the examples one gets right and the other wrong carry
+    sampling noise into their difference."""
+    import random as rnd
+
+    ours, theirs = [1, 1, 0, 0, 1], [1, 0, 1, 0, 0]  # ours alone right twice, theirs alone once
+    assert stats.paired_proportion_se(ours, theirs) == pytest.approx(math.sqrt((3 / 5 - (1 / 5) ** 2) / 5))
+    assert stats.paired_proportion_se(ours, ours) == 0.0
+    # Known truth: per example, both right 0.5, ours alone 0.15, theirs alone 0.05, neither 0.3; the difference
+    # of accuracies over n examples has sd sqrt((0.2 - 0.1^2) / n), far below either score's own binomial one.
+    gen, n = rnd.Random(5), 400
+    differences, estimates = [], []
+    for _ in range(2000):
+        draws = [gen.random() for _ in range(n)]
+        a = [d < 0.65 for d in draws]
+        b = [d < 0.5 or 0.65 <= d < 0.7 for d in draws]
+        differences.append((sum(a) - sum(b)) / n)
+        estimates.append(stats.paired_proportion_se(a, b))
+    truth = math.sqrt((0.2 - 0.1 ** 2) / n)
+    assert statistics.stdev(differences) == pytest.approx(truth, rel=0.05)
+    assert statistics.fmean(estimates) == pytest.approx(truth, rel=0.02)
+    assert truth < math.sqrt(stats.binomial_se(0.65, n) ** 2 + stats.binomial_se(0.55, n) ** 2)  # unpaired
+    with pytest.raises(ValueError):
+        stats.paired_proportion_se([1, 0], [1])
+
+
+def test_per_example_outcomes_survive_the_eval_line():
+    from euclip_cli.evaluate.hits import pack_hits, unpack_hits
+
+    outcomes = [bool(i % 3) for i in range(13)]  # not a whole number of bytes
+    packed = json.loads(json.dumps(pack_hits(outcomes)))
+    assert packed["n"] == 13 and unpack_hits(packed) == outcomes
+
+
+def test_paired_sampling_errors_read_both_runs_outcomes_on_the_same_examples(tmp_path):
+    from euclip_cli.evaluate.hits import pack_hits
+
+    def run(name, shapes, t2i, i2t):
+        folder = tmp_path / name
+        folder.mkdir()
+        hits = {"world/shapes": {"acc1": pack_hits(shapes)},
+                "world/retrieval": {"image_retrieval_recall@1": pack_hits(t2i), "text_retrieval_recall@1": pack_hits(i2t)}}
+        (folder / "eval.jsonl").write_text("".join(
+            json.dumps({"key": key, "checkpoint": "checkpoints/step_1.pt", "step": 1, "metrics": {"main_metric": 0.5},
+                        "hits": outcomes}) + "\n" for key, outcomes in hits.items()))
+        return R.RunPlan(name, 0, folder, ())
+
+    ours = run("euclip", [1, 1, 0, 0], [1, 0, 1, 1, 0, 0, 1, 1], [1, 1, 0, 0])
+    theirs = run("clip", [1, 0, 0, 1], [1, 1, 1, 1, 0, 0, 0, 1], [0, 1, 0, 0])
+    errors = R.paired_sampling_errors(ours, theirs, ["world/shapes", "world/retrieval"])
+    # Shapes: one example each way of four; retrieval: text-to-image one each way of eight, image-to-text one of four.
+    assert errors["world/shapes"] == pytest.approx(100 * math.sqrt(2 / 4 / 4))
+    t2i, i2t = math.sqrt(2 / 8 / 8), math.sqrt((1 / 4 - 1 / 16) / 4)
+    assert errors["world/retrieval"] == pytest.approx(100 * math.sqrt(t2i ** 2 + i2t ** 2) / 2)
+    assert errors["main"] == pytest.approx(errors["world/shapes"]) and "average" not in errors
+    other = run("other", [1, 0, 0], [1] * 8, [1] * 4)  # Shapes on other examples: no paired error for it
+    assert "world/shapes" not in R.paired_sampling_errors(other, theirs, ["world/shapes", "world/retrieval"])
+
+
 def test_the_bonferroni_level_by_hand():
     assert stats.family_level(0.95, 1) == pytest.approx(0.95)
     assert stats.family_level(0.95, 10) == pytest.approx(0.995)  # 0.05 / 10 in the two tails together

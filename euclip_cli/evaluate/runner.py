@@ -24,6 +24,7 @@ from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, e
                                load_model)
 from euclip_cli.errors import EuclipError, UsageError
 from euclip_cli.evaluate.aggregate import aggregate
+from euclip_cli.evaluate.hits import pack_hits
 from euclip_cli.evaluate.tasks import Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
                                           retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
@@ -94,8 +95,9 @@ def _prototypes(model: EuclipModel, tokenizer, classes: list[str], templates: li
 
 def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
                   batch_size: int, cache: Optional[FeatureCache] = None,
-                  on_images: Callable[[int], None] = lambda n: None) -> dict:
-    """The task's metrics; ``on_images(n)`` is called as each batch of n images is embedded."""
+                  on_images: Callable[[int], None] = lambda n: None, hits: Optional[dict] = None) -> dict:
+    """The task's metrics; ``on_images(n)`` is called as each batch of n images is embedded. ``hits``, when
+    given, receives the per-example outcomes of zero-shot classification (top-1) and retrieval (R@1)."""
     cache = cache or FeatureCache(None)
     if task.kind == "winogavil":
         return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
@@ -116,10 +118,10 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
         text_emb = embed_texts(model, tokenizer, texts)
-        return retrieval_metrics(model.geometry, image_emb.to(device), text_emb, owner, curv)
+        return retrieval_metrics(model.geometry, image_emb.to(device), text_emb, owner, curv, hits=hits)
     image_emb, prototypes, targets = classification_inputs(model, cfg, task, data_dir, device, batch_size, cache,
                                                            on_images)
-    metrics = classification_metrics(model.geometry, image_emb, prototypes, targets, curv)
+    metrics = classification_metrics(model.geometry, image_emb, prototypes, targets, curv, hits=hits)
     if task.kind in ("wilds", "fairness"):
         meta_labels, metadata = read_metadata(data_dir)
         if not torch.equal(meta_labels, targets.cpu()):
@@ -317,9 +319,10 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         if not has_data(task, task.data_dir(eval_root, world)):
             line["missing_data"] = True  # a failure the download fixes: said once for all such tasks
             missing_data.append(task)
+        hits: dict[str, torch.Tensor] = {}
         try:
             metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size, cache,
-                                    lambda n, task=task: on_images(task, n))
+                                    lambda n, task=task: on_images(task, n), hits)
         except EuclipError as err:
             line.update(failed=True, error=str(err))
         except Exception as err:  # a bug: the others still run, and the traceback is kept with the line
@@ -328,6 +331,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         else:
             metrics["main_metric"] = metrics.get(task.main_metric) if task.main_metric else None
             line["metrics"] = metrics
+            if hits:
+                line["hits"] = {name: pack_hits(outcome) for name, outcome in hits.items()}
         if line.get("failed"):
             failed[task.key] = line["error"]
         run.append_eval(line)

@@ -28,15 +28,20 @@ def top_classes(geometry: Geometry, image_emb: torch.Tensor, prototypes: torch.T
 
 
 def classification_metrics(geometry: Geometry, image_emb: torch.Tensor, prototypes: torch.Tensor,
-                           targets: torch.Tensor, curv: Optional[torch.Tensor] = None) -> dict[str, Optional[float]]:
+                           targets: torch.Tensor, curv: Optional[torch.Tensor] = None,
+                           hits: Optional[dict] = None) -> dict[str, Optional[float]]:
     """acc1, acc5 (None under 5 classes) and mean per-class recall of nearest-prototype predictions.
 
-    ``image_emb (N, D)``, ``prototypes (C, D)``, ``targets (N,)`` class indices.
+    ``image_emb (N, D)``, ``prototypes (C, D)``, ``targets (N,)`` class indices. ``hits``, when given,
+    receives ``acc1``'s per-image outcome, ``(N,)`` bool: what a paired comparison of two models on the
+    same images reads (``stats.paired_proportion_se``).
     """
     n_classes = prototypes.shape[0]
     topk = top_classes(geometry, image_emb, prototypes, curv)
     hit = topk == targets[:, None]
     pred = topk[:, 0]
+    if hits is not None:
+        hits["acc1"] = hit[:, 0].cpu()
     # Balanced accuracy, as sklearn's balanced_accuracy_score: mean over classes present in targets.
     recalls = [(pred[targets == c] == c).float().mean().item() for c in targets.unique()]
     return {
@@ -48,11 +53,13 @@ def classification_metrics(geometry: Geometry, image_emb: torch.Tensor, prototyp
 
 def retrieval_metrics(geometry: Geometry, image_emb: torch.Tensor, text_emb: torch.Tensor,
                       text_to_image: torch.Tensor, curv: Optional[torch.Tensor] = None,
-                      ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+                      ks: tuple[int, ...] = (1, 5, 10), hits: Optional[dict] = None) -> dict[str, float]:
     """Recall@k both ways and DataComp's mean_recall@1.
 
     ``image_emb (N_img, D)``, ``text_emb (N_txt, D)``, ``text_to_image (N_txt,)`` the image index of each
-    caption. A query scores 1 at k when any true match is in its top k (clip-benchmark's rule).
+    caption. A query scores 1 at k when any true match is in its top k (clip-benchmark's rule). ``hits``,
+    when given, receives each query's outcome at k = 1: ``image_retrieval_recall@1 (N_txt,)`` and
+    ``text_retrieval_recall@1 (N_img,)``, bool.
     """
     scores = geometry.similarity(text_emb, image_emb, curv)  # (N_txt, N_img)
     positive = torch.zeros_like(scores, dtype=torch.bool)
@@ -61,8 +68,10 @@ def retrieval_metrics(geometry: Geometry, image_emb: torch.Tensor, text_emb: tor
     for k in ks:
         # With fewer candidates than k, all of them are in the top k (topk itself refuses k > N).
         k_t2i, k_i2t = min(k, scores.shape[1]), min(k, scores.shape[0])
-        out[f"image_retrieval_recall@{k}"] = (recall_at_k(scores, positive, k_t2i) > 0).float().mean().item()
-        out[f"text_retrieval_recall@{k}"] = (recall_at_k(scores.T, positive.T, k_i2t) > 0).float().mean().item()
+        t2i, i2t = recall_at_k(scores, positive, k_t2i) > 0, recall_at_k(scores.T, positive.T, k_i2t) > 0
+        out[f"image_retrieval_recall@{k}"], out[f"text_retrieval_recall@{k}"] = t2i.float().mean().item(), i2t.float().mean().item()
+        if hits is not None and k == 1:
+            hits.update({"image_retrieval_recall@1": t2i.cpu(), "text_retrieval_recall@1": i2t.cpu()})
     out["mean_recall@1"] = (out["image_retrieval_recall@1"] + out["text_retrieval_recall@1"]) / 2
     return out
 

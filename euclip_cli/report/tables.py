@@ -449,5 +449,6 @@ def noise_table(folder: Path) -> Optional[pd.DataFrame]:
         shown.append({"metric": names[metric] if metric in names else TASKS[metric].name,
                       "seed sd, median (range)": f"{r['seed_sd_median']:.2f} ({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f})",
                       "paired Δ sd, median": points(r["paired_sd_median"]),
-                      "evaluation sampling error": points(r["sampling_se_median"])})
+                      "evaluation sampling error": points(r["sampling_se_median"]),
+                      "paired sampling error": points(r.get("paired_sampling_se_median", float("nan")))})
     return pd.DataFrame(shown)

@@ -386,17 +386,49 @@ def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) 
     return errors
 
 
+def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[str, float]:
+    """The evaluation sampling error (points) of run ``p``'s score minus run ``base``'s, both scored on the
+    same examples, for each world task both have per-example outcomes of (``evaluate.hits``), and for the
+    group means and the average built from them: ``stats.paired_proportion_se`` per direction, retrieval's
+    mean R@1 as half the root sum of its two directions' squares, a mean of k tasks as the root sum of
+    their squares over k (each task its own examples)."""
+    from euclip_cli.evaluate.hits import unpack_hits
+
+    lines = [{line["key"]: line for line in RunDir(plan.run_dir).latest_results()} for plan in (p, base)]
+    errors: dict[str, float] = {}
+    for key in tasks:
+        if TASKS[key].suite != "world" or not all("hits" in by_key.get(key, {}) for by_key in lines):
+            continue
+        ours, theirs = (by_key[key]["hits"] for by_key in lines)
+        names = ("image_retrieval_recall@1", "text_retrieval_recall@1") if TASKS[key].kind == "retrieval" else ("acc1",)
+        if not all(name in ours and name in theirs and ours[name]["n"] == theirs[name]["n"] for name in names):
+            continue
+        per_name = [stats.paired_proportion_se(unpack_hits(ours[name]), unpack_hits(theirs[name])) for name in names]
+        errors[key] = 100 * math.sqrt(sum(se ** 2 for se in per_name)) / len(names)
+    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]  # as ``aggregate`` groups them
+    for group in GROUP_METRICS:
+        members = [t.key for t in world_tasks if group == "average" or t.group == group]
+        if members and all(k in errors for k in members):
+            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
+    return errors
+
+
 def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
     """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...],
     "temperature": temperature_curves(...)}``."""
     tasks = [t.key for t in select(study.tasks)]
     by_config: dict[str, dict[int, dict[str, float]]] = {}
     errors: dict[str, list[float]] = {}
+    paired_errors: dict[str, list[float]] = {}
+    baseline = {p.seed: p for p in plans if p.config == study.baseline and p.run_dir.exists()}
     for p in plans:
         if p.run_dir.exists():
             by_config.setdefault(p.config, {})[p.seed] = run_values(p, tasks)
             for metric, se in sampling_errors(p, tasks, world).items():
                 errors.setdefault(metric, []).append(se)
+            if p.config != study.baseline and p.seed in baseline:
+                for metric, se in paired_sampling_errors(p, baseline[p.seed], tasks).items():
+                    paired_errors.setdefault(metric, []).append(se)
     metrics = [*GROUP_METRICS, *tasks]
     rows = []
     for config in study.configs:
@@ -418,7 +450,7 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
             rows.append(row)
     reading = regime(study, by_config)
     return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
-            "seeds": list(study.seeds), "regime": reading, "noise": noise_floor(rows, metrics, errors),
+            "seeds": list(study.seeds), "regime": reading, "noise": noise_floor(rows, metrics, errors, paired_errors),
             "temperature": temperature_curves(study, plans)}
 
 
@@ -440,11 +472,16 @@ def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
     return {"curves": curves, "panels": panels}
 
 
-def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]]) -> list[dict]:
+def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]],
+                paired_errors: Optional[dict[str, list[float]]] = None) -> list[dict]:
     """Per metric: the seed standard deviation (median and range over configurations), the standard
-    deviation of the paired differences to the baseline (median over configurations) and the
-    evaluation sampling error (median over runs), all in points. A task that is its group's only
-    member (Shapes is the world's main group) appears once, under the group's name."""
+    deviation of the paired differences to the baseline (median over configurations), the evaluation
+    sampling error of one run's score (median over runs) and of one run's difference to its seed's
+    baseline run on the same examples (median over those pairs), all in points. The last, squared over
+    the paired sd squared, is the share of a verdict's spread that more evaluation examples would remove.
+    A task that is its group's only member (Shapes is the world's main group) appears once, under the
+    group's name."""
+    paired_errors = paired_errors or {}
     alone = {}
     for task in TASKS.values():
         alone.setdefault((task.suite, task.group), []).append(task.key)
@@ -460,7 +497,9 @@ def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[flo
         out.append({"metric": metric, "seed_sd_median": statistics.median(sds), "seed_sd_min": sds[0],
                     "seed_sd_max": sds[-1], "configs": len(sds),
                     "paired_sd_median": statistics.median(paired) if paired else None,
-                    "sampling_se_median": statistics.median(errors[metric]) if errors.get(metric) else None})
+                    "sampling_se_median": statistics.median(errors[metric]) if errors.get(metric) else None,
+                    "paired_sampling_se_median": (statistics.median(paired_errors[metric])
+                                                  if paired_errors.get(metric) else None)})
     return out
 
 
