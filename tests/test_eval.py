@@ -34,7 +34,8 @@ def test_classification_metrics_match_an_independent_computation(name):
     g = get_geometry(name, blocks=4)
     img, txt, targets = stub_embeddings(g)
     protos = g.prototypes(txt)
-    metrics = classification_metrics(g, img, protos, targets, CURV)
+    hits = {}
+    metrics = classification_metrics(g, img, protos, targets, CURV, hits=hits)
     scores = g.similarity(img, protos, CURV)
     # Independent: full argsort per image, rank of the true class.
     ranks = [(scores[i].argsort(descending=True) == targets[i]).nonzero().item() for i in range(len(targets))]
@@ -46,6 +47,7 @@ def test_classification_metrics_match_an_independent_computation(name):
     assert metrics["acc5"] == pytest.approx(acc5)
     assert metrics["mean_per_class_recall"] == pytest.approx(recall)
     assert metrics["acc1"] > 0.5  # the stub is separable: the geometry's rule must find it
+    assert hits["acc1"].tolist() == [r == 0 for r in ranks]
 
 
 def test_acc5_is_null_under_five_classes():
@@ -70,7 +72,8 @@ def test_retrieval_metrics_match_an_independent_computation(name):
     img, txt, _ = stub_embeddings(g, n_classes=8, per_class=1, noise=0.8, seed=3)
     captions = txt.reshape(-1, txt.shape[-1])  # 3 captions per image
     owner = torch.arange(8).repeat_interleave(3)
-    m = retrieval_metrics(g, img, captions, owner, CURV)
+    hits = {}
+    m = retrieval_metrics(g, img, captions, owner, CURV, hits=hits)
     s = g.similarity(captions, img, CURV)
     for k in (1, 5):
         t2i = sum(owner[i].item() in s[i].topk(k).indices.tolist() for i in range(len(owner))) / len(owner)
@@ -79,6 +82,8 @@ def test_retrieval_metrics_match_an_independent_computation(name):
         assert m[f"image_retrieval_recall@{k}"] == pytest.approx(t2i)
         assert m[f"text_retrieval_recall@{k}"] == pytest.approx(i2t)
     assert m["mean_recall@1"] == pytest.approx((m["image_retrieval_recall@1"] + m["text_retrieval_recall@1"]) / 2)
+    assert hits["image_retrieval_recall@1"].tolist() == [s[i].argmax().item() == owner[i].item() for i in range(24)]
+    assert hits["text_retrieval_recall@1"].tolist() == [owner[s[:, j].argmax()].item() == j for j in range(8)]
 
 
 def test_registry_has_datacomps_forty_tasks_and_the_worlds():
@@ -266,3 +271,34 @@ def test_an_interrupted_evaluation_resumes_without_duplicating_or_losing_a_line(
     R.evaluate_run(tmp_path / "run", torch.device("cpu"), tasks, world=world)
     keys = [json.loads(line)["key"] for line in out.read_text().splitlines() if line.endswith("}")]
     assert sorted(keys) == sorted(t.key for t in tasks)  # each task exactly once
+
+
+def test_again_scores_the_tasks_once_more_from_the_cached_features(world, tmp_path, monkeypatch):
+    """Lines of an older euclip lack the per-example outcomes; ``--again`` writes new ones without embedding
+    the images again."""
+    from typer.testing import CliRunner
+
+    from euclip_cli import config as C
+    from euclip_cli.cli import app
+    from euclip_cli.evaluate import runner as R
+    from euclip_cli.evaluate.hits import unpack_hits
+    from euclip_cli.train import loop
+
+    loop.run(C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "data.batch_size=16",
+                                         "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=50"]),
+             tmp_path / "run")
+    cli = CliRunner()
+    args = ["eval", str(tmp_path / "run"), "--tasks", "world/shapes,world/retrieval", "--world", str(world)]
+    assert cli.invoke(app, args).exit_code == 0
+    out = tmp_path / "run" / "eval.jsonl"
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert cli.invoke(app, args).exit_code == 0 and len(out.read_text().splitlines()) == 2  # nothing to do
+    embedded = []
+    monkeypatch.setattr(R, "embed_images", lambda *a, **k: embedded.append(1) or pytest.fail("embedded again"))
+    result = cli.invoke(app, [*args, "--again"])
+    assert result.exit_code == 0, result.output
+    again = [json.loads(line) for line in out.read_text().splitlines()][2:]
+    assert [line["key"] for line in again] == ["world/shapes", "world/retrieval"] and not embedded
+    assert [line["metrics"] for line in again] == [line["metrics"] for line in first]
+    shapes = again[0]
+    assert sum(unpack_hits(shapes["hits"]["acc1"])) / shapes["hits"]["acc1"]["n"] == pytest.approx(shapes["metrics"]["acc1"])

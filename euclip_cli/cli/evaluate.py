@@ -24,6 +24,9 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                                                           help="DataComp evaluation sets (default: eval.root)."),
                  world: Optional[Path] = WORLD_OPTION,
                  device: str = typer.Option("auto", help="cpu, cuda, cuda:1, or auto."),
+                 again: bool = typer.Option(False, "--again", help="Score tasks this checkpoint already has lines "
+                                                                   "for once more (image features come from the "
+                                                                   "cache; the new lines are appended and count)."),
                  runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """Zero-shot evaluation of runs; results append to RUN/eval.jsonl as each task finishes.
 
@@ -31,6 +34,7 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
       euclip eval --recipe tiny-clip
       euclip eval results/runs/tiny-clip results/runs/tiny-euclip --tasks world:shifts
       euclip eval --openclip ViT-B-32:datacomp_m_s128m_b4k --tasks datacomp
+      euclip eval results/studies/geometries/runs/* --tasks world --again   # lines of an older euclip, anew
     """
     if list_tasks:
         from euclip_cli.evaluate.tasks import list_tasks as all_tasks
@@ -77,7 +81,7 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
 
             progress.console.print(f"[bold]{run_dir}[/]")
             outcome = evaluate_run(run_dir, resolve_device(device), chosen, eval_root, world, on_task=on_task,
-                                   on_images=on_images)
+                                   on_images=on_images, again=again)
             for line in outcome.suite_lines():
                 progress.console.print(f"  {line}", highlight=False)
             if outcome.missing_line():

@@ -292,8 +292,9 @@ def task_status(line: Optional[dict]) -> str:
 def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]] = None,
                  eval_root: Optional[Path] = None, world: Optional[Path] = None, batch_size: Optional[int] = None,
                  on_task: Optional[Callable[[Task, Optional[dict]], None]] = None,
-                 on_images: Callable[[Task, int], None] = lambda task, n: None) -> EvalOutcome:
-    """Score every task not yet in ``run_dir/eval.jsonl`` for this checkpoint.
+                 on_images: Callable[[Task, int], None] = lambda task, n: None, again: bool = False) -> EvalOutcome:
+    """Score every task not yet in ``run_dir/eval.jsonl`` for this checkpoint (with ``again``, every task:
+    lines written by an older euclip lack what a newer one keeps, such as the per-example outcomes).
 
     Unset arguments come from the run's stored config (``eval.tasks``, ``eval.root``, the world it
     trained on). A task that raises is recorded as failed (``"failed": true`` and its reason) and
@@ -306,8 +307,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     world = world or C.world_dir(cfg)
     batch_size = batch_size or cfg.eval.batch_size
     ckpt_name = str(ckpt.relative_to(run.path))
-    done = {r["key"] for r in run.eval_lines() if r.get("checkpoint") == ckpt_name and r.get("protocol") == PROTOCOL
-            and not r.get("failed")}
+    done = set() if again else {r["key"] for r in run.eval_lines() if r.get("checkpoint") == ckpt_name
+                                and r.get("protocol") == PROTOCOL and not r.get("failed")}
     cache = feature_cache(run, ckpt, model)
     failed, missing_data = {}, []
     for task in tasks:
