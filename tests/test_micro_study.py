@@ -104,6 +104,16 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert sum(right("clip-seed0")) == round(shapes["clip-seed0"] / 100 * size)
     pairs = [paired(right(f"{c}-seed{s}"), right(f"clip-seed{s}")) for c in ("euclip", "euclidean-d2-l0") for s in (0, 1)]
     assert float(noise["main"]["paired_sampling_se_median"]) == pytest.approx(statistics.median(pairs), rel=1e-5)
+    # The same spread against the evaluation set's size: at full size it is the noise floor's, read from the
+    # study's own accuracies; on the first half of the images, by hand from the per-image outcomes.
+    curve = list(csv.DictReader((out / "eval_size.csv").open()))
+    assert [int(r["images"]) for r in curve] == [size, size // 2]
+    assert float(curve[0]["paired_sd_median"]) == pytest.approx(float(noise["main"]["paired_sd_median"]), rel=1e-6)
+    half = size // 2
+    spread = [statistics.stdev(100 * (sum(right(f"{c}-seed{s}")[:half]) - sum(right(f"clip-seed{s}")[:half])) / half
+                               for s in (0, 1)) for c in ("euclip", "euclidean-d2-l0")]
+    assert float(curve[1]["paired_sd_median"]) == pytest.approx(statistics.median(spread))
+    assert "## Precision against the evaluation set's size" in (out / "study.md").read_text()
     assert "world/colour" in noise  # one attribute task of several: a row of its own
     assert "average" not in noise  # two of the ten tasks: no average, and no error of one
     assert "## Noise floor" in (out / "study.md").read_text()

@@ -413,6 +413,52 @@ def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[
     return errors
 
 
+# The evaluation-size curve: Shapes scored on the whole evaluation set and on its first half, quarter and
+# eighth (the world writes its images in random order, so each is a random subset), down to no fewer images
+# than this: below it a 12-class task has a handful of images per class.
+EVAL_SIZE_TASK = "world/shapes"
+EVAL_SIZE_FRACTIONS = (1, 2, 4, 8)
+EVAL_SIZE_MIN = 60
+
+
+def evaluation_size_curve(study: Study, plans: list[RunPlan]) -> list[dict]:
+    """How a verdict's precision depends on the evaluation set's size, measured rather than modelled: for
+    each size, each configuration's difference to its seed's baseline run on the same first images, its
+    standard deviation over seeds (median over configurations, of those with two seeds or more) and its
+    evaluation sampling error (``stats.paired_proportion_se``, median over pairs), in points, read from
+    the runs' per-image outcomes on ``EVAL_SIZE_TASK``; empty where the runs have none (``euclip eval --again``
+    writes them for runs evaluated by an older euclip)."""
+    from euclip_cli.evaluate.hits import unpack_hits
+
+    right: dict[tuple[str, int], list[bool]] = {}
+    for p in plans:
+        line = next((line for line in RunDir(p.run_dir).latest_results() if line["key"] == EVAL_SIZE_TASK),
+                    None) if p.run_dir.exists() else None
+        if line and "acc1" in line.get("hits", {}):
+            right[(p.config, p.seed)] = unpack_hits(line["hits"]["acc1"])
+    base = {seed: hits for (config, seed), hits in right.items() if config == study.baseline}
+    pairs = {config: [(hits, base[seed]) for (c, seed), hits in right.items() if c == config and seed in base]
+             for config in study.configs if config != study.baseline}
+    if not base or not any(pairs.values()) or len({len(h) for h in right.values()}) != 1:
+        return []
+    images = len(next(iter(right.values())))
+    rows = []
+    for fraction in EVAL_SIZE_FRACTIONS:
+        size = images // fraction
+        if size < EVAL_SIZE_MIN:
+            break
+        sds, errors = [], []
+        for config_pairs in pairs.values():
+            deltas = [100 * (sum(a[:size]) - sum(b[:size])) / size for a, b in config_pairs]
+            if len(deltas) >= 2:
+                sds.append(statistics.stdev(deltas))
+            errors += [100 * stats.paired_proportion_se(a[:size], b[:size]) for a, b in config_pairs]
+        rows.append({"metric": EVAL_SIZE_TASK, "images": size, "configs": len(sds),
+                     "paired_sd_median": statistics.median(sds) if sds else None,
+                     "paired_sampling_se_median": statistics.median(errors)})
+    return rows
+
+
 def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
     """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...],
     "temperature": temperature_curves(...)}``."""
@@ -451,6 +497,7 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
     reading = regime(study, by_config)
     return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
             "seeds": list(study.seeds), "regime": reading, "noise": noise_floor(rows, metrics, errors, paired_errors),
+            "eval_size": evaluation_size_curve(study, plans),
             "temperature": temperature_curves(study, plans)}
 
 

@@ -18,7 +18,7 @@ from euclip_cli.study.verdicts import regime_lines
 
 GROUP_METRICS = (*GROUPS, "average")
 # What a study writes, in the order it writes them; ``--publish`` copies them.
-PUBLISHED = ("study.csv", "claims.csv", "noise.csv", "regime.json", "study.md")
+PUBLISHED = ("study.csv", "claims.csv", "noise.csv", "eval_size.csv", "regime.json", "study.md")
 CONVERGED_WITHIN = 0.02
 
 
@@ -87,6 +87,20 @@ def to_markdown(study: Study, summary: dict) -> str:
             lines.append(f"| {label} | {r['seed_sd_median']:.2f} "
                          f"({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f}) | {_fmt(r['paired_sd_median'], 2)} | "
                          f"{_fmt(r['sampling_se_median'], 2)} | {_fmt(r.get('paired_sampling_se_median'), 2)} |")
+    if summary.get("eval_size"):
+        lines += ["", "## Precision against the evaluation set's size", "",
+                  f"Shapes scored on the first images of its evaluation set only (a random subset; the world writes "
+                  f"them in random order), in points: the standard deviation over seeds of a configuration's "
+                  f"difference to its seed's baseline run (median over configurations with two seeds or more) and "
+                  f"its evaluation sampling error (McNemar's, median over pairs). Where the second is a small part of "
+                  f"the first, more images would not narrow the verdicts; more seeds or a longer budget would.", "",
+                  "| images | paired Δ sd, median | paired sampling error | its share of the variance |",
+                  "|---|---|---|---|"]
+        for r in summary["eval_size"]:
+            sd, se = r["paired_sd_median"], r["paired_sampling_se_median"]
+            # Capped at all of it: an sd from two or three seeds can come out below the sampling error alone.
+            share = "–" if not sd else f"{min(1.0, (se / sd) ** 2):.0%}"
+            lines.append(f"| {r['images']} | {_fmt(sd, 2)} | {_fmt(se, 2)} | {share} |")
     return "\n".join(lines) + "\n"
 
 
@@ -168,7 +182,7 @@ def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     texts = {"study.csv": to_csv(summary["rows"]), "claims.csv": to_csv(summary["claims"]),
-             "noise.csv": to_csv(summary["noise"]), "regime.json": json.dumps(summary["regime"], indent=2),
+             "noise.csv": to_csv(summary["noise"]), "eval_size.csv": to_csv(summary.get("eval_size", [])), "regime.json": json.dumps(summary["regime"], indent=2),
              "study.md": to_markdown(study, summary)}
     for name in PUBLISHED:
         text = texts[name]
