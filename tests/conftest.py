@@ -1,6 +1,7 @@
 """Shared fixtures: one small embedded world per test session (per worker under pytest-xdist)."""
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,12 @@ def pytest_configure(config):
         torch.set_num_threads(1)
     config.addinivalue_line("markers", "slow: end-to-end runs (train, eval, report); skip with -m 'not slow'")
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most end-to-end (slow) tests first, each file's tests in their own order. `make test`
+    hands whole files to its two workers in collection order (--dist loadfile), one as the other frees: a
+    long file handed out last keeps one worker busy alone at the end; handed out first it overlaps the rest."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    position = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], position[item.path]))
