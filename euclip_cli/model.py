@@ -23,7 +23,7 @@ from euclip_cli.device import autocast_factory
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import get_geometry
 from euclip_cli.loss import at_least_fp32
-from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
+from euclip_cli.rundir import RUNS_DIR, RunDir, path_problem, resolve
 from euclip_cli.towers import build_clip, projection_names, remove_final_layernorm, token_width
 from euclip_cli.towers.text import TextPlan, class_tokens, groups_for, text_features, text_plan
 
@@ -197,12 +197,16 @@ class EuclipModel(nn.Module):
 def init_source(cfg: Config, runs_dir: Optional[Path] = None) -> RunDir:
     """The run ``model.init_from`` names (a path, or a name under ``runs_dir``, default the runs folder), or a
     usage error naming the key and the commands that make such a run."""
-    name = cfg.model.init_from
+    name, runs_dir = cfg.model.init_from, runs_dir or RUNS_DIR
+    for candidate in (Path(name), runs_dir / name):
+        problem = path_problem(candidate)  # a path no file system holds: looking it up would fail in the OS
+        if problem:
+            raise UsageError(f"model.init_from: {problem}")
     try:
-        return resolve(name, runs_dir or RUNS_DIR)
+        return resolve(name, runs_dir)
     except UsageError:
         raise UsageError(f"model.init_from: no run '{name}' (neither a run folder nor a name under "
-                         f"{runs_dir or RUNS_DIR}); train it (euclip train --recipe RECIPE --name {name}) or import "
+                         f"{runs_dir}); train it (euclip train --recipe RECIPE --name {name}) or import "
                          f"a released model under that name (euclip import FORMAT SOURCE --name {name})") from None
 
 

@@ -130,10 +130,12 @@ def test_a_run_to_start_from_that_is_missing_empty_or_of_other_towers_is_named(w
     (empty / "config.json").write_text(json.dumps(C.to_dict(C.load_config("tiny-meru"))))
     no_checkpoint = train(world, source, "b", start="empty")
     other = train(world, source, "c", "model.arch=tiny-vit")
+    unholdable = train(world, source, "d", start="x" * 300)  # no file system holds such a name
     frozen_alone = runner.invoke(app, ["train", "--recipe", "tiny-meru", "model.freeze_towers=true",
                                        "--runs-dir", str(tmp_path)])
     for result, words in ((missing, "model.init_from: no run 'nowhere'"), (no_checkpoint, "has no readable checkpoint"),
-                          (other, "model.arch=tiny-vit-c16"), (frozen_alone, "model.init_from=RUN")):
+                          (other, "model.arch=tiny-vit-c16"), (frozen_alone, "model.init_from=RUN"),
+                          (unholdable, "model.init_from: a name in")):
         text = " ".join(result.output.split())
         assert result.exit_code == 2 and words in text and "Traceback" not in text, text
     assert not (source.parent / "a").exists() and not (source.parent / "c").exists()
