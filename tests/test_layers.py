@@ -12,8 +12,9 @@ import euclip_cli
 
 PACKAGE = Path(euclip_cli.__file__).parent
 
-# The task registry and its aggregation are the evaluation protocol, torch-free, read by every runner.
-REGISTRIES = ("evaluate.tasks", "evaluate.aggregate")
+# The task registry, its aggregation and the format of an eval line's per-example outcomes are the
+# evaluation protocol, torch-free, read by every runner.
+REGISTRIES = ("evaluate.tasks", "evaluate.aggregate", "evaluate.hits")
 RUNNERS = ("train", "evaluate", "analysis", "report", "bench", "study", "released")
 
 
