@@ -572,3 +572,21 @@ def test_the_hierarchy_figure_draws_every_configuration_beside_guessing_and_chan
     assert [l.get_xdata()[0] for l in tree.lines if l.get_linestyle() == "--"] == [3.17]
     assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["ROC AUC, cone", "chance",
                                                                          "tree-induced error", "uniform guessing"]
+
+
+def test_the_beta0_study_gives_every_configuration_of_the_geometry_study_the_same_starts():
+    """Equal effort: each of study-geometries' configurations, unchanged but for the temperature's start, at
+    the same four starts (the paper's e^-1 and 1 among them), whatever its geometry."""
+    from euclip_cli import config as C
+
+    geometries, search = load_study("study-geometries"), load_study("study-beta0")
+    starts = {}
+    for name, spec in search.configs.items():
+        base, _, label = name.rpartition("-init")
+        cfg = C.load_config(spec.recipe, search.overrides(name, 0))
+        same = C.load_config(geometries.configs[base].recipe, geometries.overrides(base, 0))
+        same.geometry.logit_scale_init = cfg.geometry.logit_scale_init
+        assert C.to_dict(cfg) == C.to_dict(same), name
+        starts.setdefault(base, set()).add(round(math.exp(cfg.geometry.logit_scale_init), 2))
+    assert set(starts) == set(geometries.configs)
+    assert all(s == {0.37, 1.0, 10.0, 14.29} for s in starts.values()), starts
