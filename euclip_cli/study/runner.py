@@ -348,6 +348,18 @@ RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_fin
                 "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES)
 
 
+def with_group_errors(errors: dict[str, float]) -> dict[str, float]:
+    """Per-task sampling errors of the world's tasks with those of the group means and the average built
+    from them (as ``aggregate`` groups them) added where every member has one: a mean of k tasks, each on
+    its own evaluation set, has the root sum of their squared errors over k."""
+    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]
+    for group in GROUP_METRICS:
+        members = [t.key for t in world_tasks if group == "average" or t.group == group]
+        if members and all(k in errors for k in members):
+            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
+    return errors
+
+
 def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
     """The evaluation sampling error (points) of each world task's main metric in one run, and of
     the group means and the average built from them; empty where the run's tasks are not the
@@ -378,12 +390,7 @@ def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) 
             errors[key] = 100 * (t2i ** 2 + i2t ** 2) ** 0.5 / 2
         else:
             errors[key] = 100 * stats.binomial_se(m["main_metric"], images)
-    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]  # as ``aggregate`` groups them
-    for group in GROUP_METRICS:
-        members = [t.key for t in world_tasks if group == "average" or t.group == group]
-        if members and all(k in errors for k in members):
-            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
-    return errors
+    return with_group_errors(errors)
 
 
 def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[str, float]:
@@ -405,12 +412,7 @@ def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[
             continue
         per_name = [stats.paired_proportion_se(unpack_hits(ours[name]), unpack_hits(theirs[name])) for name in names]
         errors[key] = 100 * math.sqrt(sum(se ** 2 for se in per_name)) / len(names)
-    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]  # as ``aggregate`` groups them
-    for group in GROUP_METRICS:
-        members = [t.key for t in world_tasks if group == "average" or t.group == group]
-        if members and all(k in errors for k in members):
-            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
-    return errors
+    return with_group_errors(errors)
 
 
 # The evaluation-size curve: Shapes scored on the whole evaluation set and on its first half, quarter and

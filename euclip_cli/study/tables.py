@@ -89,11 +89,11 @@ def to_markdown(study: Study, summary: dict) -> str:
                          f"{_fmt(r['sampling_se_median'], 2)} | {_fmt(r.get('paired_sampling_se_median'), 2)} |")
     if summary.get("eval_size"):
         lines += ["", "## Precision against the evaluation set's size", "",
-                  f"Shapes scored on the first images of its evaluation set only (a random subset; the world writes "
-                  f"them in random order), in points: the standard deviation over seeds of a configuration's "
-                  f"difference to its seed's baseline run (median over configurations with two seeds or more) and "
-                  f"its evaluation sampling error (McNemar's, median over pairs). Where the second is a small part of "
-                  f"the first, more images would not narrow the verdicts; more seeds or a longer budget would.", "",
+                  "Shapes scored on the first images of its evaluation set only (a random subset; the world writes "
+                  "them in random order), in points: the standard deviation over seeds of a configuration's "
+                  "difference to its seed's baseline run (median over configurations with two seeds or more) and "
+                  "its evaluation sampling error (McNemar's, median over pairs). Where the second is a small part of "
+                  "the first, more images would not narrow the verdicts; more seeds or a longer budget would.", "",
                   "| images | paired Δ sd, median | paired sampling error | its share of the variance |",
                   "|---|---|---|---|"]
         for r in summary["eval_size"]:
@@ -182,7 +182,8 @@ def write_tables(study: Study, summary: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     texts = {"study.csv": to_csv(summary["rows"]), "claims.csv": to_csv(summary["claims"]),
-             "noise.csv": to_csv(summary["noise"]), "eval_size.csv": to_csv(summary.get("eval_size", [])), "regime.json": json.dumps(summary["regime"], indent=2),
+             "noise.csv": to_csv(summary["noise"]), "eval_size.csv": to_csv(summary.get("eval_size", [])),
+             "regime.json": json.dumps(summary["regime"], indent=2),
              "study.md": to_markdown(study, summary)}
     for name in PUBLISHED:
         text = texts[name]

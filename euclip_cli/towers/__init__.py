@@ -81,15 +81,16 @@ def tokenizer_for(arch: str):
     return archs.lookup(arch).tokenizer()
 
 
-def transforms_for(clip: open_clip.CLIP, crop_scale: float = 0.9):
+def transforms_for(clip: open_clip.CLIP, crop_scale: Optional[float] = None):
     """open_clip's (train, eval) image transforms at the model's resolution, with the tower's mean
     and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's; a training
-    crop keeps at least ``crop_scale`` of the image's area (``data.crop_scale``)."""
+    crop keeps at least ``crop_scale`` of the image's area (``data.crop_scale``; unset: open_clip's own)."""
     from open_clip.transform import AugmentationCfg
 
     size = image_size(clip)
     stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
-    return (open_clip.image_transform(size, is_train=True, aug_cfg=AugmentationCfg(scale=(crop_scale, 1.0)), **stats),
+    augment = None if crop_scale is None else AugmentationCfg(scale=(crop_scale, 1.0))
+    return (open_clip.image_transform(size, is_train=True, aug_cfg=augment, **stats),
             open_clip.image_transform(size, is_train=False, **stats))
 
 

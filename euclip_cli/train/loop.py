@@ -125,16 +125,16 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # only once the data is there (a large arch takes a while).
     check_buildable(cfg)
     runs_dir = Path(run_dir).parent
-    # A resumed run loads its own towers: the run it started from need not be there any more.
-    fresh = RunDir(run_dir).latest_checkpoint() is None
+    # The data and the model are checked before the run directory exists (this object only names it): a
+    # corrected command must not be refused as "another configuration" by a directory its failed first
+    # try left behind. A resumed run loads its own towers: the run it started from need not be there any more.
+    directory = RunDir(run_dir)
+    fresh = directory.latest_checkpoint() is None
     if cfg.model.init_from and fresh:
         init_source(cfg, runs_dir)  # a run to start from that is not there: before any data is read
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
     shards = list_shards(C.train_dir(cfg), hint)
-    # The data and the model are checked before the run directory exists: a corrected command must
-    # not be refused as "another configuration" by a directory its failed first try left behind.
-    directory = RunDir(run_dir)
     model = initial_model(cfg, runs_dir, towers=fresh).to(device)
     with contextlib.ExitStack() as guard:
         if ranks.main:
