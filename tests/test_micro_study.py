@@ -104,6 +104,9 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert sum(right("clip-seed0")) == round(shapes["clip-seed0"] / 100 * size)
     pairs = [paired(right(f"{c}-seed{s}"), right(f"clip-seed{s}")) for c in ("euclip", "euclidean-d2-l0") for s in (0, 1)]
     assert float(noise["main"]["paired_sampling_se_median"]) == pytest.approx(statistics.median(pairs), rel=1e-5)
+    # The ceilings, from the study's world: a classification label is what the image shows (retrieval's,
+    # below 100, in test_ceiling.py).
+    assert float(noise["main"]["ceiling"]) == 100 and float(noise["world/colour"]["ceiling"]) == 100
     # The same spread against the evaluation set's size: at full size it is the noise floor's, read from the
     # study's own accuracies; on the first half of the images, by hand from the per-image outcomes.
     curve = list(csv.DictReader((out / "eval_size.csv").open()))

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ import webdataset as wds
 
 from euclip_cli.config import DataConfig
 from euclip_cli.data import world as w
-from euclip_cli.data.world_tasks import WORLD_TASKS
+from euclip_cli.data.world_tasks import WORLD_TASKS, retrieval_ceiling, retrieval_specs
 from euclip_cli.errors import UsageError
 
 GENERATOR_VERSION = 1
@@ -215,3 +216,23 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
     # Written last: its presence means the world is complete.
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def task_ceiling(eval_dir: Path, name: str) -> float:
+    """The best main metric any model can expect on the world's evaluation task ``name`` (a fraction),
+    from its files under ``eval_dir``: 1 for a classification task, whose label is a function of the
+    scene each image renders; for retrieval, the limit its captions set (``world_tasks.retrieval_ceiling``)."""
+    task = next(t for t in WORLD_TASKS if t.name == name)
+    if task.classes is not None:
+        return 1.0
+    folder = eval_dir / name
+    scenes = [w.scene_from_json(s) for s in json.loads((folder / "scenes.json").read_text())]
+    captions: dict[str, list[str]] = {}
+    for shard in sorted((folder / "test").glob("*.tar"), key=lambda p: int(p.stem)):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".txt"):
+                    captions[member.name] = tar.extractfile(member).read().decode().split("\n")
+    texts = [captions[key] for key in sorted(captions)]  # keys s0000000.txt, ... in the order scenes.json has
+    specs = [retrieval_specs(scene, own) for scene, own in zip(scenes, texts, strict=True)]
+    return retrieval_ceiling(scenes, specs)["mean_recall@1"]

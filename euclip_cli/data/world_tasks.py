@@ -6,10 +6,12 @@ Groups mirror DataComp's: a main shape task (ImageNet's role), shifted rendering
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 from PIL import Image
 
 from euclip_cli.data import world as w
@@ -69,3 +71,63 @@ WORLD_TASKS: list[WorldTask] = [
               _classify(label=lambda s: w.FAMILIES.index(s[0].family))),
     WorldTask("retrieval", "Image-caption retrieval", "retrieval", None, _retrieval),
 ]
+
+
+# ---------------------------------------------------------------- ceilings
+
+# The retrieval sampler's "detailed" captions pin 1 to 3 of these besides the shape (world.sample_spec).
+_DETAIL_KEYS = ("colour", "size", "fill", "position")
+
+
+def retrieval_specs(scene: list[w.Obj], captions: list[str]) -> list[dict]:
+    """The caption specs ``_retrieval`` drew ``captions`` (one per ``RETRIEVAL_LEVELS``) from, recovered
+    from their text: every spec of that level true of the scene is written out until one reads the same.
+    Raises ValueError where none does (captions of another sampler)."""
+    full = {"level": "full", "count": len(scene),
+            "mentions": [{"shape": o.shape, "colour": o.colour, "size": o.size, "fill": o.fill,
+                          "position": o.position} for o in scene]}
+    detailed = [{"level": "detailed", "mentions": [{"shape": o.shape, **{k: getattr(o, k) for k in keys}}]}
+                for o in scene for n in (1, 2, 3) for keys in itertools.combinations(_DETAIL_KEYS, n)]
+    candidates = {"full": [full], "detailed": detailed}
+    specs = []
+    for level, text in zip(RETRIEVAL_LEVELS, captions):
+        found = next((s for s in candidates[level] for frame in (["{c}"] if level == "full" else w.FRAMES)
+                      if frame.format(c=w.caption_text(s)) == text), None)
+        if found is None:
+            raise ValueError(f"no {level} caption of this scene reads {text!r}")
+        specs.append(found)
+    return specs
+
+
+def caption_likelihood(spec: dict, scene: list[w.Obj]) -> float:
+    """P(the retrieval sampler writes ``spec``'s caption | the scene), up to a factor every scene shares.
+
+    A full caption lists every object in the scene's order, which the image does not show: each scene
+    holding the same objects writes it with the same probability, others never. A detailed caption
+    describes one object drawn uniformly from the scene, with a key set and a frame drawn independently
+    of the scene: (objects it is true of) / (objects in the scene).
+    """
+    if spec["level"] == "full":
+        return float(len(scene) == len(spec["mentions"])
+                     and all(sum(w.mention_matches(m, o) for o in scene) == 1 for m in spec["mentions"]))
+    (mention,) = spec["mentions"]
+    return sum(w.mention_matches(mention, o) for o in scene) / len(scene)
+
+
+def retrieval_ceiling(scenes: list[list[w.Obj]], specs: list[list[dict]]) -> dict[str, float]:
+    """The best recall@1 any model can expect on a retrieval set (image ``i`` with captions ``specs[i]``),
+    each way and their mean (DataComp's ``mean_recall@1``), as fractions.
+
+    Many captions are true of several images ("a picture of a small crescent"), so a perfect model is
+    still unsure which one a caption came from: the posterior of image j is its ``caption_likelihood``
+    over the sum of all images' (each caption's source is one image, a priori any). The best guess is
+    the most probable image (text to image), or for an image the caption most probably its own (image
+    to text); the ceiling is the mean of those posteriors. Shapes and colours are assumed readable from
+    every image: this is the limit the captions set, not the pixels.
+    """
+    likelihood = np.array([[caption_likelihood(s, scene) for scene in scenes] for own in specs for s in own])
+    posterior = likelihood / likelihood.sum(axis=1, keepdims=True)  # every caption is true of its own image
+    text_to_image = posterior.max(axis=1).mean()
+    image_to_text = posterior.max(axis=0).mean()
+    return {"image_retrieval_recall@1": float(text_to_image), "text_retrieval_recall@1": float(image_to_text),
+            "mean_recall@1": float((text_to_image + image_to_text) / 2)}

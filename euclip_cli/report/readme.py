@@ -1,8 +1,9 @@
 """The README's results, rendered from the study tables committed beside it (``euclip study
 --publish``), so that every number on the front page comes from a file in the repository.
 
-A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->``;
-``euclip report --readme README.md`` rewrites what lies between from FOLDER, and a test holds
+A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->``, or, for one
+study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->``;
+``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
 the README equal to that rendering.
 """
 
@@ -16,7 +17,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.rundir import write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW
 
-BLOCK = re.compile(r"(<!-- results (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>results|curve) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
 
 
 def results_block(folder: Path, name: str) -> str:
@@ -45,6 +46,24 @@ def results_block(folder: Path, name: str) -> str:
     return "\n".join(lines)
 
 
+def block_folders(match: re.Match) -> list[str]:
+    """The folders a block renders from (a curve's, comma-separated), relative to its page."""
+    return match["folder"].split(",") if match["kind"] == "curve" else [match["folder"]]
+
+
+def curve_block(folders: list[Path]) -> str:
+    """One study at several budgets, as ``tables.budget_curve`` sets it out."""
+    from euclip_cli.report.tables import budget_curve
+
+    for folder in folders:
+        for needed in ("study.csv", "noise.csv", "regime.json", "provenance.json"):
+            if not (folder / needed).exists():
+                raise UsageError(f"{folder / needed} is missing: publish the study first (euclip study --recipe NAME "
+                                 f"--publish {folder})")
+    # Cells as written: tabulate would otherwise read "50.0" as a number and print "50".
+    return budget_curve(folders).to_markdown(index=False, disable_numparse=True) + "\n"
+
+
 def update_readme(readme: Path, check: bool = False) -> list[str]:
     """Rewrite every results block of ``readme`` from its folder (relative to the README's own);
     returns the folders rendered. With ``check``, raise UsageError instead where a block differs."""
@@ -55,11 +74,14 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
 
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
-        body = results_block(readme.parent / match["folder"], match["folder"])
+        if match["kind"] == "curve":
+            body = curve_block([readme.parent / name for name in block_folders(match)])
+        else:
+            body = results_block(readme.parent / match["folder"], match["folder"])
         if check and body != match["body"]:
             raise UsageError(f"{readme}: the results from {match['folder']} differ from its files: run "
                              f"'euclip report --readme {readme}'")
-        return match[1] + body + match[4]
+        return match[1] + body + match[5]
 
     updated = BLOCK.sub(render, text)
     if not folders:

@@ -15,6 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
+from euclip_cli.errors import UsageError
 from euclip_cli.geometry import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
@@ -431,6 +432,54 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         claims = pd.DataFrame()
     shown = [dict(zip(CLAIMS_HEADER, claim_cells(c))) for c in claims.to_dict("records")]
     return pd.DataFrame(table), pd.DataFrame(shown)
+
+
+# The groups a budget curve shows: the main task, and the groups that stay clear of their ceiling
+# (the attributes reach about 94% by 2,048 steps on the embedded world).
+CURVE_METRICS = ("main", "shifts", "retrieval", "average")
+
+
+def budget_curve(folders: list[Path]) -> pd.DataFrame:
+    """One study published at several budgets (``euclip study --publish``), as a curve: a row per
+    budget and group with the group's ceiling (the best score any model can expect), the baseline's
+    mean, each other configuration's paired difference to it [95%] and its shortfall from the ceiling
+    over the baseline's (a ratio that stays put while the difference in points narrows is the ceiling
+    drawing near, not a catching up), and the noise floor's paired sd and paired sampling error of
+    the group. The configurations shown are those every budget has."""
+    names = SUITE_COLUMNS["world"]
+    studies = []
+    for folder in folders:
+        rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
+        regime = json.loads((folder / "regime.json").read_text())
+        noise = pd.read_csv(folder / "noise.csv").set_index("metric")
+        if "ceiling" not in noise.columns:
+            raise UsageError(f"{folder / 'noise.csv'} has no ceilings (published by an older euclip): publish the "
+                             f"study again (euclip study --recipe NAME ... --publish {folder})")
+        configs = list(dict.fromkeys(rows.index.get_level_values("config")))
+        (baseline,) = [c for c in configs if pd.isna(rows.loc[(c, "main"), "diff_mean"])]
+        studies.append((regime["steps"], rows, noise, configs, baseline))
+    baselines = {s[4] for s in studies}
+    if len(baselines) != 1:
+        raise UsageError(f"the budgets have different baselines ({', '.join(sorted(baselines))}): a curve compares one")
+    baseline = baselines.pop()
+    compared = [c for c in studies[0][3] if c != baseline and all(c in s[3] for s in studies)]
+    table = []
+    for steps, rows, noise, _, _ in sorted(studies, key=lambda s: s[0]):
+        for metric in CURVE_METRICS:
+            base, floor = rows.loc[(baseline, metric)], noise.loc[metric]
+            ceiling = floor["ceiling"]
+            row = {"steps": f"{steps:,}", "seeds": int(base["n_seeds"]), "group": names[metric],
+                   "ceiling": f"{ceiling:.1f}", baseline: f"{base['mean']:.1f}"}
+            for config in compared:
+                r = rows.loc[(config, metric)]
+                row[f"Δ {config} [95%]"] = _interval(r["diff_mean"], r["diff_low"], r["diff_high"])
+                # "–" where the baseline is at the ceiling: no ratio to take.
+                row[f"{config}'s shortfall ÷ {baseline}'s"] = ("–" if base["mean"] >= ceiling else
+                                                               f"{(ceiling - r['mean']) / (ceiling - base['mean']):.2f}")
+            row["paired Δ sd"] = f"{floor['paired_sd_median']:.2f}"
+            row["paired sampling error"] = f"{floor['paired_sampling_se_median']:.2f}"
+            table.append(row)
+    return pd.DataFrame(table)
 
 
 def noise_table(folder: Path) -> Optional[pd.DataFrame]:

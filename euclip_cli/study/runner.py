@@ -348,16 +348,37 @@ RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_fin
                 "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES)
 
 
-def with_group_errors(errors: dict[str, float]) -> dict[str, float]:
-    """Per-task sampling errors of the world's tasks with those of the group means and the average built
-    from them (as ``aggregate`` groups them) added where every member has one: a mean of k tasks, each on
-    its own evaluation set, has the root sum of their squared errors over k."""
+def with_groups(values: dict[str, float], combine: Callable[[list[float]], float]) -> dict[str, float]:
+    """Per-task values of the world's tasks with those of the group means and the average built from
+    them (as ``aggregate`` groups them), ``combine(members' values)``, added where every member has one."""
     world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]
     for group in GROUP_METRICS:
         members = [t.key for t in world_tasks if group == "average" or t.group == group]
-        if members and all(k in errors for k in members):
-            errors[group] = sum(errors[k] ** 2 for k in members) ** 0.5 / len(members)
-    return errors
+        if members and all(k in values for k in members):
+            values[group] = combine([values[k] for k in members])
+    return values
+
+
+def with_group_errors(errors: dict[str, float]) -> dict[str, float]:
+    """Sampling errors, grouped: a mean of k tasks, each on its own evaluation set, has the root sum of
+    their squared errors over k."""
+    return with_groups(errors, lambda members: sum(e ** 2 for e in members) ** 0.5 / len(members))
+
+
+def ceilings(plans: list[RunPlan], tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
+    """The best score (points) any model can expect on each world task the study evaluates
+    (``world_files.task_ceiling``), and on the group means and the average built from them (the mean
+    of their members'); empty where the tasks are not the world's or no run names a generated world."""
+    from euclip_cli.data.world_files import task_ceiling
+
+    if world is None:
+        run = next((RunDir(p.run_dir) for p in plans if RunDir(p.run_dir).config_file.exists()), None)
+        world = C.world_dir(C.from_dict(run.config())) if run else None
+    if world is None or not (world / "manifest.json").exists():
+        return {}
+    values = {key: 100 * task_ceiling(world / "eval", key.split("/", 1)[1])
+              for key in tasks if TASKS[key].suite == "world" and TASKS[key].main_metric is not None}
+    return with_groups(values, statistics.mean)
 
 
 def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
@@ -498,7 +519,8 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
             rows.append(row)
     reading = regime(study, by_config)
     return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
-            "seeds": list(study.seeds), "regime": reading, "noise": noise_floor(rows, metrics, errors, paired_errors),
+            "seeds": list(study.seeds), "regime": reading,
+            "noise": noise_floor(rows, metrics, errors, paired_errors, ceilings(plans, tasks, world)),
             "eval_size": evaluation_size_curve(study, plans),
             "temperature": temperature_curves(study, plans)}
 
@@ -522,12 +544,14 @@ def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
 
 
 def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]],
-                paired_errors: Optional[dict[str, list[float]]] = None) -> list[dict]:
+                paired_errors: Optional[dict[str, list[float]]] = None,
+                ceiling: Optional[dict[str, float]] = None) -> list[dict]:
     """Per metric: the seed standard deviation (median and range over configurations), the standard
     deviation of the paired differences to the baseline (median over configurations), the evaluation
     sampling error of one run's score (median over runs) and of one run's difference to its seed's
     baseline run on the same examples (median over those pairs), all in points. The last, squared over
     the paired sd squared, is the share of a verdict's spread that more evaluation examples would remove.
+    Beside them, the metric's ``ceiling`` where known (points): a score near it has little room to differ.
     A task that is its group's only member (Shapes is the world's main group) appears once, under the
     group's name."""
     paired_errors = paired_errors or {}
@@ -548,7 +572,8 @@ def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[flo
                     "paired_sd_median": statistics.median(paired) if paired else None,
                     "sampling_se_median": statistics.median(errors[metric]) if errors.get(metric) else None,
                     "paired_sampling_se_median": (statistics.median(paired_errors[metric])
-                                                  if paired_errors.get(metric) else None)})
+                                                  if paired_errors.get(metric) else None),
+                    "ceiling": (ceiling or {}).get(metric)})
     return out
 
 

@@ -79,14 +79,17 @@ def to_markdown(study: Study, summary: dict) -> str:
                   "its range), that of each configuration's difference to the baseline paired by seed (median), "
                   "the evaluation sampling error of one run's score (binomial, median over runs) and that of one "
                   "run's difference to its seed's baseline run on the same images (McNemar's, median over pairs; "
-                  "its square over the paired sd's is the share of that spread more images would remove).", "",
-                  "| metric | seed sd, median (range) | paired Δ sd, median | sampling error | paired sampling error |",
-                  "|---|---|---|---|---|"]
+                  "its square over the paired sd's is the share of that spread more images would remove), and the "
+                  "metric's ceiling: the best score any model can expect (100 for a classification task, whose label "
+                  "the image shows; less for retrieval, whose captions are often true of several images).", "",
+                  "| metric | seed sd, median (range) | paired Δ sd, median | sampling error | paired sampling error "
+                  "| ceiling |", "|---|---|---|---|---|---|"]
         for r in summary["noise"]:
             label = names[r["metric"]] if r["metric"] in names else TASKS[r["metric"]].name
             lines.append(f"| {label} | {r['seed_sd_median']:.2f} "
                          f"({r['seed_sd_min']:.2f}–{r['seed_sd_max']:.2f}) | {_fmt(r['paired_sd_median'], 2)} | "
-                         f"{_fmt(r['sampling_se_median'], 2)} | {_fmt(r.get('paired_sampling_se_median'), 2)} |")
+                         f"{_fmt(r['sampling_se_median'], 2)} | {_fmt(r.get('paired_sampling_se_median'), 2)} | "
+                         f"{_fmt(r.get('ceiling'), 1)} |")
     if summary.get("eval_size"):
         lines += ["", "## Precision against the evaluation set's size", "",
                   "Shapes scored on the first images of its evaluation set only (a random subset; the world writes "
