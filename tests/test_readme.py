@@ -15,7 +15,7 @@ README = ROOT / "README.md"
 
 
 # Pages whose results blocks are rendered from committed study tables.
-PAGES = [README, ROOT / "docs" / "results" / "budget.md"]
+PAGES = [README, *(ROOT / "docs" / "results" / name for name in ("budget.md", "beta0.md"))]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -42,7 +42,9 @@ def results_block(folder: Path, name: str) -> str:
              f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
              f"(its table of that scale where the paper has one); frozen (moved < {FROZEN_BELOW:.0%}): "
              f"{', '.join(frozen) if frozen else 'none'}.", "",
-             render(results, "md").rstrip("\n"), "", render(claims, "md").rstrip("\n"), ""]
+             render(results, "md").rstrip("\n"), "",
+             render(claims, "md").rstrip("\n") if not claims.empty else
+             "No claim is tested: no claim of `euclip_cli/study/claims.toml` names these configurations.", ""]
     return "\n".join(lines)
 
 
