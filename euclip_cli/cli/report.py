@@ -25,8 +25,9 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
            out: Path = typer.Option(Path("results") / "tables", callback=writable_folder,
                                     help="Where the tables are written."),
            readme: Optional[Path] = typer.Option(None, callback=checked_path,
-                                                 help="Instead: rewrite this README's results blocks from "
-                                                      "the study tables they name (euclip study --publish).")
+                                                 help="Instead: rewrite this README's results and curve "
+                                                      "blocks from the study tables they name (euclip study "
+                                                      "--publish).")
            ) -> None:
     """Write result tables to --out and print them; figures go to --out/../figures (PNG and PDF).
 
