@@ -66,6 +66,8 @@ class Converted:
     state: Optional[dict]  # the EuclipModel state dict; None when ``clip`` carries the weights
     meta: dict  # provenance for meta.json
     clip: object = None  # already-built open_clip towers (the openclip format)
+    # The suite the run evaluates on by default: the one its authors report (MERU's own for its models).
+    tasks: str = "datacomp"
 
 
 def fetch_source(source: str, sibling: Optional[str] = None) -> Optional[Path]:
@@ -273,7 +275,7 @@ def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arc
     state = dict(filter(None, (_meru_key(k, v) for k, v in weights.items())))
     overrides = [f"model.arch={arch}", f"geometry.name={found[0]}", f"geometry.logit={found[1]}"]
     meta = {"source": source, "sha256": sha256_of(path), "model": "MERU" if hyperbolic else "CLIP baseline"}
-    return Converted(overrides, state, meta)
+    return Converted(overrides, state, meta, tasks="meru")
 
 
 FORMATS: dict[str, Callable[[str, Optional[str], Optional[str], Optional[str]], Converted]] = {
@@ -310,7 +312,7 @@ def import_run(fmt: str, source: str, name: str, runs_dir: Path, geometry: Optio
         raise UsageError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
     run = RunDir(runs_dir / plain_name(name, "--name"))
     converted = FORMATS[fmt](source, geometry, logit, arch)
-    cfg = C.load_config(None, [*converted.overrides, "eval.tasks=datacomp"])
+    cfg = C.load_config(None, [*converted.overrides, f"eval.tasks={converted.tasks}"])
     model = EuclipModel(cfg, clip=converted.clip)
     if converted.state is not None:
         _fit(model, converted.state, source)

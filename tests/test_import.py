@@ -313,6 +313,7 @@ def test_a_meru_checkpoint_gives_merus_embeddings_and_logits(tmp_path, meru_test
     assert result.exit_code == 0, result.output
     model, cfg = imported(runs, "meru")
     assert cfg.geometry.name == ("hyperbolic" if hyperbolic else "clip")
+    assert cfg.eval.tasks == "meru"  # evaluated on MERU's own suite unless --tasks says otherwise
     gen = torch.Generator().manual_seed(2)
     images01 = torch.rand(2, 3, 224, 224, generator=gen, dtype=torch.float64)
     tokens = tokenizer_for(meru_test_arch)(["a red star", "two small blue circles on the left", "a shape"])
