@@ -147,11 +147,14 @@ VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_
 
 
 def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[float] = None,
-            paper_effect: Optional[float] = None) -> str:
+            paper_effect: Optional[float] = None, resolution: float = 0.0) -> str:
     """What an interval of an effect says about a claim that expects its sign ``expected_sign`` (+1
     or -1), in this order:
 
-    ``no spread`` when every seed gave the same effect (a saturated measure: no interval to read);
+    ``no spread`` when every seed gave the same effect to within half the ``resolution`` the claim is
+    read at (its standard deviation below that: the interval prints with no width), as a measure does
+    that sits at a bound of its range in every run; a t interval around that much spread says how
+    far apart the seeds' last digits fell, not how sure the effect is;
     ``reproduced`` when the interval excludes 0 on the expected side; ``non-inferior`` (a claim
     of "matches or beats", with ``margin``) when it excludes a deficit as large as ``margin``;
     ``opposite`` when it excludes 0 on the other side; ``excludes the paper's effect`` when it
@@ -160,7 +163,7 @@ def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[flo
     """
     if effect is None or effect.low is None:
         return INCONCLUSIVE
-    if effect.sd == 0:
+    if effect.sd < resolution / 2 or effect.sd == 0:
         return NO_SPREAD
     low, high = sorted((expected_sign * effect.low, expected_sign * effect.high))
     if low > 0:

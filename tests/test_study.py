@@ -208,6 +208,11 @@ def test_verdicts(low, high, sign, margin, paper, expected):
 def test_a_measure_with_no_spread_is_never_reproduced():
     assert stats.verdict(stats.estimate([0.0, 0.0, 0.0]), +1) == "no spread"
     assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1) == "no spread"  # every seed the same, off zero too
+    # Agreeing to within half the resolution the claim is read at is no spread either; a real spread is read.
+    nearly = stats.estimate([1.0, 1.0, 0.999996])
+    assert stats.verdict(nearly, +1, resolution=1e-3) == "no spread"
+    assert stats.verdict(nearly, +1) == "reproduced"  # read at full precision, the interval has a width
+    assert stats.verdict(stats.estimate([0.9, 1.0, 0.95]), +1, resolution=1e-3) == "reproduced"
 
 
 # ---------------------------------------------------------------- recipes and claims
@@ -310,6 +315,14 @@ def test_a_measured_property_is_credited_only_with_what_training_changed_beyond_
     saturated = {c: {s: {key: 1.0, init: 1.0} for s in range(3)} for c in trained}
     (row,) = [r for r in V.evaluate_claims(study, load_claims(), saturated, "small") if r["n_seeds"]]
     assert row["verdict"] == "no spread" and row["effect"] == 0.0
+    # The 2,048-step study's case: the measure stays at 1 with entailment and falls to 0 without it, one
+    # seed's control at 4e-6 (one comparison of many): the effect sits at its bound, the seeds agree to far
+    # finer than the 0.001 it is read at, and a t interval over that spread would print as [1.000, 1.000].
+    control = {0: 0.0, 1: 0.0, 2: 4e-6}
+    at_bound = {"euclip": {s: {key: 1.0, init: 1.0} for s in range(3)},
+                "euclidean-d2-l0": {s: {key: control[s], init: 1.0} for s in range(3)}}
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), at_bound, "small") if r["n_seeds"]]
+    assert row["verdict"] == "no spread" and row["effect"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
