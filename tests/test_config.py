@@ -40,6 +40,13 @@ def test_an_embedded_world_without_evaluation_images_is_refused_by_its_key():
     assert err.value.problems == ["data.world_samples and data.world_eval_size: must be >= 1"]
 
 
+@pytest.mark.parametrize("scale", ["0.2", "2.5"])
+def test_an_object_scale_outside_its_range_is_refused_by_its_key(scale):
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config("tiny-clip", [f"data.world_object_scale={scale}"])
+    assert err.value.problems == ["data.world_object_scale: must lie in [0.3, 2]"]
+
+
 def test_a_temperature_rate_that_is_not_positive_is_refused_by_its_key():
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", ["optim.scalar_lr_scale=0"])

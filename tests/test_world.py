@@ -1,5 +1,6 @@
 """The embedded world: determinism, the real data's formats, and its entailment ground truth."""
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -112,3 +113,48 @@ def test_every_shape_renders_inside_the_frame():
             img = w.render([w.Obj(shape, "red", "large", "solid", position)], rng)
             red = sum(1 for r, g, b in img.get_flattened_data() if r > 150 and g < 100)
             assert red > 40, (shape, position)
+
+
+def _red_pixels(img) -> int:
+    return sum(1 for r, g, b in img.getdata() if r > 150 and g < 100 and b < 100)
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.7])
+def test_the_object_scale_draws_the_same_scene_with_the_area_scaled_by_its_square(scale):
+    scene = [w.Obj("hexagon", "red", "large", "solid", "middle")]
+    full, smaller = (w.render(scene, random.Random(3), scale=s) for s in (1.0, scale))
+    # Same draws, so same centre and jitter: only the radius changes, and a solid polygon's area with its square.
+    assert _red_pixels(smaller) / _red_pixels(full) == pytest.approx(scale ** 2, rel=0.15)
+
+
+def test_a_world_of_smaller_objects_has_the_same_scenes_and_captions_in_other_images(world, tmp_path):
+    smaller = tmp_path / "smaller"
+    generate(smaller, dataclasses.replace(SMALL_WORLD, object_scale=0.6), workers=1)
+    assert json.loads((smaller / "manifest.json").read_text())["object_scale"] == 0.6
+
+    def read(folder):
+        with tarfile.open(folder / "train" / "00000.tar") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+    default, small = read(world), read(smaller)
+    captions = [n for n in default if n.endswith(".txt")]
+    assert [default[n] for n in captions] == [small[n] for n in captions]
+    assert all(json.loads(default[n])["world"]["objects"] == json.loads(small[n])["world"]["objects"]
+               for n in default if n.endswith(".json"))
+    assert sum(default[n] != small[n] for n in default if n.endswith(".jpg")) == SMALL_WORLD.samples
+    for task in ("shapes", "retrieval"):  # the evaluation images are drawn smaller too, the labels kept
+        assert (smaller / "eval" / task / "scenes.json").read_bytes() == (world / "eval" / task / "scenes.json").read_bytes()
+        assert (smaller / "eval" / task / "test" / "0.tar").read_bytes() != (world / "eval" / task / "test" / "0.tar").read_bytes()
+    with pytest.raises(WorldExistsError, match=r"object_scale=1.0, not 0.6 \(data.world_object_scale\)"):
+        generate(world, dataclasses.replace(SMALL_WORLD, object_scale=0.6))
+
+
+def test_a_world_written_before_the_object_scale_existed_has_the_default_scale(world, tmp_path):
+    older = tmp_path / "older"
+    older.mkdir()
+    manifest = json.loads((world / "manifest.json").read_text())
+    del manifest["object_scale"]
+    (older / "manifest.json").write_text(json.dumps(manifest))
+    assert generate(older, SMALL_WORLD)["skipped"]
+    with pytest.raises(WorldExistsError, match="object_scale=1.0, not 0.5"):
+        generate(older, dataclasses.replace(SMALL_WORLD, object_scale=0.5))

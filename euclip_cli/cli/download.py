@@ -23,20 +23,20 @@ WORKERS = 2
 app = typer.Typer(invoke_without_command=True)
 
 
-def generate_world(out: Path, seed: int, samples: int, mismatch: float, eval_size: int, workers: int) -> None:
+def generate_world(out: Path, settings, workers: int) -> None:
+    """Write the world ``settings`` (a ``WorldSettings``) describe into ``out``, with a progress bar."""
     from rich.progress import Progress
 
-    from euclip_cli.data.world_files import WorldSettings, generate
+    from euclip_cli.data.world_files import generate
 
-    settings = WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size)
     with errors(), Progress(console=console, transient=True) as progress:
         bar = progress.add_task("generating the embedded world", total=None)
         manifest = generate(out, settings, workers=workers,
                             progress=lambda done, total: progress.update(bar, completed=done, total=total))
     if manifest.get("skipped"):
-        console.print(f"{out} already holds this world (seed {seed}, {samples} pairs): nothing to do")
+        console.print(f"{out} already holds this world (seed {settings.seed}, {settings.samples} pairs): nothing to do")
     else:
-        console.print(f"wrote {samples} training pairs in {manifest['train_shards']} shard(s) to {out / 'train'} and "
+        console.print(f"wrote {settings.samples} training pairs in {manifest['train_shards']} shard(s) to {out / 'train'} and "
                       f"{len(manifest['eval_tasks'])} evaluation tasks to {out / 'eval'} in {manifest['seconds']} s")
 
 
@@ -55,12 +55,12 @@ def download(ctx: typer.Context,
     if recipe is None:
         fail("give --recipe NAME or a subcommand (euclip download --help)", 2)
     from euclip_cli import config as C
+    from euclip_cli.data.world_files import settings_for
 
     with errors():
         cfg = C.load_config(recipe)
     if cfg.data.dataset == "world":
-        generate_world(C.train_dir(cfg).parent, cfg.data.world_seed, cfg.data.world_samples,
-                       cfg.data.world_mismatch, cfg.data.world_eval_size, WORKERS)
+        generate_world(C.train_dir(cfg).parent, settings_for(cfg.data), WORKERS)
         return
     shards = C.train_dir(cfg)
     if shards.name != "shards":
@@ -175,14 +175,25 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
           samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
           mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
           eval_size: int = typer.Option(_DATA.world_eval_size, help="Images per evaluation task."),
+          object_scale: float = typer.Option(_DATA.world_object_scale, help="Every object's radius times this "
+                                             "(below 1: smaller shapes, a harder world)."),
           workers: int = typer.Option(WORKERS, min=1, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 
     Example: euclip download world --out data/world --samples 100000
     """
-    if samples < 1 or eval_size < 1 or not 0 <= mismatch < 1:
-        fail("--samples and --eval-size must be positive and --mismatch in [0, 1)", 2)
-    generate_world(out, seed, samples, mismatch, eval_size, workers)
+    from euclip_cli.config import WORLD_OBJECT_SCALES
+    from euclip_cli.data.world_files import WorldSettings
+
+    low, high = WORLD_OBJECT_SCALES
+    bad = [f"{name} {value:g} must lie in {allowed}" for name, value, ok, allowed in (
+        ("--samples", samples, samples >= 1, "[1, ∞)"), ("--eval-size", eval_size, eval_size >= 1, "[1, ∞)"),
+        ("--mismatch", mismatch, 0 <= mismatch < 1, "[0, 1)"),
+        ("--object-scale", object_scale, low <= object_scale <= high, f"[{low:g}, {high:g}]")) if not ok]
+    if bad:
+        fail("; ".join(bad), 2)
+    generate_world(out, WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size,
+                                      object_scale=object_scale), workers)
 
 
 @app.command()

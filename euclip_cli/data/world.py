@@ -115,8 +115,10 @@ def sample_scene(rng: random.Random, count: Optional[int] = None, palette: Optio
                 fill=fill or rng.choices(FILLS, weights=[0.8, 0.2])[0], position=cell) for cell in cells]
 
 
-def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_width: int = 2) -> Image.Image:
-    """Draw a scene; colours and positions get a little jitter so no two renderings are identical."""
+def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_width: int = 2,
+           scale: float = 1.0) -> Image.Image:
+    """Draw a scene, each object's radius ``scale`` times its size's; colours and positions get a little
+    jitter so no two renderings are identical. The random draws do not depend on ``scale``."""
     shade = rng.randint(205, 245)
     img = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), (shade, shade + rng.randint(-6, 6), shade + rng.randint(-6, 6)))
     draw = ImageDraw.Draw(img)
@@ -134,7 +136,7 @@ def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_wid
         colour = tuple(min(255, max(0, c + rng.randint(-12, 12))) for c in base)
         cx, cy = POSITIONS[obj.position]
         cx, cy = cx + rng.uniform(-3, 3), cy + rng.uniform(-3, 3)
-        radius = rng.uniform(*SIZES[obj.size])
+        radius = rng.uniform(*SIZES[obj.size]) * scale
         pts = [(cx + radius * x, cy + radius * y) for x, y in OUTLINES[obj.shape]]
         if obj.fill == "solid":
             draw.polygon(pts, fill=colour)
@@ -229,14 +231,15 @@ def scene_from_json(objects: list[dict]) -> list[Obj]:
 # ---------------------------------------------------------------- training pairs
 
 def training_pair(rng: random.Random, mismatch: float, count: Optional[int] = None,
-                  levels: Sequence[str] = tuple(LEVELS)) -> tuple[Image.Image, str, dict, list[Obj], bool]:
+                  levels: Sequence[str] = tuple(LEVELS), scale: float = 1.0) -> tuple[Image.Image, str, dict, list[Obj], bool]:
     """One (image, caption) pair; with probability ``mismatch`` the caption describes another scene.
+    Objects are drawn at ``scale`` times their size (``render``).
 
     ``count`` pins the objects per scene and ``levels`` narrows the caption levels (at their relative
     weights in ``LEVELS``); the world itself uses neither, the tower probe in examples/ does.
     """
     scene = sample_scene(rng, count=count)
-    image = render(scene, rng)
+    image = render(scene, rng, scale=scale)
     level = rng.choices(list(levels), weights=[LEVELS[name] for name in levels])[0]
     mismatched = rng.random() < mismatch
     spec = sample_spec(sample_scene(rng, count=count) if mismatched else scene, rng, level)

@@ -47,6 +47,7 @@ class WorldSettings:
     samples: int = 100_000
     mismatch: float = 0.1
     eval_size: int = 1000
+    object_scale: float = 1.0
 
 
 class WorldExistsError(UsageError):
@@ -55,13 +56,13 @@ class WorldExistsError(UsageError):
 
 # The configuration key that sets each of WorldSettings' fields, for messages that say what to change.
 CONFIG_KEYS = {"seed": "data.world_seed", "samples": "data.world_samples", "mismatch": "data.world_mismatch",
-               "eval_size": "data.world_eval_size"}
+               "eval_size": "data.world_eval_size", "object_scale": "data.world_object_scale"}
 
 
 def settings_for(data: DataConfig) -> WorldSettings:
     """The world a ``DataConfig`` asks for."""
     return WorldSettings(seed=data.world_seed, samples=data.world_samples, mismatch=data.world_mismatch,
-                         eval_size=data.world_eval_size)
+                         eval_size=data.world_eval_size, object_scale=data.world_object_scale)
 
 
 def recorded(out: Path) -> Optional[dict]:
@@ -75,9 +76,14 @@ def _wanted(settings: WorldSettings) -> dict:
     return {"generator_version": GENERATOR_VERSION, **asdict(settings)}
 
 
+# Settings added after worlds were first written: a manifest without one was written before it existed,
+# so its world has the setting's default (the images are the same bytes).
+_LATER_SETTINGS = {"object_scale": WorldSettings().object_scale}
+
+
 def recorded_settings(found: dict) -> dict:
     """The generator version and settings a manifest records, without its timings and task list."""
-    return {k: found.get(k) for k in _wanted(WorldSettings())}
+    return {k: found.get(k, _LATER_SETTINGS.get(k)) for k in _wanted(WorldSettings())}
 
 
 def check_shared_world(data: DataConfig, out: Path, found: dict, remedy: str) -> None:
@@ -95,7 +101,8 @@ def check_world(out: Path, found: dict, settings: WorldSettings, remedy: str) ->
     with other settings than ``settings``: a run on it would train on other data than its
     configuration records.
     """
-    differ = {k: (found.get(k), v) for k, v in _wanted(settings).items() if found.get(k) != v}
+    recorded_as = recorded_settings(found)
+    differ = {k: (recorded_as[k], v) for k, v in _wanted(settings).items() if recorded_as[k] != v}
     if differ:
         what = ", ".join(f"{k}={old}, not {new} ({CONFIG_KEYS.get(k, k)})" for k, (old, new) in differ.items())
         raise WorldExistsError(f"{out} holds a world generated with other settings: {what}; {remedy}")
@@ -113,7 +120,7 @@ def _write_train_shard(out: str, settings: WorldSettings, shard: int, count: int
     tmp = Path(out) / f".{shard:0{SHARD_DIGITS}d}.tar.tmp"
     with wds.TarWriter(str(tmp), mtime=TAR_MTIME) as sink:
         for i in range(count):
-            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch)
+            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch, scale=settings.object_scale)
             key = f"{shard:0{SHARD_DIGITS}d}{i:0{KEY_DIGITS}d}"
             jpg = w.encode_jpeg(image)
             uid = hashlib.md5(f"world-{settings.seed}-{key}".encode()).hexdigest()
@@ -143,7 +150,7 @@ def _write_eval_task(out: str, settings: WorldSettings, index: int) -> str:
     for shard in range(nshards):
         with wds.TarWriter(str(folder / "test" / f"{shard}.tar"), mtime=TAR_MTIME) as sink:
             for i in range(shard * EVAL_SHARD_SIZE, min(settings.eval_size, (shard + 1) * EVAL_SHARD_SIZE)):
-                image, label, scene = task.sample(rng)
+                image, label, scene = task.sample(rng, settings.object_scale)
                 sample = {"__key__": f"s{i:07d}", "jpg": w.encode_jpeg(image)}
                 if task.classes is None:
                     sample["txt"] = "\n".join(label)

@@ -17,6 +17,8 @@ from PIL import Image
 from euclip_cli.data import world as w
 
 Sample = tuple[Image.Image, object, list[w.Obj]]  # image, label (class index or caption list), scene
+# A task's sampler: (generator, the world's object scale) -> one sample.
+Sampler = Callable[[random.Random, float], Sample]
 
 
 @dataclass(frozen=True)
@@ -25,13 +27,13 @@ class WorldTask:
     title: str
     group: str  # "main", "shifts", "attributes", "retrieval"
     classes: Optional[list[str]]  # class names with article; None for retrieval
-    sample: Callable[[random.Random], Sample]
+    sample: Sampler
 
 
 def _classify(count=1, palette=None, fill=None, clutter=False, line_width=2, label: Callable = None):
-    def sample(rng: random.Random) -> Sample:
+    def sample(rng: random.Random, scale: float = 1.0) -> Sample:
         scene = w.sample_scene(rng, count=count or rng.choice([1, 2, 3]), palette=palette, fill=fill)
-        return w.render(scene, rng, clutter=clutter, line_width=line_width), label(scene), scene
+        return w.render(scene, rng, clutter=clutter, line_width=line_width, scale=scale), label(scene), scene
     return sample
 
 
@@ -43,10 +45,10 @@ def _shape_label(scene):
 RETRIEVAL_LEVELS = ("full", "detailed")
 
 
-def _retrieval(rng: random.Random) -> Sample:
+def _retrieval(rng: random.Random, scale: float = 1.0) -> Sample:
     scene = w.sample_scene(rng)
     captions = [w.frame_caption(w.sample_spec(scene, rng, level), rng) for level in RETRIEVAL_LEVELS]
-    return w.render(scene, rng), captions, scene
+    return w.render(scene, rng, scale=scale), captions, scene
 
 
 SHAPE_CLASSES = [w.article(s) for s in w.SHAPES]
