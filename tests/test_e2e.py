@@ -38,7 +38,8 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta and meta["precision"] == "fp32"
     # The world trained on, from its manifest, not the recipe's data.world_* keys (50,000 samples).
     assert meta["data"] == {"source": "world", "generator_version": 1, "seed": SMALL_WORLD.seed,
-                            "samples": SMALL_WORLD.samples, "mismatch": SMALL_WORLD.mismatch, "eval_size": SMALL_WORLD.eval_size}
+                            "samples": SMALL_WORLD.samples, "mismatch": SMALL_WORLD.mismatch, "eval_size": SMALL_WORLD.eval_size,
+                            "object_scale": 1.0}
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3, 4] and all("contrastive" in l and "logit_scale" in l for l in lines)
 
