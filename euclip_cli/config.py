@@ -139,6 +139,18 @@ class DataConfig:
 WORLD_OBJECT_SCALES = (0.3, 2.0)
 
 
+def world_setting_problems(samples: int, eval_size: int, mismatch: float,
+                           object_scale: float) -> list[tuple[str, float, str]]:
+    """``(setting, value, allowed range)`` for each embedded-world setting outside its range, named as
+    ``WorldSettings``' fields: the one rule that recipes (``data.world_*``) and ``euclip download
+    world`` (its options) are both held to."""
+    low, high = WORLD_OBJECT_SCALES
+    checks = (("samples", samples, samples >= 1, "[1, ∞)"), ("eval_size", eval_size, eval_size >= 1, "[1, ∞)"),
+              ("mismatch", mismatch, 0 <= mismatch < 1, "[0, 1)"),
+              ("object_scale", object_scale, low <= object_scale <= high, f"[{low:g}, {high:g}]"))
+    return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
+
+
 @dataclass
 class OptimConfig:
     lr: float = 5e-4
@@ -540,13 +552,14 @@ def validate(cfg: Config) -> list[str]:
                         f"{cfg.data.pipeline}")
     if not 0 < cfg.data.crop_scale <= 1:
         problems.append(f"data.crop_scale: {cfg.data.crop_scale} is not a share of the image's area in (0, 1]")
-    if not 0 <= cfg.data.world_mismatch < 1:
-        problems.append("data.world_mismatch: must lie in [0, 1)")
-    if cfg.data.world_samples < 1 or cfg.data.world_eval_size < 1:
+    world = {name: allowed for name, _, allowed in world_setting_problems(
+        cfg.data.world_samples, cfg.data.world_eval_size, cfg.data.world_mismatch, cfg.data.world_object_scale)}
+    if "mismatch" in world:
+        problems.append(f"data.world_mismatch: must lie in {world['mismatch']}")
+    if "samples" in world or "eval_size" in world:
         problems.append("data.world_samples and data.world_eval_size: must be >= 1")
-    low, high = WORLD_OBJECT_SCALES
-    if not low <= cfg.data.world_object_scale <= high:
-        problems.append(f"data.world_object_scale: must lie in [{low:g}, {high:g}]")
+    if "object_scale" in world:
+        problems.append(f"data.world_object_scale: must lie in {world['object_scale']}")
     if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:
         problems.append("train.checkpoints and train.keep_checkpoints: must be >= 1")
     # Values a library would reject later in its own words (or not at all): named here instead.

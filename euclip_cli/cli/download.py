@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -16,6 +16,9 @@ from euclip_cli.data.redcaps import ANNOTATIONS_URL
 from euclip_cli.data.wordnet import INDEX_URL
 from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 
+if TYPE_CHECKING:
+    from euclip_cli.data.world_files import WorldSettings
+
 # The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
 _DATA = DataConfig()
 WORKERS = 2
@@ -23,8 +26,8 @@ WORKERS = 2
 app = typer.Typer(invoke_without_command=True)
 
 
-def generate_world(out: Path, settings, workers: int) -> None:
-    """Write the world ``settings`` (a ``WorldSettings``) describe into ``out``, with a progress bar."""
+def generate_world(out: Path, settings: WorldSettings, workers: int) -> None:
+    """Write the world ``settings`` describe into ``out``, with a progress bar."""
     from rich.progress import Progress
 
     from euclip_cli.data.world_files import generate
@@ -182,16 +185,12 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
 
     Example: euclip download world --out data/world --samples 100000
     """
-    from euclip_cli.config import WORLD_OBJECT_SCALES
+    from euclip_cli.config import world_setting_problems
     from euclip_cli.data.world_files import WorldSettings
 
-    low, high = WORLD_OBJECT_SCALES
-    bad = [f"{name} {value:g} must lie in {allowed}" for name, value, ok, allowed in (
-        ("--samples", samples, samples >= 1, "[1, ∞)"), ("--eval-size", eval_size, eval_size >= 1, "[1, ∞)"),
-        ("--mismatch", mismatch, 0 <= mismatch < 1, "[0, 1)"),
-        ("--object-scale", object_scale, low <= object_scale <= high, f"[{low:g}, {high:g}]")) if not ok]
+    bad = world_setting_problems(samples, eval_size, mismatch, object_scale)
     if bad:
-        fail("; ".join(bad), 2)
+        fail("; ".join(f"--{name.replace('_', '-')} {value:g} must lie in {allowed}" for name, value, allowed in bad), 2)
     generate_world(out, WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size,
                                       object_scale=object_scale), workers)
 
