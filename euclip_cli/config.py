@@ -85,6 +85,10 @@ class LossConfig:
     entail_weight: float = 0.0
     # K, the entailment cone's minimum radius.
     entail_min_radius: float = 0.1
+    # Several processes: each computes its own pairs' share of the global batch's loss, (b x B) logits
+    # instead of (B x B), through a gather that carries gradients (DataComp's --local-loss
+    # --gather-with-grad); the same loss and gradients, less memory and compute per rank. One process: no effect.
+    local_loss: bool = False
 
 
 @dataclass
@@ -111,6 +115,10 @@ class DataConfig:
     # Batches cross to the device through staging buffers allocated once (page-locked on a GPU,
     # euclip_cli.data.feed); false moves them straight from shared memory, as OpenCLIP does (an A/B).
     staging: bool = True
+    # How a loader worker turns a stored image into its training crop (euclip_cli.data.decode):
+    # "pil", PIL's whole decode and open_clip's crop, OpenCLIP's path; "pil-draft", the crop drawn
+    # first and the JPEG decoded at 1/2-1/8 scale where the crop stays at least the output's size.
+    decoder: Literal["pil", "pil-draft"] = "pil"
     # RedCaps only: the probability that a caption is prefixed with its word-segmented subreddit,
     # "i took a picture : my dog" (MERU: 0.5, drawn afresh each time a sample is read); 0 leaves captions
     # as they are. Read from each sample's json (euclip download redcaps keeps it); euclip's loader only.
@@ -192,6 +200,10 @@ class TrainConfig:
     # (Intel Xeon without AMX flags), torch 2.14.1's compiled bf16 backward of a 6-layer ViT gave
     # non-finite gradients where eager mode did not, so it stays off by default.
     compile: bool = False
+    # Activation checkpointing of both towers (towers.checkpointing): each block keeps only its input
+    # and is computed again in the backward pass, the same loss and gradients for about a third more
+    # compute. DataComp trains at batch 4,096 with it on few GPUs.
+    grad_checkpointing: bool = False
     # Compute threads of the training process (torch.set_num_threads); 0: every core on a CPU, where
     # the step is the work; on a GPU, where the process only launches kernels and copies batches,
     # the cores the loader workers leave, at most 4 (euclip_cli.train.loop.host_threads).

@@ -1,4 +1,11 @@
-"""Symmetric InfoNCE over geometry logits, plus lambda times the mean entailment loss."""
+"""Symmetric InfoNCE over geometry logits, plus lambda times the mean entailment loss.
+
+``objective`` is the loss of a whole batch. ``local_objective`` is one rank's share of the loss of
+the global batch (DataComp's ``--local-loss --gather-with-grad``): its images' logits against every
+text and its texts' against every image, ``(b, B)`` each rather than the global ``(B, B)``; the
+ranks' shares add up to the global loss, and through a gather that carries gradients the sum's
+gradient reaches every rank's features.
+"""
 
 from __future__ import annotations
 
@@ -41,4 +48,37 @@ def objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, logit
             out["entailment"] = entail
             total = total + entail_weight * entail
         out["loss"] = total
+        return out
+
+
+def local_contrastive(rows: torch.Tensor, columns: torch.Tensor, offset: int, total: int) -> torch.Tensor:
+    """One rank's share of ``contrastive`` on a global batch of ``total`` pairs: ``rows (b, B)`` are its
+    images' logits against every text, ``columns (b, B)`` its texts' against every image (a column of the
+    global matrix, transposed), and its pair i is the global pair ``offset + i``. ``-> ()``."""
+    labels = torch.arange(offset, offset + rows.shape[0], device=rows.device)
+    return (F.cross_entropy(rows, labels, reduction="sum") + F.cross_entropy(columns, labels, reduction="sum")) / (2 * total)
+
+
+def local_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, all_images: torch.Tensor,
+                    all_texts: torch.Tensor, offset: int, logit_scale: torch.Tensor,
+                    curv: Optional[torch.Tensor] = None, entail_weight: float = 0.0,
+                    min_radius: float = 0.1) -> dict[str, torch.Tensor]:
+    """This rank's share of ``objective`` on the global batch ``all_images, all_texts`` (``(B, D)``), whose
+    pairs ``offset ..`` are this rank's ``image, text`` (``(b, D)``): summed over ranks, each entry is the
+    global batch's. The entailment term is a mean over pairs, so each rank adds its own pairs' over B."""
+    with torch.autocast(image.device.type, enabled=False):
+        image, text = at_least_fp32(image), at_least_fp32(text)
+        all_images, all_texts = at_least_fp32(all_images), at_least_fp32(all_texts)
+        total = all_images.shape[0]
+        rows = logit_scale * geometry.similarity(image, all_texts, curv)
+        # The global matrix's columns for this rank's texts, as objective's logits.T holds them.
+        columns = (logit_scale * geometry.similarity(all_images, text, curv)).T
+        cont = local_contrastive(rows, columns, offset, total)
+        out = {"contrastive": cont}
+        loss = cont
+        if entail_weight > 0:
+            entail = geometry.entailment(text, image, min_radius, curv).sum() / total
+            out["entailment"] = entail
+            loss = loss + entail_weight * entail
+        out["loss"] = loss
         return out

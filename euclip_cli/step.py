@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from euclip_cli.loss import objective
+from euclip_cli.loss import local_objective, objective
 from euclip_cli.model import EuclipModel
 from euclip_cli.towers.text import TextPlan
 
@@ -38,28 +38,38 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
                      gather: Callable[[torch.Tensor], torch.Tensor] = _no_gather, owns_scalars: bool = True,
                      backward: Callable[[torch.Tensor], None] = _plain_backward,
                      before_last_backward: Callable[[], None] = lambda: None,
-                     plans: Optional[list[Optional[TextPlan]]] = None) -> dict[str, torch.Tensor]:
+                     plans: Optional[list[Optional[TextPlan]]] = None,
+                     local: Optional["LocalLoss"] = None) -> dict[str, torch.Tensor]:
     """Accumulate the gradient of the loss on the whole (global) batch; return the detached loss terms.
 
     ``backward`` lets a gradient scaler scale the loss first; ``before_last_backward`` runs before
     the pass after which the gradients are final (a reducer arms its hooks there). ``plans``: the
     text tower's plan of each micro-batch (``EuclipModel.text_plans``), made on the host, so that
     ``tokens`` may sit on the device and nothing is read back; without them each pass makes its own.
+    ``local``: the rank's share of the global loss instead of the whole of it (``LocalLoss``); the terms
+    returned are then summed over ranks, the global batch's.
     """
     plans = plans or [None] * accum_steps
     def loss(image_emb, text_emb, live_scalars: bool):
         scale, curv = model.logit_scale(), model.curvature()
-        if not (live_scalars and owns_scalars):
+        if not (live_scalars and (owns_scalars or local is not None)):
             scale = scale.detach()
             curv = curv.detach() if curv is not None else None
+        if local is not None:
+            return local_objective(model.geometry, image_emb, text_emb, local.gather(image_emb), local.gather(text_emb),
+                                   local.offset(image_emb.shape[0]), scale, curv, entail_weight, min_radius)
         return objective(model.geometry, gather(image_emb), gather(text_emb), scale, curv, entail_weight, min_radius)
+
+    def finished(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        terms = {k: v.detach() for k, v in out.items()}
+        return terms if local is None else {k: local.sum(v) for k, v in terms.items()}
 
     if accum_steps == 1:
         with autocast():
             out = loss(model.encode_image(images), model.encode_text(tokens, plans[0]), live_scalars=True)
         before_last_backward()
         backward(out["loss"])
-        return {k: v.detach() for k, v in out.items()}
+        return finished(out)
 
     image_chunks, token_chunks = images.chunk(accum_steps), tokens.chunk(accum_steps)
     with torch.no_grad(), autocast():
@@ -74,7 +84,19 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
         if j == accum_steps - 1:
             before_last_backward()
         backward(out["loss"])
-    return {k: v.detach() for k, v in out.items()}
+    return finished(out)
+
+
+class LocalLoss:
+    """What a rank needs for its share of the global loss (``loss.local_loss``): a gather whose backward
+    hands every rank the gradients of its own features from every rank's share (``gather``), where its
+    pairs start in the global batch (``offset``), and a sum over ranks for the terms it reports (``sum``).
+    Every rank's share holds the learnable scalars, so they are live on every rank and their gradients
+    add up like the encoders' (where the whole-loss scheme keeps them on rank 0 alone)."""
+
+    def __init__(self, gather: Callable[[torch.Tensor], torch.Tensor], offset: Callable[[int], int],
+                 sum: Callable[[torch.Tensor], torch.Tensor]):
+        self.gather, self.offset, self.sum = gather, offset, sum
 
 
 class NonfiniteGuard:

@@ -211,7 +211,7 @@ def test_synthetic_captions_have_the_asked_mean_word_count_and_one_token_per_wor
     import numpy as np
     import open_clip
 
-    from euclip_cli.bench import synthetic_captions
+    from euclip_cli.data.photo_shards import synthetic_captions
 
     captions = synthetic_captions(10, 20_000)
     words = np.array([len(c.split()) for c in captions])
@@ -343,7 +343,8 @@ def test_bench_loader_times_euclips_loader_and_openclips_interleaved_and_reports
     assert "euclip (one buffer a batch)" in text and "OpenCLIP's pipeline (reference)" in text
     report = json.loads(next(tmp_path.glob("loader-*.json")).read_text())
     assert report["settings"] == {"arch": "tiny", "batch_size": 8, "workers": 1, "batches": 3, "warmup": 1,
-                                  "rounds": 2, "device": "cpu"}
+                                  "rounds": 2, "device": "cpu", "decoder": "pil",
+                                  "shards": str(tmp_path / "scratch" / "world-10000" / "train")}
     m = report["measurements"]
     for kind in ("euclip", "openclip"):
         assert len(m[kind]["per_round"]) == 2 and all(r > 0 for r in m[kind]["per_round"])

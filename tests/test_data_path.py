@@ -8,7 +8,8 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.data.feed import SLOTS, DeviceFeed
-from euclip_cli.data.loader import Batch, BatchLayout, TrainBatches, list_shards, pack, segment_steps_for, unpack
+from euclip_cli.data.loader import (LAYOUT_WORDS, Batch, BatchLayout, TrainBatches, list_shards, pack, segment_steps_for,
+                                    unpack)
 from euclip_cli.rundir import RunDir
 from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 from euclip_cli.train import loop
@@ -23,7 +24,7 @@ def test_a_batch_packs_into_one_aligned_buffer_and_unpacks_to_the_same_tensors(s
     images = [torch.randn(3, 5, 7) for _ in range(3)]  # 315 floats: the tokens start past a padded boundary
     tokens = [torch.randint(0, 49408, (9,)) for _ in range(3)]
     flat, header = pack(images, tokens, shared)
-    header[5:11] = torch.tensor([1, 2, 3, 4, 5, 6])
+    header[LAYOUT_WORDS:LAYOUT_WORDS + 6] = torch.tensor([1, 2, 3, 4, 5, 6])
     assert flat.dtype == torch.uint8 and flat.is_shared() == shared
     batch, info = unpack(flat)
     assert torch.equal(batch.images, torch.stack(images)) and torch.equal(batch.tokens, torch.stack(tokens))
@@ -31,8 +32,20 @@ def test_a_batch_packs_into_one_aligned_buffer_and_unpacks_to_the_same_tensors(s
     assert BatchLayout.of(flat) == BatchLayout(3, 3, 5, 7, 9)
     for view in (batch.images, batch.tokens):
         assert view.untyped_storage().data_ptr() == flat.data_ptr() and view.data_ptr() % 64 == 0
-    with pytest.raises(TypeError, match="float32 images and int64 tokens"):
+    with pytest.raises(TypeError, match="float32 or uint8 images and int64 tokens"):
         pack([i.double() for i in images], tokens, shared)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_uint8_crops_pack_at_a_quarter_of_the_bytes_and_unpack_as_uint8(shared):
+    crops = [torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8) for _ in range(3)]
+    tokens = [torch.randint(0, 49408, (9,)) for _ in range(3)]
+    flat, _ = pack(crops, tokens, shared)
+    batch, _ = unpack(flat)
+    assert batch.images.dtype == torch.uint8 and torch.equal(batch.images, torch.stack(crops))
+    assert torch.equal(batch.tokens, torch.stack(tokens)) and batch.tokens.data_ptr() % 64 == 0
+    assert BatchLayout.of(flat) == BatchLayout(3, 3, 5, 7, 9, image_dtype=1)
+    assert BatchLayout.of(flat).image_bytes * 4 == BatchLayout(3, 3, 5, 7, 9).image_bytes
 
 
 def test_segments_hold_several_shuffle_buffers_and_are_not_tied_to_checkpoints():
@@ -53,18 +66,20 @@ def loader(world, parts, workers=1):
 
 def test_the_feed_stages_every_batch_in_two_slots_allocated_once(world, stream_parts):
     stream = loader(world, stream_parts)
-    feed = DeviceFeed(torch.device("cpu"))
+    feed = DeviceFeed(torch.device("cpu"), normalization=stream.normalization)
     try:
         batches = [next(stream) for _ in range(6)]
-        kept = [(b.images.clone(), b.tokens.clone()) for b in batches]
+        assert all(b.images.dtype == torch.uint8 for b in batches)  # crops, normalised by the feed
+        kept = [(stream.normalization(b.images), b.tokens.clone()) for b in batches]
         fed, slots = [], set()
         for i, batch in enumerate(batches):
             fed.append(feed(batch))
             images, tokens, host_tokens = fed[-1]
             assert torch.equal(images, kept[i][0]) and torch.equal(tokens, kept[i][1])
             assert torch.equal(host_tokens, kept[i][1])
-            assert images.untyped_storage().data_ptr() != batch.flat.data_ptr()  # a copy, in the slot
-            slots.add(images.untyped_storage().data_ptr())
+            # The tokens stay views of the slot they were copied into (the images are the normalised crops).
+            assert tokens.untyped_storage().data_ptr() != batch.flat.data_ptr()  # a copy, in the slot
+            slots.add(tokens.untyped_storage().data_ptr())
             if i:  # the batch before is untouched until its slot comes round again
                 assert torch.equal(fed[i - 1].images, kept[i - 1][0])
     finally:

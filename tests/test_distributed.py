@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
 from euclip_cli.train.distributed import BUCKET_BYTES, Dist, GradientReducer
-from euclip_cli.step import forward_backward
+from euclip_cli.step import LocalLoss, forward_backward
 from tests.test_accumulation import RECIPES
 
 CASES = [(variant, k) for variant in RECIPES for k in (1, 2)]
@@ -27,7 +27,7 @@ def inputs():
     return torch.randn(BATCH, 3, 64, 64, dtype=torch.float64), torch.randint(1, 400, (BATCH, 32))
 
 
-def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES):
+def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES, local_loss=False):
     torch.manual_seed(0)
     model = EuclipModel(cfg).double()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -36,7 +36,8 @@ def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES):
     reducer.attach()
     terms = forward_backward(model, images, tokens, k, cfg.loss.entail_weight, cfg.loss.entail_min_radius,
                              contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main,
-                             before_last_backward=reducer.arm)
+                             before_last_backward=reducer.arm,
+                             local=LocalLoss(ranks.gather_with_grad, ranks.offset, ranks.sum_tensor) if local_loss else None)
     reducer.finish()
     return terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -50,6 +51,8 @@ def rank_main(rank: int, store: str, out: str) -> None:
     results = {}
     for variant, k in CASES:
         results[f"{variant}|{k}"] = step(config(variant), images[half], tokens[half], k, ranks)
+        # DataComp's --local-loss --gather-with-grad: each rank's (b x B) share of the global loss.
+        results[f"{variant}|{k}|local"] = step(config(variant), images[half], tokens[half], k, ranks, local_loss=True)
     # Many small buckets, some finished before their predecessors, instead of a few large ones.
     results[f"{RECIPES_FIRST}|small buckets"] = step(config(RECIPES_FIRST), images[half], tokens[half], 2, ranks, bucket_bytes=2**14)
     if rank == 0:
@@ -64,8 +67,11 @@ def two_process_results(tmp_path_factory):
     return torch.load(folder / "out.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("variant,k", CASES + [(RECIPES_FIRST, "small buckets")])
+@pytest.mark.parametrize("variant,k", CASES + [(RECIPES_FIRST, "small buckets")] +
+                         [(variant, f"{k}|local") for variant, k in CASES])
 def test_two_processes_equal_one_process_on_the_global_batch(two_process_results, variant, k):
+    """The whole loss on every rank, and each rank's local share of it (the terms summed over ranks), with
+    and without accumulation: the loss and every gradient (scalars included) of one process."""
     images, tokens = inputs()
     ref_terms, ref = step(config(variant), images, tokens, 1, Dist())
     terms, grads = two_process_results[f"{variant}|{k}"]
@@ -161,3 +167,23 @@ def test_a_gradient_outside_its_bucket_is_a_bug_named_not_a_silent_wrong_sum(mon
     reducer.arm()
     with pytest.raises(RuntimeError, match="call attach"):
         (p * 1.0).sum().backward()
+
+
+@pytest.mark.parametrize("variant", list(RECIPES))
+def test_the_ranks_local_shares_add_up_to_the_global_loss(variant):
+    """Without processes: the global batch cut into three shares, each share's loss from its own pairs
+    against the whole batch; their sum is objective's on the whole batch, term by term."""
+    from euclip_cli.loss import local_objective, objective
+
+    cfg = config(variant)
+    torch.manual_seed(0)
+    model = EuclipModel(cfg).double()
+    images, tokens = inputs()
+    with torch.no_grad():
+        image, text = model.encode_image(images), model.encode_text(tokens)
+    args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius)
+    whole = objective(model.geometry, image, text, *args)
+    shares = [local_objective(model.geometry, image[s:e], text[s:e], image, text, s, *args)
+              for s, e in ((0, 3), (3, 5), (5, BATCH))]
+    for key, value in whole.items():
+        torch.testing.assert_close(sum(share[key] for share in shares), value, rtol=1e-12, atol=1e-12)

@@ -2,7 +2,9 @@
 
 import importlib.util
 import math
+import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +169,20 @@ def test_the_bookkeeping_scale_script_builds_its_study_and_measures_both_readers
     assert lines[0].startswith("100 runs") and len(lines) == 3, done.stdout
     assert all("s, peak resident memory" in line for line in lines[1:])
     assert (tmp_path / "scale" / "study.csv").exists() and (tmp_path / "scale" / "tables" / "embedded.md").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_checklist_rehearses_every_row_that_needs_no_gpu(tmp_path):
+    """EUCLIP_NO_GPU=1: the shards it trains on (the world, the JPEG shards) and the memory plan, through the
+    same script a GPU machine runs, up to the point where a GPU is needed."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "checklist.sh"
+    env = {**os.environ, "EUCLIP": f"{sys.executable} -m euclip_cli", "EUCLIP_NO_GPU": "1",
+           "EUCLIP_WORLD_SAMPLES": "200", "EUCLIP_JPEG_SAMPLES": "20"}
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          timeout=900)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for row in ("world", "jpeg-shards", "plan"):
+        assert re.search(rf"\| {row} \| ok \|", summary), summary
+    assert "| train-bf16 |" not in summary and "H100 80GB: the fewest that fit" in summary  # the plan, summarised
+    assert len(list((tmp_path / "out" / "jpeg").glob("*.tar"))) == 1

@@ -269,6 +269,7 @@ STOPPERS = {
     "recipes show": ["tiny-clip"],
     "recipes validate": [],
     "download world": ["--out", "{tmp}/a-file"],
+    "download datacomp-like": ["--out", "{tmp}/a-file"],
     "download evalsets": ["--root", "{tmp}/a-file"],
     "download wordnet": ["--out", "{tmp}/a-file"],
     "download redcaps": ["--out", "{tmp}/a-file"],
@@ -279,15 +280,18 @@ STOPPERS = {
     "analyze equilibrium": [ABSENT_RUN],
     "analyze traverse": [ABSENT_RUN],
     "analyze hierarchy": [ABSENT_RUN],
-    **{f"bench {kind}": ["--out", "{tmp}/a-file"] for kind in ("train", "text", "loader", "profile", "feed", "ops")},
+    **{f"bench {kind}": ["--out", "{tmp}/a-file"] for kind in ("train", "text", "loader", "profile", "feed", "ops",
+                                                                 "decode")},
 }
 # Not fuzzed, and why: --nproc-per-node > 1 replaces the process with torchrun; an option that holds a
 # command's stopper would let a valid value start the work the stopper prevents (a folder that is a
 # file stops a command as its line is parsed: cli.common.writable_folder).
 UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("study", "--out"), ("download world", "--out"),
+                    ("download datacomp-like", "--out"),
                     ("download evalsets", "--root"), ("download datacomp", "--out"), ("download urls", "--out"),
                     ("download wordnet", "--out"), ("download redcaps", "--out"),
-                    *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops"))}
+                    *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops",
+                                                              "decode"))}
 OPTION_EXAMPLES = 200 if LONG else 6
 
 

@@ -322,15 +322,16 @@ def scratch(work: Path):
 
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
-                on_stage: Callable[[str], None] = lambda stage: None) -> dict:
+                on_stage: Callable[[str], None] = lambda stage: None, shards: Optional[Path] = None) -> dict:
+    """Both trainers on ``shards`` (a folder of training shards), or on the bench's embedded world."""
     with scratch(work) as held:
-        return _bench_train(held, s, openclip, accumulation, tiny, on_stage)
+        return _bench_train(held, s, openclip, accumulation, tiny, on_stage, shards)
 
 
 def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, tiny: bool,
-                 on_stage: Callable[[str], None]) -> dict:
+                 on_stage: Callable[[str], None], shards: Optional[Path]) -> dict:
     on_stage("embedded world for the loader")
-    world_train = ensure_world(work)
+    world_train = shards or ensure_world(work)
     stages: dict[str, Callable[[], Measurement]] = {"euclip": lambda: euclip_run(work, world_train, s, 1)}
     if openclip:
         stages["openclip"] = lambda: openclip_run(work, s, world_train)
@@ -356,7 +357,7 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
     flops = flops_per_sample(s.arch)
     euclip_flops = flops_per_sample(s.arch, shard_captions(world_train, CAPTIONS_COUNTED))
     euclip_tflops = [euclip_flops * rate / 1e12 for rate in measurements["euclip"].per_round]
-    result = {"settings": asdict(s), "flops_per_sample": flops, "euclip_flops_per_sample": euclip_flops,
+    result = {"settings": asdict(s) | {"shards": str(world_train)}, "flops_per_sample": flops, "euclip_flops_per_sample": euclip_flops,
               "measurements": {k: asdict(v) for k, v in measurements.items()},
               "peak_tflops": {"median": statistics.median(peaks), "per_round": peaks},
               "fp32_peak_tflops": {"median": statistics.median(fp32_peaks), "per_round": fp32_peaks},
@@ -391,36 +392,6 @@ def shard_captions(shards: Path, count: int) -> list[str]:
                     if len(captions) == count:
                         return captions
     return captions
-
-
-# Web alt-text of DataComp's kind, as lengths: Li et al. 2024 ("What If We Recaption Billions of Web
-# Images with LLaMA-3?", arXiv:2406.08478) report DataComp-1B's original captions at about ten words
-# on average. No published distribution was found, so the shape is an assumption, stated: word
-# counts log-normal with this log-space spread (median about three quarters of the mean; one caption
-# in a thousand over 7.5x the mean).
-CAPTION_WORDS_SIGMA = 0.75
-# Words that are each one token of open_clip's BPE, so a caption of n words is n + 2 tokens with its
-# start and end tokens: the lengths drawn are the lengths the tower sees (up to the context).
-ONE_TOKEN_WORDS = ("a the of in on at with and photo image picture dog cat bird car house tree street city beach "
-                   "sunset red blue green white black old new small big man woman girl boy water sky road flower "
-                   "garden table chair food view room wall door window light night day art design style home "
-                   "vintage wedding dress shirt").split()
-
-
-def synthetic_captions(mean_words: float, count: int, seed: int = 0) -> list[str]:
-    """``count`` captions whose word counts are log-normal with mean ``mean_words`` and log-space spread
-    ``CAPTION_WORDS_SIGMA`` (at least one word each), made of one-token words.
-
-    For timing the text tower on a caption-length distribution no shard on this machine has: only
-    the lengths matter to the timing (and to trimming), not the words.
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    # The log-normal's mean is exp(mu + sigma^2 / 2); mu is chosen so that it is mean_words.
-    mu = float(np.log(mean_words)) - CAPTION_WORDS_SIGMA ** 2 / 2
-    counts = np.maximum(1, np.rint(rng.lognormal(mu, CAPTION_WORDS_SIGMA, size=count))).astype(int)
-    return [" ".join(rng.choice(ONE_TOKEN_WORDS, size=n)) for n in counts]
 
 
 def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, precision: str) -> dict:
@@ -483,10 +454,10 @@ def loader_batches_timed(workers: int) -> int:
 
 
 def make_loader(kind: str, shards: list[str], parts: tuple[Callable, Callable], batch_size: int, workers: int,
-                segment_steps: int = sys.maxsize, sharing: str = "file_descriptor"):
+                segment_steps: int = sys.maxsize, sharing: str = "file_descriptor", decoder: str = "pil"):
     """A training loader as the trainer builds one (``kind`` in ``LOADERS``) with ``parts`` (training
-    transform, tokenizer) and the default shuffle buffer. By default one segment: a stream restarts
-    only every ``loader.SEGMENT_BUFFERS`` shuffle buffers in a run."""
+    transform, tokenizer), the default shuffle buffer and, for euclip's, ``decoder``. By default one
+    segment: a stream restarts only every ``loader.SEGMENT_BUFFERS`` shuffle buffers in a run."""
     from euclip_cli.config import DataConfig
     from euclip_cli.data.loader import TrainBatches
     from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
@@ -495,7 +466,7 @@ def make_loader(kind: str, shards: list[str], parts: tuple[Callable, Callable], 
         return OpenCLIPBatches(shards, batch_size, parts[0], parts[1], seed=0, workers=workers, rank=0, world=1,
                                samples=10 ** 9)
     return TrainBatches(shards, batch_size, parts[0], parts[1], seed=0, shuffle_buffer=DataConfig().shuffle_buffer,
-                        segment_steps=segment_steps, workers=workers, sharing=sharing)
+                        segment_steps=segment_steps, workers=workers, sharing=sharing, decoder=decoder)
 
 
 def time_loader(make: Callable[[], object], batch_size: int, workers: int, batches: int, warmup: int,
@@ -511,7 +482,7 @@ def time_loader(make: Callable[[], object], batch_size: int, workers: int, batch
     from euclip_cli.data.feed import DeviceFeed
 
     stream = make()
-    feed = DeviceFeed(torch.device(device))
+    feed = DeviceFeed(torch.device(device), normalization=stream.normalization)
     try:
         for _ in range(warmup):
             feed(next(stream))
@@ -530,10 +501,11 @@ def time_loader(make: Callable[[], object], batch_size: int, workers: int, batch
 
 
 def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, batches: int, warmup: int,
-                 rounds: int, device: str) -> dict:
-    """The training loaders alone, euclip's against OpenCLIP's pipeline, with ``arch``'s training
-    transforms and tokenizer, interleaved in rounds; each measurement starts fresh workers, waits out
-    ``warmup`` batches, then times ``batches``, fed to ``device`` as euclip's trainer feeds them.
+                 rounds: int, device: str, decoder: str = "pil") -> dict:
+    """The training loaders alone, euclip's (with ``decoder``) against OpenCLIP's pipeline, with ``arch``'s
+    training transforms and tokenizer, interleaved in rounds; each measurement starts fresh workers,
+    waits out ``warmup`` batches, then times ``batches``, fed to ``device`` as euclip's trainer feeds
+    them (euclip's crops normalised there).
     """
     from euclip_cli.data.loader import list_shards
     from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
@@ -543,14 +515,15 @@ def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, ba
     per_round: dict[str, list[dict]] = {kind: [] for kind in LOADERS}
     for _ in range(rounds):
         for kind in LOADERS:
-            make = functools.partial(make_loader, kind, shards, parts, batch_size, workers)
+            make = functools.partial(make_loader, kind, shards, parts, batch_size, workers, decoder=decoder)
             per_round[kind].append(time_loader(make, batch_size, workers, batches, warmup, device))
     measurements = {kind: {"per_round": [m["samples_per_s"] for m in ms],
                            **{field: _median_of([m.get(field) for m in ms])
                               for field in ("samples_per_s", "loader_samples_per_s", "loader_cpu_share")}}
                     for kind, ms in per_round.items()}
     return {"settings": {"arch": arch, "batch_size": batch_size, "workers": workers, "batches": batches,
-                         "warmup": warmup, "rounds": rounds, "device": device},
+                         "warmup": warmup, "rounds": rounds, "device": device, "decoder": decoder,
+                         "shards": str(world_train)},
             "measurements": measurements,
             "euclip_vs_openclip": ratio_over_rounds(measurements["euclip"]["per_round"],
                                                     measurements["openclip"]["per_round"])}

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from euclip_cli.cli import common
-from euclip_cli.config import Precision
+from euclip_cli.config import DataConfig, Precision
 from euclip_cli.errors import UsageError
 
 app = typer.Typer(help="Speed benchmarks (targets live here, never in tests).", no_args_is_help=True)
@@ -85,6 +85,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
                 tiny: bool = typer.Option(True, help="Also time the embedded study's run recipe as shipped."),
                 peak_tflops: Optional[float] = typer.Option(None, help="The device's spec-sheet TFLOP/s, for MFU "
                                                                        "(the measured peak is always printed)."),
+                shards: Optional[Path] = typer.Option(None, callback=common.checked_path, help="Training shards both trainers read (e.g. euclip "
+                                                      "download datacomp-like); default: the bench's embedded world."),
                 out: Path = OUT
                 ) -> None:
     """Time euclip's trainer and OpenCLIP's (synthetic data), interleaved over rounds; print the ratios.
@@ -111,6 +113,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
         # 1,216 world samples/s in-process against 6,142 with 8 workers, docs/training.md).
         workers = 8 if device.startswith("cuda") else 0
     _check_model_arch(arch)
+    if shards is not None and not shards.is_dir():
+        common.fail(f"--shards {shards} is not a folder: give a folder of training shards (*.tar)")
     settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
                         precision=precision, device=device, workers=workers, compile=compile, rounds=rounds)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -118,7 +122,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
         try:
             with common.console.status("starting") as status:
                 result = bench_train(out / "scratch", settings, openclip=openclip, accumulation=accumulation,
-                                     tiny=tiny, on_stage=lambda stage: status.update(f"running: {stage}"))
+                                     tiny=tiny, on_stage=lambda stage: status.update(f"running: {stage}"),
+                                     shards=shards)
         except BenchError as err:
             common.fail(str(err), 1)
     if tiny:
@@ -246,7 +251,8 @@ def _check_caption_source(shards: Optional[Path], caption_words: Optional[float]
 def _captions(shards: Optional[Path], caption_words: Optional[float], count: int, out: Path) -> tuple[list[str], str]:
     """``count`` captions and where they come from, in words: synthetic ones of ``caption_words`` words on
     average, those of ``shards``, or the bench's world's (generated under ``out`` where missing)."""
-    from euclip_cli.bench import CAPTION_WORDS_SIGMA, ensure_world, shard_captions, synthetic_captions
+    from euclip_cli.bench import ensure_world, shard_captions
+    from euclip_cli.data.photo_shards import CAPTION_WORDS_SIGMA, synthetic_captions
 
     if caption_words is not None:
         return (synthetic_captions(caption_words, count),
@@ -324,15 +330,21 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
                  rounds: int = typer.Option(3, min=1, help="Interleaved rounds (euclip's loader, then OpenCLIP's)."),
                  device: str = typer.Option("auto", help="Where the batches go, as the trainer feeds them: cpu, "
                                                          "cuda or auto."),
+                 shards: Optional[Path] = typer.Option(None, callback=common.checked_path, help="A folder of training shards to read (e.g. "
+                                                       "euclip download datacomp-like); default: the bench's "
+                                                       "embedded world."),
+                 decoder: str = typer.Option(DataConfig().decoder, help="euclip's decoder (data.decoder): "
+                                             "pil or pil-draft."),
                  out: Path = OUT
                  ) -> None:
-    """The training loaders alone on the embedded world, euclip's against OpenCLIP's pipeline: samples/s,
-    what euclip's loaders could give and their CPU share. Beside a training run's records
-    (`data_wait_share`, `loader_samples_per_s`) it tells a loader too slow for the trainer from a
-    trainer that loses time between its loader and its step.
+    """The training loaders alone, euclip's against OpenCLIP's pipeline, on the embedded world or on
+    --shards: samples/s, what euclip's loaders could give and their CPU share. Beside a training run's
+    records (`data_wait_share`, `loader_samples_per_s`) it tells a loader too slow for the trainer
+    from a trainer that loses time between its loader and its step.
 
     Examples:
       euclip bench loader
+      euclip bench loader --shards data/datacomp-like --workers 1 --device cpu   # per core, 512-px JPEGs
       euclip bench loader --workers 8 --device cuda      # on a GPU machine, as the GPU checklist runs it
     """
     from rich.table import Table
@@ -340,18 +352,22 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
     from euclip_cli.bench import LOADERS, BenchError, bench_loader, ensure_world, loader_batches_timed
 
     _check_model_arch(arch)
+    _check_decoder(decoder)
+    if shards is not None and not shards.is_dir():
+        common.fail(f"--shards {shards} is not a folder: give a folder of training shards (*.tar)")
     device = _bench_device(device)
     batches = batches or loader_batches_timed(workers)
     with common.errors():
         try:
             with common.console.status(f"timing the loaders: {arch}'s transforms, batch {batch_size}, {workers} "
                                        f"workers, {rounds} rounds"):
-                result = bench_loader(ensure_world(out / "scratch"), arch, batch_size, workers, batches, warmup,
-                                      rounds, device)
+                result = bench_loader(shards or ensure_world(out / "scratch"), arch, batch_size, workers, batches,
+                                      warmup, rounds, device, decoder)
         except BenchError as err:
             common.fail(str(err), 1)
     table = Table(title=f"the training loaders alone: {arch}'s transforms, batch {batch_size}, {workers} workers, "
-                        f"{batches} batches timed, fed to {device}, {rounds} interleaved rounds")
+                        f"{batches} batches timed, fed to {device}, {rounds} interleaved rounds, shards "
+                        f"{shards or 'of the embedded world'}, euclip's decoder {decoder}")
     table.add_column("loader", no_wrap=True)
     for column in ("samples/s (median)", "per round", "loaders could give (CPU)"):
         table.add_column(column, justify="right")
@@ -364,6 +380,60 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
     common.console.print(table)
     common.console.print(f"euclip / OpenCLIP: {_spread(result['euclip_vs_openclip'])}", highlight=False)
     common.console.print(f"written: {write_result(out, 'loader', result)}")
+
+
+def _check_decoder(decoder: str) -> None:
+    from euclip_cli.data.decode import DECODERS
+
+    if decoder not in DECODERS:
+        common.fail(f"--decoder {decoder!r} is not one of {', '.join(DECODERS)}")
+
+
+@app.command("decode")
+def decode_bench(shards: Path = typer.Option(..., callback=common.checked_path, help="A folder of training shards with JPEGs (euclip download "
+                                             "datacomp-like)."),
+                 arch: str = typer.Option("ViT-B-32", help="The model whose training transform is measured (its "
+                                                           "crop size and normalisation)."),
+                 images: int = typer.Option(300, min=10, max=100_000, help="Images timed per way and round."),
+                 rounds: int = typer.Option(3, min=1, max=100, help="Interleaved rounds."),
+                 out: Path = OUT) -> None:
+    """One core turning JPEG bytes into training crops, by each way there is: OpenCLIP's (PIL and the
+    whole transform, to normalised floats) and, stopping at the uint8 crop as euclip's loader does, PIL,
+    PIL's draft mode, torchvision.io's decode_jpeg and simplejpeg (where installed), each with its pixel
+    difference from OpenCLIP's result on the same crops.
+
+    Example: euclip bench decode --shards data/datacomp-like
+    """
+    from euclip_cli.bench.decode import bench_decode, shard_images
+    from euclip_cli.towers import build_clip, transforms_for
+
+    _check_model_arch(arch)
+    if not shards.is_dir():
+        common.fail(f"--shards {shards} is not a folder: give a folder of training shards (*.tar)")
+    with common.errors():
+        data = shard_images(shards, images)
+        if not data:
+            common.fail(f"no JPEG images in the shards of {shards}: give shards of JPEGs (euclip download "
+                        f"datacomp-like)")
+        with common.console.status(f"decoding {len(data)} images x {rounds} rounds, one core"):
+            result = bench_decode(data, transforms_for(build_clip(arch))[0], rounds)
+    result["settings"] = {"shards": str(shards), "arch": arch, "images": len(data), "rounds": rounds}
+    from rich.table import Table
+
+    table = Table(title=f"{len(data)} JPEGs of {shards} (mean {result['mean_bytes'] / 1024:.0f} KiB, "
+                        f"{result['mean_pixels'] / 1e3:.0f}k pixels) to {arch}'s training crops, one core, "
+                        f"{rounds} rounds")
+    for column in ("way", "samples/s (median)", "x openclip", "mean |diff| from openclip (0-255)", "99th pct",
+                   "max"):
+        table.add_column(column, justify="right" if column != "way" else "left")
+    for name, m in result["measurements"].items():
+        d = m["difference_from_openclip"]
+        table.add_row(name, f"{m['samples_per_s']:.1f}", f"{m['vs_openclip']:.2f}", f"{d['mean']:.3f}",
+                      f"{d['p99']:.1f}", f"{d['max']:.0f}")
+    common.console.print(table)
+    for name, why in result["not_measured"].items():
+        common.console.print(f"{name}: not measured: {why}", highlight=False)
+    common.console.print(f"written: {write_result(out, 'decode', result)}")
 
 
 def _bench_device(device: str) -> str:

@@ -1,4 +1,4 @@
-"""``euclip download world | datacomp | redcaps | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp-like | datacomp | redcaps | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -193,6 +193,32 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
         fail("; ".join(f"--{name.replace('_', '-')} {value:g} must lie in {allowed}" for name, value, allowed in bad), 2)
     generate_world(out, WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size,
                                       object_scale=object_scale), workers)
+
+
+@app.command("datacomp-like")
+def datacomp_like(out: Path = typer.Option(Path("data/datacomp-like"), callback=writable_folder, help="Output folder."),
+                  samples: int = typer.Option(4000, min=1, max=10_000_000, help="Samples to write (1,000 a shard)."),
+                  seed: int = typer.Option(0, min=0, max=2 ** 63 - 1, help="Everything is deterministic from this seed."),
+                  workers: int = typer.Option(WORKERS, min=1, max=256, help="Generator processes.")) -> None:
+    """Generate DataComp-like training shards: photo-like JPEGs of up to 512 px at quality 95, as
+    img2dataset writes DataComp's, with captions of DataComp's lengths, for measuring the data path
+    (euclip bench loader --shards, bench decode). Not for learning: the images carry no labels.
+
+    Example: euclip download datacomp-like --out data/datacomp-like --samples 4000
+    """
+    from rich.progress import Progress
+
+    from euclip_cli.data.photo_shards import generate
+
+    with errors(), Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("generating DataComp-like shards", total=None)
+        manifest = generate(out, samples, seed=seed, workers=workers,
+                            progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    if manifest.get("skipped"):
+        console.print(f"{out} already holds these shards (seed {seed}, {samples} samples): nothing to do")
+    else:
+        console.print(f"wrote {samples} samples in {manifest['shards']} shard(s), {manifest['bytes'] / 2 ** 20:.1f} MiB, "
+                      f"to {out} in {manifest['seconds']} s")
 
 
 @app.command()

@@ -32,7 +32,10 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
           runs_dir: Path = NEW_RUNS_DIR_OPTION,
           nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1,
                                              help="Processes on this machine (one per GPU, or CPU processes with "
-                                                  "gloo), started through torchrun; data.batch_size stays global.")
+                                                  "gloo), started through torchrun; data.batch_size stays global."),
+          plan: bool = typer.Option(False, "--plan", help="Print the GPU memory the recipe's step needs, with and "
+                                                         "without train.grad_checkpointing, and the GPUs that "
+                                                         "fit it; train nothing.")
           ) -> None:
     """Train a model; re-running the same command resumes it.
 
@@ -40,12 +43,16 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
       euclip train --recipe tiny-clip
       euclip train --recipe tiny-euclip loss.entail_weight=0.2 --name tiny-euclip-l02
       euclip train --recipe medium-euclip --nproc-per-node 8
+      euclip train --recipe medium-euclip --plan        # memory per GPU, with and without checkpointing
     """
     from euclip_cli import config as C
 
     overrides = overrides or []
     with errors():
         cfg = C.load_config(recipe, overrides, each_key_once=True)
+        if plan:
+            print_memory_plan(cfg)
+            return
         name = plain_name(name if name is not None else default_run_name(cfg.recipe, overrides), "--name")
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         # Become torchrun (exec, so preemption signals reach it and it forwards them to every rank).
@@ -103,3 +110,43 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
         console.print(f"warning: {result['skipped_samples']:,} samples ({result['skipped_fraction']:.1%} of those read) "
                       f"could not be decoded and were skipped (limit: data.max_skipped_fraction)", highlight=False)
     console.print(f"next: euclip eval {run_dir}")
+
+
+# GPU memory of the kinds a plan names (GiB as the vendors sell them, usable a little less).
+GPU_MEMORY_GIB = {"H100 80GB": 80, "A100 40GB": 40, "H200": 141}
+
+
+def print_memory_plan(cfg) -> None:
+    """``euclip train --plan``: the recipe's memory per GPU over GPU counts, with and without checkpointing."""
+    from rich.table import Table
+
+    from euclip_cli.train.memory import plan
+
+    with console.status(f"measuring what {cfg.model.arch}'s towers keep for backward (on the CPU)"):
+        p = plan(cfg)
+    gib = 2 ** 30
+    console.print(f"{cfg.recipe}: {cfg.model.arch}, {p.parameters / 1e6:.1f}M parameters, global batch {p.global_batch}, "
+                  f"{p.precision} on a GPU", highlight=False)
+    console.print(f"  kept for backward per sample: {p.towers.per_sample / 2 ** 20:.2f} MiB, with checkpointing "
+                  f"{p.towers_checkpointed.per_sample / 2 ** 20:.2f} MiB "
+                  f"({p.towers_checkpointed.per_sample / p.towers.per_sample:.2f}x); weights, gradients and AdamW "
+                  f"{p.static_bytes / gib:.2f} GiB; the global batch's loss {p.loss_bytes / gib:.2f} GiB"
+                  + (", a GPU's share of it with loss.local_loss" if p.local_loss else
+                     " on every GPU (loss.local_loss=true keeps a GPU's share)"), highlight=False)
+    table = Table(title="GiB per GPU for one step (CUDA context and allocator slack not included)")
+    table.add_column("GPUs", justify="right")
+    table.add_column("per-GPU batch", justify="right")
+    table.add_column("without checkpointing", justify="right")
+    table.add_column("with checkpointing", justify="right")
+    gpus = 1
+    while gpus <= 64 and p.global_batch % gpus == 0:
+        table.add_row(str(gpus), str(p.global_batch // gpus), f"{p.per_gpu(gpus, False) / gib:.1f}",
+                      f"{p.per_gpu(gpus, True) / gib:.1f}")
+        gpus *= 2
+    console.print(table)
+    for kind, size in GPU_MEMORY_GIB.items():
+        # 10% kept back for the CUDA context, the allocator's slack and transient peaks.
+        fits = [p.gpus_needed(0.9 * size * gib, ckpt) for ckpt in (False, True)]
+        words = [f"{n} GPU{'s' if n > 1 else ''}" if n else "more than fit a node's share of the batch" for n in fits]
+        console.print(f"  {kind}: the fewest that fit: {words[0]} without checkpointing, {words[1]} with "
+                      f"(train.grad_checkpointing=true)", highlight=False)

@@ -18,8 +18,9 @@ from its checkpoint sees the very batches an uninterrupted run sees:
 Every batch also reports what it cost the loader that made it (``LoaderWork``), so a trainer
 waiting for data can tell loaders that are too few or too slow from loaders starved of CPU.
 
-A batch crosses from its worker as one buffer (``BatchLayout``): a header, the images and the
-tokens, stacked straight into one block of shared memory. Each tensor a worker hands over is one
+A batch crosses from its worker as one buffer (``BatchLayout``): a header, the images (uint8 crops,
+normalised on the device: ``decode``) and the tokens, stacked straight into one block of shared
+memory. Each tensor a worker hands over is one
 round trip with it for the trainer's process (a file descriptor fetched from the worker, which
 must interrupt its decoding to answer), so one buffer is one such trip a batch; the trainer then
 copies it to the device in one copy (``euclip_cli.data.feed``). Nothing in the trainer's process
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import math
 import random
 import signal
@@ -47,9 +47,9 @@ from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import webdataset as wds
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from euclip_cli.data.decode import CropDecoder, Decoder, Normalization
 from euclip_cli.errors import UsageError
 
 IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
@@ -165,17 +165,22 @@ def loader_reading(samples_per_s: float, data_wait_share: float, loader_samples_
 
 
 class Batch(NamedTuple):
-    """One training batch on the host: ``images (B, 3, H, W)`` float32 and ``tokens (B, L)`` int64, and,
-    where both are views of one buffer (euclip's loader), that buffer, which crosses to a device whole."""
+    """One training batch on the host: ``images (B, 3, H, W)`` and ``tokens (B, L)`` int64, and, where both
+    are views of one buffer (euclip's loader), that buffer, which crosses to a device whole. The images
+    are uint8 crops where the loader hands them over before normalising (``decode.CropDecoder``; the
+    feed normalises them on the device), else float32 as a transform leaves them."""
 
     images: torch.Tensor
     tokens: torch.Tensor
     flat: Optional[torch.Tensor] = None
 
 
-# int64 words before the images in a batch's buffer: the layout (B, C, H, W, L) and the batch's info.
+# int64 words before the images in a batch's buffer: the layout (B, C, H, W, L, image dtype) and the
+# batch's info.
 HEADER_WORDS = 16
-LAYOUT_WORDS = 5
+LAYOUT_WORDS = 6
+# The image dtypes a buffer can hold, by the code its header records.
+IMAGE_DTYPES = (torch.float32, torch.uint8)
 ALIGN = 64  # bytes: each part starts on a cache line, so every view is aligned for its dtype
 
 
@@ -186,17 +191,23 @@ def _aligned(nbytes: int) -> int:
 @dataclass(frozen=True)
 class BatchLayout:
     """Where the parts of a batch lie in its one buffer (``uint8``): the header (int64 words: the
-    layout, then the batch's info), the images (float32, ``(B, C, H, W)``), the tokens (int64, ``(B, L)``)."""
+    layout, then the batch's info), the images (``(B, C, H, W)`` of ``IMAGE_DTYPES[image_dtype]``), the
+    tokens (int64, ``(B, L)``)."""
 
     batch: int
     channels: int
     height: int
     width: int
     context: int
+    image_dtype: int = 0  # an index into IMAGE_DTYPES
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return IMAGE_DTYPES[self.image_dtype]
 
     @property
     def image_bytes(self) -> int:
-        return 4 * self.batch * self.channels * self.height * self.width
+        return self.dtype.itemsize * self.batch * self.channels * self.height * self.width
 
     @property
     def nbytes(self) -> int:
@@ -208,7 +219,7 @@ class BatchLayout:
         images_end = start + self.image_bytes
         tokens_start = start + _aligned(self.image_bytes)
         return (flat[:start].view(torch.int64),
-                flat[start:images_end].view(torch.float32).view(self.batch, self.channels, self.height, self.width),
+                flat[start:images_end].view(self.dtype).view(self.batch, self.channels, self.height, self.width),
                 flat[tokens_start:self.nbytes].view(torch.int64).view(self.batch, self.context))
 
     @classmethod
@@ -221,9 +232,10 @@ def pack(images: list[torch.Tensor], tokens: list[torch.Tensor], shared: bool) -
     """The samples' tensors stacked into one new buffer (in shared memory where ``shared``, as a worker
     hands it over; a tensor made elsewhere would be copied there once more). Returns the buffer and
     its header, for the caller to fill in the batch's info after the layout's words."""
-    if images[0].dtype != torch.float32 or tokens[0].dtype != torch.int64:
-        raise TypeError(f"a batch packs float32 images and int64 tokens, not {images[0].dtype} and {tokens[0].dtype}")
-    layout = BatchLayout(len(images), *images[0].shape, tokens[0].shape[0])
+    if images[0].dtype not in IMAGE_DTYPES or tokens[0].dtype != torch.int64:
+        raise TypeError(f"a batch packs float32 or uint8 images and int64 tokens, not {images[0].dtype} and "
+                        f"{tokens[0].dtype}")
+    layout = BatchLayout(len(images), *images[0].shape, tokens[0].shape[0], IMAGE_DTYPES.index(images[0].dtype))
     if shared:
         flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(layout.nbytes))
     else:
@@ -252,11 +264,12 @@ class TrainStream(IterableDataset):
     """Yields each batch of one rank, from global batch ``start`` on, as one buffer (``pack``) whose
     header carries the batch's info (``INFO_WORDS``)."""
 
-    def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
-                 rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
+    def __init__(self, shards: list[str], batch_size: int, decode: Callable[[bytes], torch.Tensor], tokenizer: Callable,
+                 seed: int, rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
                  positions: dict[int, WorkerPosition], caption: Callable[[dict], str]):
+        """``decode``: a sample's stored image bytes -> its training tensor (``decode.CropDecoder``)."""
         super().__init__()
-        self.shards, self.batch_size, self.transform, self.tokenizer = shards, batch_size, transform, tokenizer
+        self.shards, self.batch_size, self.decode, self.tokenizer = shards, batch_size, decode, tokenizer
         self.caption = caption
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
         self.segment_steps, self.workers, self.start, self.positions = segment_steps, max(1, workers), start, positions
@@ -300,7 +313,6 @@ class TrainStream(IterableDataset):
                 continue
             try:
                 image_key = next(k for k in IMAGE_KEYS if k in sample)
-                image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
                 if rng_state is None:
                     # Augmentation is seeded per batch, from the raw position it starts at, so a
                     # resume (always at a batch boundary) needs no RNG state. Private to the loader:
@@ -308,7 +320,7 @@ class TrainStream(IterableDataset):
                     rng_state = torch.get_rng_state()
                     torch.manual_seed(derive_seed(seed, batch_start))
                 caption = self.caption(sample)
-                pixels = self.transform(image)
+                pixels = self.decode(sample[image_key])
                 text = self.tokenizer(caption)[0]
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
                 skips(err)
@@ -369,14 +381,16 @@ class TrainBatches:
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
                  start: int = 0, state: dict | None = None, sharing: str = "file_descriptor",
-                 caption: Callable[[dict], str] = stored_caption):
+                 caption: Callable[[dict], str] = stored_caption, decoder: Decoder = "pil"):
         """``segment_steps``: global batches between restarts of the streams (``segment_steps_for``).
         ``sharing``: how workers hand their buffers over (torch.multiprocessing's sharing strategy,
         set for the whole process): ``file_descriptor`` (torch's default) passes each buffer's file
         descriptor through a handshake that the worker serves; ``file_system`` names the buffer in
         /dev/shm instead, with no handshake, at the risk of files left behind by a killed process.
         ``caption``: a sample's caption from its raw entries (a caption augmentation draws from torch's
-        generator, which is seeded per batch, so a resume repeats it exactly)."""
+        generator, which is seeded per batch, so a resume repeats it exactly). ``decoder``: how an image
+        becomes its crop (``decode.DECODERS``); ``normalization`` is then what finishes the crops on the
+        device (None where the transform's float output is handed over)."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -384,7 +398,9 @@ class TrainBatches:
         self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}
         self.resumed_exactly = usable or start == 0
         self.work = LoaderWork()
-        dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, transform, tokenizer, seed, rank,
+        decode = CropDecoder(transform, decoder)
+        self.normalization = decode.normalization
+        dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, decode, tokenizer, seed, rank,
                               shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption)
         self._close = lambda: None
         if workers == 0:
@@ -438,6 +454,7 @@ class WithoutPosition:
 
     resumed_exactly = False
     skipped = 0
+    normalization: Optional[Normalization] = None  # batches come as float32, normalised
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -455,7 +472,7 @@ class RepeatBatches(WithoutPosition):
     checklist); a run trained on it has seen one batch."""
 
     def __init__(self, source: TrainBatches):
-        self.folder = source.folder
+        self.folder, self.normalization = source.folder, source.normalization
         try:
             self.batch = next(source)
         finally:

@@ -52,6 +52,28 @@ class Dist:
         parts[self.rank] = x
         return torch.cat(parts)
 
+    def gather_with_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, ...) per rank -> (world * B, ...) in rank order, every slice carrying gradients: the backward
+        pass sums each slice's gradients over ranks and hands them to the rank it came from (torch's
+        differentiable all_gather, as OpenCLIP's ``--gather-with-grad``)."""
+        if not self.enabled:
+            return x
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(x.contiguous()))
+
+    def offset(self, local_batch: int) -> int:
+        """Where this rank's samples start in the global batch (its slice of ``gather``'s output)."""
+        return self.rank * local_batch
+
+    def sum_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        """A tensor summed over ranks, on its device (no host read: the loss terms a local loss reports)."""
+        if not self.enabled:
+            return x
+        total = x.clone()
+        dist.all_reduce(total)
+        return total
+
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on one (stop requests must be collective)."""
         return bool(self._reduce(int(flag), dist.ReduceOp.MAX))

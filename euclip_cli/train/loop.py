@@ -32,8 +32,9 @@ from euclip_cli.errors import Failure
 from euclip_cli.model import EuclipModel, check_buildable, init_source, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
-from euclip_cli.step import NonfiniteGuard, apply_update, forward_backward
+from euclip_cli.step import LocalLoss, NonfiniteGuard, apply_update, forward_backward
 from euclip_cli.towers import batchnorm_statistics, tokenizer_for, transforms_for
+from euclip_cli.towers.checkpointing import enable_grad_checkpointing
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
 
@@ -180,7 +181,7 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                            shuffle_buffer=cfg.data.shuffle_buffer,
                            segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
-                           sharing=cfg.data.sharing, **caption_augmentation(cfg))
+                           sharing=cfg.data.sharing, decoder=cfg.data.decoder, **caption_augmentation(cfg))
     return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
 
 
@@ -223,6 +224,9 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     optimizer = build_optimizer(model, cfg.optim)
     params = [p for p in model.parameters() if p.requires_grad]
     reducer = distributed.GradientReducer(ranks, params, last=tuple(model.loss_scalars()))
+    # Each rank's share of the global loss rather than the whole of it (loss.local_loss; one process: the whole).
+    local = (LocalLoss(ranks.gather_with_grad, ranks.offset, ranks.sum_tensor)
+             if cfg.loss.local_loss and ranks.enabled else None)
     total = C.total_steps(cfg)
     interval = max(1, math.ceil(total / cfg.train.checkpoints))
 
@@ -251,6 +255,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
             own = state["batchnorm_ranks"][ranks.rank]
             for name, buffer in batchnorm_statistics(model).items():
                 buffer.copy_(own[name])
+    if cfg.train.grad_checkpointing:
+        enable_grad_checkpointing(model.clip)
     if cfg.train.compile:
         model.compile_encoders()
 
@@ -269,7 +275,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         branch += (" (data stream restarted: the checkpoint came from another number of processes or workers)"
                    if cfg.data.pipeline == "euclip" else
                    f" (data stream restarted: data.pipeline={cfg.data.pipeline} has no position to resume from)")
-    feed = DeviceFeed(device, staging=cfg.data.staging)
+    feed = DeviceFeed(device, staging=cfg.data.staging, normalization=batches.normalization)
 
     saved = {"step": step if found is not None else -1}
 
@@ -360,7 +366,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
                                          owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward(),
-                                         before_last_backward=reducer.arm, plans=plans)
+                                         before_last_backward=reducer.arm, plans=plans, local=local)
                 reducer.finish()
                 scaler.unscale_(optimizer)
                 # Every rank holds the same summed gradients and global loss, so all skip alike.

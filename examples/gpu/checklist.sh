@@ -1,8 +1,15 @@
 #!/bin/bash
-# The GPU checklist: everything a first real run needs, on one GPU, on the embedded world, in ~10 minutes.
+# The GPU checklist: everything a first real run needs, on one GPU, on the embedded world and on
+# DataComp-like 512-px JPEG shards, in about ten minutes.
 #
 #   examples/gpu/checklist.sh results/gpu-checklist          # from the euclip checkout, .venv active
 #   EUCLIP="python -m euclip_cli" examples/gpu/checklist.sh OUT   # without the console script
+#
+# From a bare machine with its own Python and torch and no network (the lent GPU machines): build the
+# wheelhouse where there is a network, `make wheelhouse WHEELHOUSE=.whl` (docs/install.md; 45 MiB for
+# examples/gpu/target-packages.txt), bring .whl along with the checkout, and run
+#   EUCLIP_WHEELHOUSE=.whl examples/gpu/checklist.sh OUT
+# which installs euclip from it into OUT/site first (the install row) and runs everything with that.
 #
 # Checks, each reported as ok or FAILED with its log in OUT/logs (the script goes on after a failure):
 #   train-bf16    tiny-clip on the GPU in bf16, preempted by SIGTERM part-way, then the same command resumes
@@ -15,6 +22,14 @@
 #                 (py-spy records the first row, threads and subprocesses, where it installs)
 #   bench         euclip bench train on the GPU: euclip against OpenCLIP on the same shards, and the MFU
 #   loader        euclip bench loader with the workers, fed to the GPU: euclip's loader and OpenCLIP's alone
+#   jpeg-*        on DataComp-like JPEG shards (euclip download datacomp-like): ViT-B/32 at batch 256 in the
+#                 matrix (decoder pil, pil-draft, loaders out), OpenCLIP's trainer on the same shards
+#                 (bench train --shards), and the loaders alone
+#   plan, vit-b32-checkpointed   the memory plan of medium-euclip (euclip train --plan), and the vit-b32 row
+#                 again with train.grad_checkpointing=true: its peak GPU memory beside the row without
+# Not yet here: decoding on the device (data.decode=device is not built).
+# EUCLIP_NO_GPU=1 runs only the rows that need no GPU (install, world, jpeg-shards, plan): a rehearsal on
+# any machine (tests/test_examples.py runs it), with EUCLIP_WORLD_SAMPLES and EUCLIP_JPEG_SAMPLES to size it.
 # OUT/summary.md collects the device, the versions, every figure and the matrix as one table.
 set -uo pipefail
 
@@ -29,6 +44,15 @@ summary=$out/summary.md
 e() { $EUCLIP "$@"; }
 
 status=0
+if [ -n "${EUCLIP_WHEELHOUSE:-}" ]; then
+    site=$out/site
+    # --target: the machine's own site-packages stay as they are; euclip and what it lacks go beside them.
+    sh "$EUCLIP_WHEELHOUSE/install.sh" --target "$site" >"$out/logs/install.log" 2>&1 \
+        && echo "ok      install (wheelhouse $EUCLIP_WHEELHOUSE)" \
+        || { echo "FAILED  install: tail of logs/install.log:"; tail -n 15 "$out/logs/install.log"; exit 1; }
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+    EUCLIP="python3 -m euclip_cli"
+fi
 check() {  # check NAME COMMAND...: run, log, report
     local name=$1; shift
     local started=$SECONDS
@@ -78,19 +102,29 @@ preempt_and_resume() {
     grep -q "resumed from" "$out/logs/train-bf16-resume.log"
 }
 
-check world e download world --out "$world" --samples 40000 --eval-size 500 --workers "$(nproc)"
+check world e download world --out "$world" --samples "${EUCLIP_WORLD_SAMPLES:-40000}" --eval-size 500 \
+    --workers "$(nproc)"
+jpeg=$out/jpeg
+check jpeg-shards e download datacomp-like --out "$jpeg" --samples "${EUCLIP_JPEG_SAMPLES:-4000}" --workers "$(nproc)"
+check plan e train --recipe medium-euclip --plan
+if [ -z "${EUCLIP_NO_GPU:-}" ]; then
 check train-bf16 preempt_and_resume
 check train-fp16 e train --recipe tiny-clip --runs-dir "$runs" --name gpu-fp16 data.train_dir="$world/train" \
     train.device=cuda train.precision=fp16 data.workers="$workers" train.log_every=4
 check eval e eval "$runs/gpu-bf16" --world "$world" --device cuda
-check vit-b32 e train --recipe tiny-clip --runs-dir "$runs" --name gpu-vit-b32 data.train_dir="$world/train" \
-    model.arch=ViT-B-32 data.batch_size=512 optim.samples=30720 optim.warmup_steps=10 train.device=cuda \
-    train.precision=bf16 data.workers="$workers" train.log_every=5 train.checkpoints=1
+vit_b32() {  # vit_b32 NAME OVERRIDES...: ViT-B/32 at batch 512 on the world, its peak GPU memory in the summary
+    local name=$1; shift
+    e train --recipe tiny-clip --runs-dir "$runs" --name "$name" data.train_dir="$world/train" \
+        model.arch=ViT-B-32 data.batch_size=512 optim.samples=30720 optim.warmup_steps=10 train.device=cuda \
+        train.precision=bf16 data.workers="$workers" train.log_every=5 train.checkpoints=1 "$@"
+}
+check vit-b32 vit_b32 gpu-vit-b32
+check vit-b32-checkpointed vit_b32 gpu-vit-b32-checkpointed train.grad_checkpointing=true
 # ---- the comparison matrix: each row one run of euclip's trainer (or OpenCLIP's) on the same shards
 steps=${EUCLIP_MATRIX_STEPS:-40}
-matrix_row() {  # matrix_row NAME ARCH BATCH OVERRIDES...: one euclip run of the matrix
+matrix_row() {  # matrix_row NAME ARCH BATCH OVERRIDES...: one euclip run of the matrix (on TRAIN_DIR if set)
     local name=$1 arch=$2 batch=$3; shift 3
-    e train --recipe tiny-clip --runs-dir "$runs" --name "matrix-$name" data.train_dir="$world/train" \
+    e train --recipe tiny-clip --runs-dir "$runs" --name "matrix-$name" data.train_dir="${TRAIN_DIR:-$world/train}" \
         model.arch="$arch" data.batch_size="$batch" optim.samples=$((batch * steps)) optim.warmup_steps=2 \
         train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 train.checkpoints=1 \
         train.tensorboard=false "$@"
@@ -106,7 +140,8 @@ profile() {  # the first row again under py-spy (threads, subprocesses) where it
         train.device=cuda train.precision=bf16 data.workers="$workers" train.log_every=1 train.checkpoints=1 \
         train.tensorboard=false
 }
-check py-spy profile
+# The profile of the first row is opt-in (EUCLIP_PYSPY=1): it keeps the checklist inside ten minutes.
+[ -n "${EUCLIP_PYSPY:-}" ] && check py-spy profile
 check matrix-unstaged matrix_row unstaged bench-vit 256 data.staging=false
 check matrix-one-thread matrix_row one-thread bench-vit 256 train.host_threads=1
 check matrix-file-system matrix_row file-system bench-vit 256 data.sharing=file_system
@@ -114,11 +149,22 @@ check matrix-openclip-pipeline matrix_row openclip-pipeline bench-vit 256 data.p
 check matrix-loaders-out matrix_row loaders-out bench-vit 256 data.pipeline=repeat
 check matrix-text-every-length matrix_row text-every-length bench-vit 256 model.text_groups=0
 check matrix-vit-b32 matrix_row vit-b32 ViT-B-32 256
+jpeg_row() { TRAIN_DIR=$jpeg matrix_row "$@"; }  # the same rows on the JPEG shards
+check matrix-jpeg-vit-b32 jpeg_row jpeg-vit-b32 ViT-B-32 256
+check matrix-jpeg-draft jpeg_row jpeg-draft ViT-B-32 256 data.decoder=pil-draft
+check matrix-jpeg-loaders-out jpeg_row jpeg-loaders-out ViT-B-32 256 data.pipeline=repeat
 check bench e bench train --device cuda --workers "$workers" --steps 30 --rounds 2 --out "$out/bench"
 check bench-vit-b32 e bench train --arch ViT-B-32 --device cuda --workers "$workers" --steps 20 --rounds 1 \
     --no-accumulation --no-tiny --out "$out/bench-vit-b32"
 check loader e bench loader --workers "$workers" --device cuda --out "$out/bench"
-printf '\n```\n' >>"$summary"; tail -n 8 "$out/logs/loader.log" >>"$summary"; printf '```\n' >>"$summary"
+check jpeg-bench-vit-b32 e bench train --arch ViT-B-32 --shards "$jpeg" --device cuda --workers "$workers" --steps 20 \
+    --rounds 1 --no-accumulation --no-tiny --out "$out/bench-jpeg"
+check jpeg-loader e bench loader --shards "$jpeg" --workers "$workers" --device cuda --out "$out/bench-jpeg"
+fi
+for log in loader jpeg-loader plan; do
+    [ -e "$out/logs/$log.log" ] || continue
+    printf '\n```\n' >>"$summary"; tail -n 8 "$out/logs/$log.log" >>"$summary"; printf '```\n' >>"$summary"
+done
 
 python - "$runs" "$summary" "$out" <<'EOF'
 import json, statistics, sys
@@ -149,7 +195,7 @@ lines = ["", "| run | steps | last loss | samples/s (median step) | waiting for 
          "| loaders could give, samples/s (their CPU share) | peak GPU MiB | loss scale |",
          "|---|---|---|---|---|---|---|---|"]
 matrix = {}
-for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
+for run in sorted(p for p in (runs.iterdir() if runs.exists() else ()) if (p / "metrics.jsonl").exists()):
     d = described(run)
     if run.name.startswith("matrix-"):
         matrix[run.name.removeprefix("matrix-")] = d
@@ -158,7 +204,8 @@ for run in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").exists()):
     lines.append(f"| {run.name} | {d['steps']} | {d['loss']:.3f} | {d['median']:.0f} | {d['wait']:.0%} | {could} | "
                  f"{d['gpu']:.0f} | {d['scale']} |")
 # OpenCLIP's trainer, from the benches' results (the same shards, workers and precision).
-for name, folder in (("openclip-trainer", "bench"), ("openclip-trainer-vit-b32", "bench-vit-b32")):
+for name, folder in (("openclip-trainer", "bench"), ("openclip-trainer-vit-b32", "bench-vit-b32"),
+                     ("openclip-trainer-jpeg-vit-b32", "bench-jpeg")):
     found = sorted((out / folder).glob("train-*.json"))
     if found:
         m = json.loads(found[-1].read_text())["measurements"]["openclip"]
