@@ -119,6 +119,10 @@ class DataConfig:
     # "pil", PIL's whole decode and open_clip's crop, OpenCLIP's path; "pil-draft", the crop drawn
     # first and the JPEG decoded at 1/2-1/8 scale where the crop stays at least the output's size.
     decoder: Literal["pil", "pil-draft"] = "pil"
+    # Where images are decoded: "workers" (the loader's worker processes, by data.decoder), or "device"
+    # (workers hand over JPEGs and their crops; the trainer decodes each batch on its device, nvJPEG on
+    # a GPU, and crops there: euclip_cli.data.decode). JPEG shards only; euclip's loader only.
+    decode: Literal["workers", "device"] = "workers"
     # RedCaps only: the probability that a caption is prefixed with its word-segmented subreddit,
     # "i took a picture : my dog" (MERU: 0.5, drawn afresh each time a sample is read); 0 leaves captions
     # as they are. Read from each sample's json (euclip download redcaps keeps it); euclip's loader only.
@@ -557,6 +561,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append("optim.samples: the budget is smaller than one batch")
     if not 0 <= cfg.data.max_skipped_fraction <= 1:
         problems.append("data.max_skipped_fraction: must be in [0, 1] (1 turns the limit off)")
+    if cfg.data.decode == "device" and cfg.data.pipeline == "openclip":
+        problems.append("data.decode: only euclip's loader hands JPEGs to the device, not data.pipeline=openclip; "
+                        "set data.decode=workers")
     if not 0 <= cfg.data.subreddit_prefix <= 1:
         problems.append("data.subreddit_prefix: a probability, in [0, 1]")
     elif cfg.data.subreddit_prefix and cfg.data.pipeline != "euclip":

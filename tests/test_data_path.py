@@ -129,8 +129,8 @@ def test_a_slot_is_refilled_only_after_its_last_copy_to_the_device_is_done():
 
 @pytest.mark.parametrize("overrides", [["train.log_every=4"], ["optim.accum_steps=2", "loss.entail_weight=0.1",
                                                                "geometry.name=euclidean", "geometry.logit=d2",
-                                                               "train.precision=fp16"]],
-                         ids=["clip", "euclidean-entailment-accum2-fp16"])
+                                                               "train.precision=fp16"], ["data.decode=device"]],
+                         ids=["clip", "euclidean-entailment-accum2-fp16", "device-decode"])
 def test_a_training_step_never_reads_a_device_tensor_back(world, tmp_path, monkeypatch, overrides):
     """Every operation of the feed, the forward and backward, the non-finite guard and the update runs
     under a counter of the operations after which a GPU's host would wait for the device: none, at

@@ -111,3 +111,60 @@ def test_crop_tensor_is_to_tensors_layout_before_its_division():
 def test_an_unknown_decoder_is_refused(vit_transform):
     with pytest.raises(ValueError, match="not one of pil, pil-draft"):
         CropDecoder(vit_transform, "turbo")
+
+
+# ---- data.decode=device: the workers hand over JPEGs and crops; the feed decodes and crops on the device
+
+@pytest.fixture(scope="module")
+def photo_shards(tmp_path_factory):
+    from euclip_cli.data.photo_shards import generate
+
+    out = tmp_path_factory.mktemp("photos") / "shards"
+    generate(out, samples=24, seed=5, workers=1)
+    return out
+
+
+def fed_batches(shards, transform, decode_on, count=3):
+    from euclip_cli.data.feed import DeviceFeed
+    from euclip_cli.data.loader import TrainBatches, list_shards
+    from euclip_cli.towers import tokenizer_for
+
+    stream = TrainBatches(list_shards(shards, "x"), 8, transform, tokenizer_for("ViT-B-32"), seed=0,
+                          shuffle_buffer=10, segment_steps=100, workers=1, decode_on=decode_on)
+    feed = DeviceFeed(torch.device("cpu"), normalization=stream.normalization, device_crops=stream.device_crops)
+    try:
+        return [tuple(t.clone() for t in feed(next(stream))[:2]) for _ in range(count)], stream.skipped
+    finally:
+        stream.close()
+
+
+def test_decoding_on_the_device_gives_the_workers_crops_to_within_a_level(photo_shards, vit_transform):
+    on_workers, _ = fed_batches(photo_shards, vit_transform, "workers")
+    on_device, _ = fed_batches(photo_shards, vit_transform, "device")
+    std = torch.tensor(CropDecoder(vit_transform).normalization.std).view(3, 1, 1)
+    for (images, tokens), (device_images, device_tokens) in zip(on_workers, on_device):
+        assert torch.equal(tokens, device_tokens)  # the same samples, in the same order
+        difference = (images - device_images).abs() * std * 255
+        # PIL's and torchvision's antialiased bicubic resizes, each rounded to whole levels.
+        assert difference.mean() < 0.5 and difference.max() <= 3.01
+
+
+def test_on_the_device_a_png_or_a_cut_jpeg_is_skipped_and_counted(tmp_path, vit_transform):
+    import webdataset as wds
+
+    rng = np.random.default_rng(4)
+    png = io.BytesIO()
+    photo(rng, 320, 240).save(png, format="PNG")
+    good = [encode(photo(rng, 320, 240)) for _ in range(8)]
+    with wds.TarWriter(str(tmp_path / "00000.tar")) as sink:
+        for i, data in enumerate([png.getvalue(), good[0][:-2000], *good]):
+            sink.write({"__key__": f"{i:04d}", "jpg": data, "txt": "a photo"})
+    batches, skipped = fed_batches(tmp_path, vit_transform, "device", count=1)
+    assert batches[0][0].shape == (8, 3, 224, 224) and skipped >= 2
+
+
+def test_decoding_on_the_device_is_refused_with_openclips_pipeline():
+    from euclip_cli import config as C
+
+    with pytest.raises(C.ConfigError, match="data.decode: only euclip's loader"):
+        C.load_config("tiny-clip", ["data.decode=device", "data.pipeline=openclip"])

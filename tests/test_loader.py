@@ -27,7 +27,7 @@ def batches(world_dir, parts, **kwargs):
 def test_batches_have_the_model_input_shapes(world, pipeline_parts, workers):
     stream = batches(world, pipeline_parts, workers=workers, batch_size=16)
     for _ in range(2):
-        images, tokens, flat = next(stream)
+        images, tokens, flat, _ = next(stream)
         assert images.shape == (16, 3, 64, 64) and tokens.shape == (16, 32) and tokens.dtype == torch.long
         # One buffer a batch: the images and tokens are views of it (in shared memory from a worker).
         assert images.untyped_storage().data_ptr() == tokens.untyped_storage().data_ptr() == flat.data_ptr()

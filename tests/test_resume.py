@@ -19,11 +19,11 @@ pytestmark = pytest.mark.slow
 STEPS = 12
 
 
-def command(world, runs_dir, name):
+def command(world, runs_dir, name, extra=()):
     return [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--name", name,
             "--runs-dir", str(runs_dir), f"data.train_dir={world / 'train'}", "data.batch_size=16",
             f"optim.samples={16 * STEPS}", "optim.warmup_steps=2", "train.checkpoints=4", "train.log_every=1",
-            "train.tensorboard=false", "train.precision=fp32", "data.shuffle_buffer=50"]
+            "train.tensorboard=false", "train.precision=fp32", "data.shuffle_buffer=50", *extra]
 
 
 def logged_steps(metrics):
@@ -37,12 +37,14 @@ def final_state(runs_dir, name):
     return load_checkpoint(RunDir(runs_dir / name).latest_checkpoint())
 
 
-def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world, tmp_path):
+# As decoded in the loader's workers, and decoded on the device from the JPEGs and crops they hand over.
+@pytest.mark.parametrize("extra", [(), ("data.decode=device", "data.workers=1")], ids=["workers", "device-decode"])
+def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world, tmp_path, extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(command(world, tmp_path, "straight"), check=True, env=env, capture_output=True)
+    subprocess.run(command(world, tmp_path, "straight", extra), check=True, env=env, capture_output=True)
 
     kill_after = random.Random().randint(4, STEPS - 2)  # any step; checkpoints fall every 3 steps
-    victim = subprocess.Popen(command(world, tmp_path, "killed"), env=env, stdout=subprocess.DEVNULL,
+    victim = subprocess.Popen(command(world, tmp_path, "killed", extra), env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 300
@@ -52,7 +54,7 @@ def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world
     victim.wait()
     killed_at = logged_steps(metrics)
     assert killed_at < STEPS, "the run finished before it could be killed"
-    subprocess.run(command(world, tmp_path, "killed"), check=True, env=env, capture_output=True)
+    subprocess.run(command(world, tmp_path, "killed", extra), check=True, env=env, capture_output=True)
 
     straight, resumed = final_state(tmp_path, "straight"), final_state(tmp_path, "killed")
     assert resumed["step"] == straight["step"] == STEPS

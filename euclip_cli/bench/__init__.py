@@ -482,7 +482,8 @@ def time_loader(make: Callable[[], object], batch_size: int, workers: int, batch
     from euclip_cli.data.feed import DeviceFeed
 
     stream = make()
-    feed = DeviceFeed(torch.device(device), normalization=stream.normalization)
+    feed = DeviceFeed(torch.device(device), normalization=stream.normalization,
+                      device_crops=getattr(stream, "device_crops", None))
     try:
         for _ in range(warmup):
             feed(next(stream))

@@ -23,13 +23,23 @@ than OpenCLIP's path without changing what the model sees:
 
 A transform that is not open_clip's training transform (crop, RGB, to tensor, normalise) is run
 whole in the worker, and its float output handed over as it is (``normalization`` is then None).
+
+**Decoding on the device** (``data.decode=device``) splits the work: a worker only reads the JPEG's
+size from its header, draws the crop from it (the same draws as the transform's) and hands over the
+compressed bytes with the crop (``DeferredCrop``); the trainer's process decodes the whole batch on the
+device (``torchvision.io.decode_jpeg``: nvJPEG on a GPU, libjpeg-turbo on a CPU) and crops and resizes
+each image there with torchvision's antialiased tensor resize, rounded to uint8 (``DeviceCrops``). The
+same code runs on a CPU. Its crops differ from the worker path's by the two resize implementations'
+difference (PIL's against torchvision's; ``euclip bench decode`` measures it as ``torchvision-io``).
+It takes JPEGs only (DataComp's, RedCaps' and the world's images all are); a sample that is not one,
+or whose bytes stop before the JPEG's end-of-image marker, is skipped and counted in the worker.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -37,6 +47,8 @@ from PIL import Image
 
 Decoder = Literal["pil", "pil-draft"]
 DECODERS: tuple[str, ...] = ("pil", "pil-draft")
+DecodeOn = Literal["workers", "device"]
+JPEG_END = b"\xff\xd9"  # the end-of-image marker
 # libjpeg's DCT scalings that PIL's draft mode asks for, the largest reduction first.
 DRAFT_REDUCTIONS = (8, 4, 2)
 
@@ -133,3 +145,62 @@ class CropDecoder:
 _PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                 "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
                 "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING}
+
+
+def open_clip_crop(transform: Callable):
+    """The ``RandomResizedCrop`` of an open_clip training transform (crop, RGB, to tensor, normalise) and its
+    ``Normalization``; ``(None, None)`` for any other transform."""
+    decoder = CropDecoder(transform)
+    return decoder.crop, decoder.normalization
+
+
+class Deferred(NamedTuple):
+    """A sample as a worker hands it over for decoding on the device: the crop ``(top, left, height,
+    width)`` in the stored image's pixels, and the JPEG's bytes."""
+
+    crop: tuple[int, int, int, int]
+    data: bytes
+
+
+class DeferredCrop:
+    """A worker's share of ``data.decode=device``: the crop drawn from the JPEG's size, the bytes kept."""
+
+    def __init__(self, transform: Callable):
+        self.crop, self.normalization = open_clip_crop(transform)
+        if self.crop is None:
+            raise ValueError("data.decode=device needs open_clip's training transform (crop, RGB, to tensor, "
+                             "normalise)")
+
+    def __call__(self, data: bytes) -> Deferred:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        if image.format != "JPEG":
+            raise ValueError(f"a {image.format} image: data.decode=device decodes JPEGs only")
+        if not data.rstrip(b"\0").endswith(JPEG_END):
+            raise ValueError("a JPEG cut short (no end-of-image marker)")
+        crop = self.crop
+        return Deferred(tuple(crop.get_params(image, crop.scale, crop.ratio)), data)
+
+
+class DeviceCrops:
+    """The trainer's share of ``data.decode=device``: a batch of JPEGs decoded on ``device`` and each cropped
+    and resized there, ``-> (B, 3, H, W)`` uint8 for ``Normalization`` to finish."""
+
+    def __init__(self, transform: Callable):
+        self.crop, _ = open_clip_crop(transform)
+
+    def __call__(self, jpegs: list[torch.Tensor], crops: list[tuple[int, int, int, int]],
+                 device: torch.device) -> torch.Tensor:
+        """``jpegs``: each image's bytes as a 1-D uint8 host tensor; ``crops``: its ``(top, left, h, w)``."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.transforms import functional as F
+
+        crop = self.crop
+        images = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
+        out = torch.empty(len(jpegs), 3, *crop.size, dtype=torch.uint8, device=device)
+        for k, (image, (top, left, h, w)) in enumerate(zip(images, crops)):
+            # In float: antialiased resizing is not implemented for uint8 on every device; rounded back
+            # to uint8 as PIL's resize leaves its pixels.
+            resized = F.resized_crop(image[None].float(), top, left, h, w, list(crop.size), crop.interpolation,
+                                     antialias=True)
+            out[k] = resized[0].round_().clamp_(0, 255)
+        return out

@@ -18,7 +18,10 @@ was allocated once, and from there to the device:
 
 Images that arrive as uint8 crops (euclip's loader) are normalised once they are on the device
 (``decode.Normalization``): a quarter of the bytes to copy, and the division and subtraction that
-open_clip's transform does per sample in a worker done for the whole batch by the device.
+open_clip's transform does per sample in a worker done for the whole batch by the device. A batch
+of JPEGs (``data.decode=device``) is decoded, cropped and resized on the device from the host
+buffer the worker filled (``decode.DeviceCrops``; nvJPEG reads its input from host memory), and only
+its tokens go through a slot.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from euclip_cli.data.decode import Normalization
+from euclip_cli.data.decode import DeviceCrops, Normalization
 from euclip_cli.data.loader import IMAGE_DTYPES, Batch, BatchLayout
 
 SLOTS = 2
@@ -98,9 +101,11 @@ class DeviceFeed:
     """
 
     def __init__(self, device: torch.device, staging: bool = True, copies: Any = None,
-                 normalization: Optional[Normalization] = None):
-        """``normalization``: what finishes uint8 crops on the device (the loader's); float images pass as they are."""
+                 normalization: Optional[Normalization] = None, device_crops: Optional[DeviceCrops] = None):
+        """``normalization``: what finishes uint8 crops on the device (the loader's); float images pass as they
+        are. ``device_crops``: what decodes a batch of JPEGs there (the loader's, with data.decode=device)."""
         self.device, self.staging, self.normalization = device, staging, normalization
+        self.device_crops = device_crops
         self.copies = copies or (CudaCopies(device) if device.type == "cuda" else HostCopies())
         self.slots: list[Optional[_Slot]] = [None] * SLOTS
         self.turn = 0
@@ -115,15 +120,23 @@ class DeviceFeed:
         return fed
 
     def _moved(self, batch: Batch) -> Fed:
+        if batch.jpegs is not None:
+            if self.device_crops is None:
+                raise ValueError("a batch of JPEGs reached a feed with nothing to decode them")
+            tokens = self._moved(Batch(None, batch.tokens)).tokens if self.staging else batch.tokens.to(self.device)
+            return Fed(self.device_crops(*batch.jpegs, self.device), tokens, batch.tokens)
         if not self.staging:
             return Fed(batch.images.to(self.device, non_blocking=True), batch.tokens.to(self.device, non_blocking=True),
                        batch.tokens)
-        parts = [batch.flat] if batch.flat is not None else [batch.images, batch.tokens]
+        parts = ([batch.flat] if batch.flat is not None else
+                 [batch.images, batch.tokens] if batch.images is not None else [batch.tokens])
         slot = self._slot(parts)
         self.copies.wait(slot.done)
         for staged, part in zip(slot.staged, parts):
             staged.copy_(part)
         on_device, slot.done = self.copies.to_device(slot.staged)
+        if batch.images is None:  # the tokens alone
+            return Fed(None, on_device[0], slot.staged[0])
         if batch.flat is None:
             return Fed(on_device[0], on_device[1], slot.staged[1])
         layout = BatchLayout(*batch.images.shape, batch.tokens.shape[1], IMAGE_DTYPES.index(batch.images.dtype))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 import random
 import signal
@@ -49,7 +50,8 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from euclip_cli.data.decode import CropDecoder, Decoder, Normalization
+from euclip_cli.data.decode import (CropDecoder, DecodeOn, Decoder, Deferred, DeferredCrop, DeviceCrops,
+                                   Normalization)
 from euclip_cli.errors import UsageError
 
 IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
@@ -168,19 +170,29 @@ class Batch(NamedTuple):
     """One training batch on the host: ``images (B, 3, H, W)`` and ``tokens (B, L)`` int64, and, where both
     are views of one buffer (euclip's loader), that buffer, which crosses to a device whole. The images
     are uint8 crops where the loader hands them over before normalising (``decode.CropDecoder``; the
-    feed normalises them on the device), else float32 as a transform leaves them."""
+    feed normalises them on the device), else float32 as a transform leaves them. With
+    ``data.decode=device`` there are no images yet: ``jpegs`` holds each sample's compressed bytes (a
+    1-D uint8 view of the buffer) and its crop, for the feed to decode on the device."""
 
-    images: torch.Tensor
+    images: Optional[torch.Tensor]
     tokens: torch.Tensor
     flat: Optional[torch.Tensor] = None
+    jpegs: Optional[tuple[list[torch.Tensor], list[tuple[int, int, int, int]]]] = None
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
 
 
-# int64 words before the images in a batch's buffer: the layout (B, C, H, W, L, image dtype) and the
-# batch's info.
+# int64 words before the images in a batch's buffer: the layout (B, C, H, W, L, image dtype, JPEG bytes)
+# and the batch's info.
 HEADER_WORDS = 16
-LAYOUT_WORDS = 6
-# The image dtypes a buffer can hold, by the code its header records.
+LAYOUT_WORDS = 7
+# The image dtypes a buffer can hold, by the code its header records; the code after them marks a batch
+# of JPEGs to decode on the device (``ENCODED``).
 IMAGE_DTYPES = (torch.float32, torch.uint8)
+ENCODED = len(IMAGE_DTYPES)
+INDEX_WORDS = 6  # per JPEG of an encoded batch: offset, length, and the crop's top, left, height, width
 ALIGN = 64  # bytes: each part starts on a cache line, so every view is aligned for its dtype
 
 
@@ -199,14 +211,18 @@ class BatchLayout:
     height: int
     width: int
     context: int
-    image_dtype: int = 0  # an index into IMAGE_DTYPES
+    image_dtype: int = 0  # an index into IMAGE_DTYPES, or ENCODED
+    jpeg_bytes: int = 0  # an encoded batch's compressed images, all together
 
     @property
     def dtype(self) -> torch.dtype:
-        return IMAGE_DTYPES[self.image_dtype]
+        return IMAGE_DTYPES[self.image_dtype] if self.image_dtype != ENCODED else torch.int64
 
     @property
     def image_bytes(self) -> int:
+        """The images' part: the pixels, or an encoded batch's index and then its JPEGs' bytes."""
+        if self.image_dtype == ENCODED:
+            return 8 * INDEX_WORDS * self.batch + self.jpeg_bytes
         return self.dtype.itemsize * self.batch * self.channels * self.height * self.width
 
     @property
@@ -218,9 +234,18 @@ class BatchLayout:
         start = 8 * HEADER_WORDS
         images_end = start + self.image_bytes
         tokens_start = start + _aligned(self.image_bytes)
-        return (flat[:start].view(torch.int64),
-                flat[start:images_end].view(self.dtype).view(self.batch, self.channels, self.height, self.width),
+        if self.image_dtype == ENCODED:
+            images = flat[start:start + 8 * INDEX_WORDS * self.batch].view(torch.int64).view(self.batch, INDEX_WORDS)
+        else:
+            images = flat[start:images_end].view(self.dtype).view(self.batch, self.channels, self.height, self.width)
+        return (flat[:start].view(torch.int64), images,
                 flat[tokens_start:self.nbytes].view(torch.int64).view(self.batch, self.context))
+
+    def jpegs(self, flat: torch.Tensor) -> tuple[list[torch.Tensor], list[tuple[int, int, int, int]]]:
+        """An encoded batch's JPEGs (1-D uint8 views of ``flat``) and their crops."""
+        index = self.views(flat)[1].tolist()
+        data = flat[8 * HEADER_WORDS + 8 * INDEX_WORDS * self.batch:]
+        return [data[offset:offset + length] for offset, length, *_ in index], [tuple(row[2:]) for row in index]
 
     @classmethod
     def of(cls, flat: torch.Tensor) -> "BatchLayout":
@@ -228,20 +253,44 @@ class BatchLayout:
         return cls(*(int(v) for v in flat[:8 * LAYOUT_WORDS].view(torch.int64)))
 
 
-def pack(images: list[torch.Tensor], tokens: list[torch.Tensor], shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(images: list, tokens: list[torch.Tensor], shared: bool, size: tuple[int, int] = (0, 0)
+         ) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples' tensors stacked into one new buffer (in shared memory where ``shared``, as a worker
     hands it over; a tensor made elsewhere would be copied there once more). Returns the buffer and
-    its header, for the caller to fill in the batch's info after the layout's words."""
+    its header, for the caller to fill in the batch's info after the layout's words. ``images`` may be
+    ``decode.Deferred`` samples instead, JPEGs to crop to ``size`` on the device."""
+    if isinstance(images[0], Deferred):
+        return _pack_jpegs(images, tokens, shared, size)
     if images[0].dtype not in IMAGE_DTYPES or tokens[0].dtype != torch.int64:
         raise TypeError(f"a batch packs float32 or uint8 images and int64 tokens, not {images[0].dtype} and "
                         f"{tokens[0].dtype}")
     layout = BatchLayout(len(images), *images[0].shape, tokens[0].shape[0], IMAGE_DTYPES.index(images[0].dtype))
-    if shared:
-        flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(layout.nbytes))
-    else:
-        flat = torch.empty(layout.nbytes, dtype=torch.uint8)
+    flat = _new_buffer(layout.nbytes, shared)
     header, image_view, token_view = layout.views(flat)
     torch.stack(images, out=image_view)
+    torch.stack(tokens, out=token_view)
+    header.zero_()
+    header[:LAYOUT_WORDS] = torch.tensor(dataclasses.astuple(layout))
+    return flat, header
+
+
+def _new_buffer(nbytes: int, shared: bool) -> torch.Tensor:
+    if shared:
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _pack_jpegs(samples: list[Deferred], tokens: list[torch.Tensor], shared: bool,
+                size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = [len(s.data) for s in samples]
+    layout = BatchLayout(len(samples), 3, *size, tokens[0].shape[0], ENCODED, sum(lengths))
+    flat = _new_buffer(layout.nbytes, shared)
+    header, index, token_view = layout.views(flat)
+    offsets = [0, *itertools.accumulate(lengths)][:-1]
+    index.copy_(torch.tensor([[o, n, *s.crop] for o, n, s in zip(offsets, lengths, samples)]))
+    data = flat[8 * HEADER_WORDS + 8 * INDEX_WORDS * len(samples):]
+    for offset, sample in zip(offsets, samples):
+        data[offset:offset + len(sample.data)] = torch.frombuffer(bytearray(sample.data), dtype=torch.uint8)
     torch.stack(tokens, out=token_view)
     header.zero_()
     header[:LAYOUT_WORDS] = torch.tensor(dataclasses.astuple(layout))
@@ -252,7 +301,10 @@ def unpack(flat: torch.Tensor) -> tuple[Batch, list[int]]:
     """A host buffer as a ``Batch`` of views, and the info its header carries."""
     layout = BatchLayout.of(flat)
     header, images, tokens = layout.views(flat)
-    return Batch(images, tokens, flat), header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS].tolist()
+    info = header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS].tolist()
+    if layout.image_dtype == ENCODED:
+        return Batch(None, tokens, flat, layout.jpegs(flat)), info
+    return Batch(images, tokens, flat), info
 
 
 # The info each batch carries: [logical worker, segment, raw samples drawn in segment, skipped so far,
@@ -266,9 +318,11 @@ class TrainStream(IterableDataset):
 
     def __init__(self, shards: list[str], batch_size: int, decode: Callable[[bytes], torch.Tensor], tokenizer: Callable,
                  seed: int, rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
-                 positions: dict[int, WorkerPosition], caption: Callable[[dict], str]):
-        """``decode``: a sample's stored image bytes -> its training tensor (``decode.CropDecoder``)."""
+                 positions: dict[int, WorkerPosition], caption: Callable[[dict], str], size: tuple[int, int] = (0, 0)):
+        """``decode``: a sample's stored image bytes -> its training tensor (``decode.CropDecoder``), or the
+        JPEG and its crop (``decode.DeferredCrop``), cropped to ``size`` on the device."""
         super().__init__()
+        self.size = size
         self.shards, self.batch_size, self.decode, self.tokenizer = shards, batch_size, decode, tokenizer
         self.caption = caption
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
@@ -330,7 +384,7 @@ class TrainStream(IterableDataset):
             tokens.append(text)
             if len(images) == self.batch_size:
                 torch.set_rng_state(rng_state)
-                flat, header = pack(images, tokens, shared)
+                flat, header = pack(images, tokens, shared, self.size)
                 wall_us = round((time.perf_counter() - started) * 1e6)
                 cpu_us = round((time.thread_time() - cpu_started) * 1e6)
                 header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS] = torch.tensor(
@@ -381,7 +435,8 @@ class TrainBatches:
     def __init__(self, shards: list[str], batch_size: int, transform: Callable, tokenizer: Callable, seed: int,
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
                  start: int = 0, state: dict | None = None, sharing: str = "file_descriptor",
-                 caption: Callable[[dict], str] = stored_caption, decoder: Decoder = "pil"):
+                 caption: Callable[[dict], str] = stored_caption, decoder: Decoder = "pil",
+                 decode_on: DecodeOn = "workers"):
         """``segment_steps``: global batches between restarts of the streams (``segment_steps_for``).
         ``sharing``: how workers hand their buffers over (torch.multiprocessing's sharing strategy,
         set for the whole process): ``file_descriptor`` (torch's default) passes each buffer's file
@@ -390,7 +445,8 @@ class TrainBatches:
         ``caption``: a sample's caption from its raw entries (a caption augmentation draws from torch's
         generator, which is seeded per batch, so a resume repeats it exactly). ``decoder``: how an image
         becomes its crop (``decode.DECODERS``); ``normalization`` is then what finishes the crops on the
-        device (None where the transform's float output is handed over)."""
+        device (None where the transform's float output is handed over). ``decode_on``: ``device`` hands
+        over JPEGs and their crops for the feed to decode there (``device_crops``)."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -398,10 +454,12 @@ class TrainBatches:
         self.positions = {int(k): WorkerPosition(**v) for k, v in state["workers"].items()} if usable else {}
         self.resumed_exactly = usable or start == 0
         self.work = LoaderWork()
-        decode = CropDecoder(transform, decoder)
+        decode = CropDecoder(transform, decoder) if decode_on == "workers" else DeferredCrop(transform)
         self.normalization = decode.normalization
+        self.device_crops = DeviceCrops(transform) if decode_on == "device" else None
+        size = tuple(decode.crop.size) if decode.crop is not None else (0, 0)
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, decode, tokenizer, seed, rank,
-                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption)
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption, size)
         self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)
@@ -455,6 +513,7 @@ class WithoutPosition:
     resumed_exactly = False
     skipped = 0
     normalization: Optional[Normalization] = None  # batches come as float32, normalised
+    device_crops: Optional[DeviceCrops] = None
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -472,7 +531,7 @@ class RepeatBatches(WithoutPosition):
     checklist); a run trained on it has seen one batch."""
 
     def __init__(self, source: TrainBatches):
-        self.folder, self.normalization = source.folder, source.normalization
+        self.folder, self.normalization, self.device_crops = source.folder, source.normalization, source.device_crops
         try:
             self.batch = next(source)
         finally:

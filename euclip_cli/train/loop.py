@@ -181,7 +181,8 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                            shuffle_buffer=cfg.data.shuffle_buffer,
                            segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
-                           sharing=cfg.data.sharing, decoder=cfg.data.decoder, **caption_augmentation(cfg))
+                           sharing=cfg.data.sharing, decoder=cfg.data.decoder, decode_on=cfg.data.decode,
+                           **caption_augmentation(cfg))
     return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
 
 
@@ -275,7 +276,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
         branch += (" (data stream restarted: the checkpoint came from another number of processes or workers)"
                    if cfg.data.pipeline == "euclip" else
                    f" (data stream restarted: data.pipeline={cfg.data.pipeline} has no position to resume from)")
-    feed = DeviceFeed(device, staging=cfg.data.staging, normalization=batches.normalization)
+    feed = DeviceFeed(device, staging=cfg.data.staging, normalization=batches.normalization,
+                      device_crops=batches.device_crops)
 
     saved = {"step": step if found is not None else -1}
 
@@ -355,7 +357,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 waited = time.perf_counter()
                 batch = next(batches)
                 window_wait += time.perf_counter() - waited
-                window_samples += batch.images.shape[0] * ranks.world
+                window_samples += batch.size * ranks.world
                 images, tokens, host_tokens = feed(batch)
                 if sliced:
                     images, tokens, host_tokens = images[:sliced], tokens[:sliced], host_tokens[:sliced]

@@ -23,11 +23,10 @@
 #   bench         euclip bench train on the GPU: euclip against OpenCLIP on the same shards, and the MFU
 #   loader        euclip bench loader with the workers, fed to the GPU: euclip's loader and OpenCLIP's alone
 #   jpeg-*        on DataComp-like JPEG shards (euclip download datacomp-like): ViT-B/32 at batch 256 in the
-#                 matrix (decoder pil, pil-draft, loaders out), OpenCLIP's trainer on the same shards
+#                 matrix (decoder pil, pil-draft, decoded on the GPU, loaders out), OpenCLIP's trainer on the same shards
 #                 (bench train --shards), and the loaders alone
 #   plan, vit-b32-checkpointed   the memory plan of medium-euclip (euclip train --plan), and the vit-b32 row
 #                 again with train.grad_checkpointing=true: its peak GPU memory beside the row without
-# Not yet here: decoding on the device (data.decode=device is not built).
 # EUCLIP_NO_GPU=1 runs only the rows that need no GPU (install, world, jpeg-shards, plan): a rehearsal on
 # any machine (tests/test_examples.py runs it), with EUCLIP_WORLD_SAMPLES and EUCLIP_JPEG_SAMPLES to size it.
 # OUT/summary.md collects the device, the versions, every figure and the matrix as one table.
@@ -152,6 +151,7 @@ check matrix-vit-b32 matrix_row vit-b32 ViT-B-32 256
 jpeg_row() { TRAIN_DIR=$jpeg matrix_row "$@"; }  # the same rows on the JPEG shards
 check matrix-jpeg-vit-b32 jpeg_row jpeg-vit-b32 ViT-B-32 256
 check matrix-jpeg-draft jpeg_row jpeg-draft ViT-B-32 256 data.decoder=pil-draft
+check matrix-jpeg-device-decode jpeg_row jpeg-device-decode ViT-B-32 256 data.decode=device
 check matrix-jpeg-loaders-out jpeg_row jpeg-loaders-out ViT-B-32 256 data.pipeline=repeat
 check bench e bench train --device cuda --workers "$workers" --steps 30 --rounds 2 --out "$out/bench"
 check bench-vit-b32 e bench train --arch ViT-B-32 --device cuda --workers "$workers" --steps 20 --rounds 1 \
