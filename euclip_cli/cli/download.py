@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
@@ -26,16 +26,21 @@ WORKERS = 2
 app = typer.Typer(invoke_without_command=True)
 
 
-def generate_world(out: Path, settings: WorldSettings, workers: int) -> None:
-    """Write the world ``settings`` describe into ``out``, with a progress bar."""
+def generated(description: str, make: Callable[[Callable[[int, int], None]], dict]) -> dict:
+    """``make(progress)``'s manifest, made under a progress bar that ``progress(done, total)`` moves."""
     from rich.progress import Progress
 
+    with errors(), Progress(console=console, transient=True) as progress:
+        bar = progress.add_task(description, total=None)
+        return make(lambda done, total: progress.update(bar, completed=done, total=total))
+
+
+def generate_world(out: Path, settings: WorldSettings, workers: int) -> None:
+    """Write the world ``settings`` describe into ``out``, with a progress bar."""
     from euclip_cli.data.world_files import generate
 
-    with errors(), Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("generating the embedded world", total=None)
-        manifest = generate(out, settings, workers=workers,
-                            progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    manifest = generated("generating the embedded world",
+                         lambda progress: generate(out, settings, workers=workers, progress=progress))
     if manifest.get("skipped"):
         console.print(f"{out} already holds this world (seed {settings.seed}, {settings.samples} pairs): nothing to do")
     else:
@@ -206,14 +211,10 @@ def datacomp_like(out: Path = typer.Option(Path("data/datacomp-like"), callback=
 
     Example: euclip download datacomp-like --out data/datacomp-like --samples 4000
     """
-    from rich.progress import Progress
-
     from euclip_cli.data.photo_shards import generate
 
-    with errors(), Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("generating DataComp-like shards", total=None)
-        manifest = generate(out, samples, seed=seed, workers=workers,
-                            progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    manifest = generated("generating DataComp-like shards",
+                         lambda progress: generate(out, samples, seed=seed, workers=workers, progress=progress))
     if manifest.get("skipped"):
         console.print(f"{out} already holds these shards (seed {seed}, {samples} samples): nothing to do")
     else:

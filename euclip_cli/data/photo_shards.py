@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -130,37 +129,22 @@ def encode(image) -> bytes:
 
 
 def _write_shard(out: str, seed: int, shard: int, count: int) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import webdataset as wds
-
-    from euclip_cli.data.world_files import KEY_DIGITS, SHARD_DIGITS, TAR_MTIME
+    from euclip_cli.data.world_files import write_train_shard
 
     rng = np.random.default_rng([seed, shard])
     captions = synthetic_captions(CAPTION_WORDS_MEAN, count, seed=int(rng.integers(2 ** 63)))
-    start, rows = time.time(), []
-    name = f"{shard:0{SHARD_DIGITS}d}"
-    tmp = Path(out) / f".{name}.tar.tmp"
-    with wds.TarWriter(str(tmp), mtime=TAR_MTIME) as sink:
-        for i, caption in enumerate(captions):
+
+    def samples():
+        for caption in captions:
             width, height = photo_size(rng)
-            jpg = encode(photo(rng, width, height))
-            key = f"{name}{i:0{KEY_DIGITS}d}"
             # A stored image of 512 px was resized from a larger original (resize_only_if_bigger).
             grown = 1.0 if max(width, height) < LONGEST_SIDE else float(rng.uniform(1.0, 4.0))
-            meta = {"uid": hashlib.md5(f"photo-{seed}-{key}".encode()).hexdigest(), "key": key, "caption": caption,
-                    "url": f"photo://{seed}/{key}", "status": "success", "error_message": None,
-                    "width": width, "height": height, "original_width": round(width * grown),
-                    "original_height": round(height * grown), "sha256": hashlib.sha256(jpg).hexdigest()}
-            sink.write({"__key__": key, "jpg": jpg, "txt": caption, "json": meta})
-            rows.append({k: meta[k] for k in ("key", "uid", "caption", "url", "status", "error_message", "sha256")})
-    os.replace(tmp, Path(out) / f"{name}.tar")
-    pq.write_table(pa.Table.from_pylist(rows), Path(out) / f"{name}.parquet")
-    end = time.time()
-    stats = {"count": count, "successes": count, "failed_to_download": 0, "failed_to_resize": 0,
-             "duration": end - start, "start_time": start, "end_time": end, "status_dict": {"success": count}}
-    (Path(out) / f"{name}_stats.json").write_text(json.dumps(stats))
-    return count
+            yield encode(photo(rng, width, height)), caption, lambda key, width=width, height=height, grown=grown: {
+                "uid": hashlib.md5(f"photo-{seed}-{key}".encode()).hexdigest(), "url": f"photo://{seed}/{key}",
+                "width": width, "height": height, "original_width": round(width * grown),
+                "original_height": round(height * grown)}
+
+    return write_train_shard(Path(out), shard, samples())
 
 
 def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,

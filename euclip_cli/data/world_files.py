@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -113,31 +113,48 @@ def _rng(*parts) -> random.Random:
     return random.Random("/".join(str(p) for p in parts))
 
 
-def _write_train_shard(out: str, settings: WorldSettings, shard: int, count: int) -> int:
-    rng = _rng("train", settings.seed, shard)
+def write_train_shard(out: Path, shard: int, samples: Iterable[tuple[bytes, str, Callable[[str], dict]]]) -> int:
+    """One training shard in img2dataset's layout: ``NNNNN.tar`` (``KEY.jpg``, ``KEY.txt``, ``KEY.json``; the
+    tar written under a temporary name and moved into place when whole), ``NNNNN.parquet`` and
+    ``NNNNN_stats.json``. ``samples``: each sample's JPEG, caption, and a function of its key giving its
+    ``uid``, ``url``, sizes (``width``, ``height``, ``original_width``, ``original_height``) and any fields
+    of its own. Returns the number of samples."""
+    name = f"{shard:0{SHARD_DIGITS}d}"
     start = time.time()
     rows = []
-    tmp = Path(out) / f".{shard:0{SHARD_DIGITS}d}.tar.tmp"
+    tmp = out / f".{name}.tar.tmp"
     with wds.TarWriter(str(tmp), mtime=TAR_MTIME) as sink:
-        for i in range(count):
-            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch, scale=settings.object_scale)
-            key = f"{shard:0{SHARD_DIGITS}d}{i:0{KEY_DIGITS}d}"
-            jpg = w.encode_jpeg(image)
-            uid = hashlib.md5(f"world-{settings.seed}-{key}".encode()).hexdigest()
-            meta = {"uid": uid, "key": key, "caption": caption, "url": f"world://{settings.seed}/{key}",
-                    "status": "success", "error_message": None, "width": w.IMAGE_SIZE, "height": w.IMAGE_SIZE,
-                    "original_width": w.IMAGE_SIZE, "original_height": w.IMAGE_SIZE,
-                    "sha256": hashlib.sha256(jpg).hexdigest(),
-                    "world": {"objects": w.scene_json(scene), "spec": spec, "mismatched": mismatched}}
+        for i, (jpg, caption, fields_of) in enumerate(samples):
+            key = f"{name}{i:0{KEY_DIGITS}d}"
+            fields = fields_of(key)
+            meta = {"uid": fields.pop("uid"), "key": key, "caption": caption, "url": fields.pop("url"),
+                    "status": "success", "error_message": None,
+                    **{size: fields.pop(size) for size in ("width", "height", "original_width", "original_height")},
+                    "sha256": hashlib.sha256(jpg).hexdigest(), **fields}
             sink.write({"__key__": key, "jpg": jpg, "txt": caption, "json": meta})
             rows.append({k: meta[k] for k in ("key", "uid", "caption", "url", "status", "error_message", "sha256")})
-    os.replace(tmp, Path(out) / f"{shard:0{SHARD_DIGITS}d}.tar")
-    pq.write_table(pa.Table.from_pylist(rows), Path(out) / f"{shard:0{SHARD_DIGITS}d}.parquet")
+    os.replace(tmp, out / f"{name}.tar")
+    pq.write_table(pa.Table.from_pylist(rows), out / f"{name}.parquet")
     end = time.time()
-    stats = {"count": count, "successes": count, "failed_to_download": 0, "failed_to_resize": 0,
-             "duration": end - start, "start_time": start, "end_time": end, "status_dict": {"success": count}}
-    (Path(out) / f"{shard:0{SHARD_DIGITS}d}_stats.json").write_text(json.dumps(stats))
-    return count
+    stats = {"count": len(rows), "successes": len(rows), "failed_to_download": 0, "failed_to_resize": 0,
+             "duration": end - start, "start_time": start, "end_time": end, "status_dict": {"success": len(rows)}}
+    (out / f"{name}_stats.json").write_text(json.dumps(stats))
+    return len(rows)
+
+
+def _write_train_shard(out: str, settings: WorldSettings, shard: int, count: int) -> int:
+    rng = _rng("train", settings.seed, shard)
+
+    def samples():
+        for _ in range(count):
+            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch, scale=settings.object_scale)
+            yield w.encode_jpeg(image), caption, lambda key, spec=spec, scene=scene, mismatched=mismatched: {
+                "uid": hashlib.md5(f"world-{settings.seed}-{key}".encode()).hexdigest(),
+                "url": f"world://{settings.seed}/{key}", "width": w.IMAGE_SIZE, "height": w.IMAGE_SIZE,
+                "original_width": w.IMAGE_SIZE, "original_height": w.IMAGE_SIZE,
+                "world": {"objects": w.scene_json(scene), "spec": spec, "mismatched": mismatched}}
+
+    return write_train_shard(Path(out), shard, samples())
 
 
 def _write_eval_task(out: str, settings: WorldSettings, index: int) -> str:
