@@ -108,3 +108,18 @@ def test_compiled_towers_train_under_two_ranks_with_identical_weights(world, tmp
     assert [r["compiled"] for r in ranks] == [True, True]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["nonfinite_steps"] == 0 for r in records)
     assert_same_weights(ranks)
+
+
+def test_the_local_loss_with_checkpointing_trains_as_the_whole_loss_does(world, tmp_path):
+    """DataComp's flags for few GPUs through the whole trainer: each rank's share of the loss
+    (loss.local_loss) and checkpointed towers give the ranks identical weights, the whole loss's logged
+    values and, to fp32's rounding, its weights."""
+    fp32 = ["train.precision=fp32"]
+    whole, whole_records = two_ranks(world, tmp_path / "whole", fp32)
+    local, local_records = two_ranks(world, tmp_path / "local",
+                                     [*fp32, "loss.local_loss=true", "train.grad_checkpointing=true"])
+    assert_same_weights(local)
+    for a, b in zip(whole_records, local_records):  # the terms a rank logs are summed over ranks: the global loss
+        assert a["step"] == b["step"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    for name, tensor in whole[0]["weights"].items():
+        torch.testing.assert_close(local[0]["weights"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
