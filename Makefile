@@ -15,7 +15,7 @@ DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: help install lock wheelhouse demo study results temperature analyze test test-fast clean-results
+.PHONY: help install lock wheelhouse demo study results temperature analyze test test-fast test-seconds clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ test: $(STAMP)  ## Run the whole test suite.
 
 test-fast: $(STAMP)  ## Skip the slow end-to-end runs.
 	$(PYTEST) -m "not slow"
+
+test-seconds: $(STAMP)  ## Run the whole suite and record each file's seconds (tests/file-seconds.json orders files).
+	$(PYTEST) --record-file-seconds
 
 clean-results:  ## Remove results/ (runs, tables); data/ is kept.
 	rm -rf results/runs results/tables
