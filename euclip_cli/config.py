@@ -77,6 +77,10 @@ class GeometryConfig:
     curvature_min: float = 0.1
     curvature_max: float = 10.0
     learn_curvature: bool = True
+    # Geometries with learned embedding scales (hyperbolic): an upper bound on alpha, applied after every
+    # optimizer step. MERU's code clamps alpha <= 1 before every forward (its meru-* recipes: 1.0); the EuCLIP
+    # authors' code does not clamp it (None).
+    alpha_max: Optional[float] = None
 
 
 @dataclass
@@ -170,6 +174,11 @@ class OptimConfig:
     beta2: float = 0.98
     eps: float = 1e-6
     weight_decay: float = 0.2
+    # Which parameters weight_decay applies to. openclip: matrices only (no gains, biases, class tokens or
+    # scalars), OpenCLIP's and the EuCLIP authors' rule and MERU's paper's. meru-code: every parameter but the
+    # learned scalars (t, alpha, c), what MERU's set_weight_decay_per_param does with its config's
+    # gain_bias_decay=0.0 (read as "use weight_decay" by its `or`).
+    decay_rule: Literal["openclip", "meru-code"] = "openclip"
     warmup_steps: int = 500
     # DataComp's budget: samples seen (drawn with replacement), not epochs.
     samples: int = 12_800_000
@@ -533,6 +542,9 @@ def validate(cfg: Config) -> list[str]:
         problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
     if g.logit_scale_max <= 0:
         problems.append("geometry.logit_scale_max: must be positive")
+    if g.alpha_max is not None and (g.alpha_max <= 0 or (facts and not facts.learned_scales)):
+        problems.append(f"geometry.alpha_max: {g.alpha_max} bounds a learned embedding scale: set it positive, on a "
+                        f"geometry that learns one (hyperbolic), or none")
     elif g.logit_scale_min_log is not None and g.logit_scale_min_log > math.log(g.logit_scale_max):
         problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
     if cfg.loss.entail_weight < 0:

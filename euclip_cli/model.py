@@ -118,6 +118,7 @@ class EuclipModel(nn.Module):
             init = -0.5 * math.log(self.embed_dim)
             self.log_alpha_img = nn.Parameter(torch.tensor(init))
             self.log_alpha_txt = nn.Parameter(torch.tensor(init))
+        self.max_log_alpha = math.log(g.alpha_max) if g.alpha_max is not None else None
         if self.geometry.has_curvature:
             self.log_curv = nn.Parameter(torch.tensor(math.log(g.curvature_init)), requires_grad=g.learn_curvature)
             self.log_curv_range = (math.log(g.curvature_min), math.log(g.curvature_max))
@@ -173,7 +174,8 @@ class EuclipModel(nn.Module):
 
     @torch.no_grad()
     def clamp_scalars_(self) -> None:
-        """Clamp t to [min, ln max] and log c to its interval, on the parameters themselves.
+        """Clamp t to [min, ln max], log c to its interval and log alpha below ln alpha_max (where set), on the
+        parameters themselves.
 
         Clamping the parameter (as OpenCLIP does for t and MERU for c), not the value inside
         forward (as the EuCLIP fork does for c), keeps the gradient alive at the bounds, so a
@@ -182,6 +184,9 @@ class EuclipModel(nn.Module):
         self.clip.logit_scale.clamp_(min=self.min_log_scale, max=self.max_log_scale)
         if self.geometry.has_curvature:
             self.log_curv.clamp_(*self.log_curv_range)
+        if self.geometry.learned_scales and self.max_log_alpha is not None:
+            self.log_alpha_img.clamp_(max=self.max_log_alpha)
+            self.log_alpha_txt.clamp_(max=self.max_log_alpha)
 
     def scalars(self) -> dict[str, float]:
         """The learnable scalars, for logging."""

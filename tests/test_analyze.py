@@ -364,3 +364,12 @@ def test_hierarchy_scores_the_runs_own_predictions_in_the_worlds_tree(runs, worl
     for pairs, (related, total) in (("text-image", (images, 3 * images)), ("text-text", (12, 36))):
         for row in found["entailment"][pairs].values():
             assert 0 <= row["roc_auc"] <= 1 and (row["positives"], row["pairs"]) == (related, total)
+    # The order of the world's caption pairs against their reverses: [ROOT]-order for every geometry, cones where
+    # the geometry has them; the convention is HyCoCLIP's, and the mistakes are scored beside uniform ones.
+    from euclip_cli.data.world import caption_order_pairs
+
+    order = found["order"]
+    assert order["pairs"] == len(caption_order_pairs()[1]) == sum(order["levels"].values())
+    assert {k for k in order if k in ("root_order", "cone")} == ({"root_order", "cone"} if run == "tiny-meru" else {"root_order"})
+    assert all(0 <= order[k]["roc_auc"] <= 1 for k in ("root_order", "cone") if k in order)
+    assert found["convention"] == "hycoclip" and shapes["mistakes"] == round((1 - shapes["accuracy"]) * shapes["n"])

@@ -280,6 +280,7 @@ STOPPERS = {
     "analyze equilibrium": [ABSENT_RUN],
     "analyze traverse": [ABSENT_RUN],
     "analyze hierarchy": [ABSENT_RUN],
+    "analyze imagenet-tree": ["--out", "{tmp}/a-file"],
     **{f"bench {kind}": ["--out", "{tmp}/a-file"] for kind in ("train", "text", "loader", "profile", "feed", "ops",
                                                                  "decode")},
 }

@@ -148,12 +148,16 @@ def image_labels(root) -> list[int]:
         return [int(shard.extractfile(m).read()) for m in shard.getmembers() if m.name.endswith(".cls")]
 
 
+def analyze(run, *args):
+    return runner.invoke(app, ["analyze", "hierarchy", str(run), *args])
+
+
 def test_hierarchy_on_wordnet_scores_the_runs_own_predictions(evaluated, imagenet_sets, wordnet_dir):
-    result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "wordnet",
-                                 "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir)])
+    result = analyze(evaluated, "--tree", "wordnet", "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir))
     assert result.exit_code == 0, result.output
     found = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
-    assert set(found["tasks"]) == {"imagenet1k", "imagenet-r"} and found["tree"]["root"] == ROOT
+    assert set(found["tasks"]) == {"imagenet1k", "imagenet-r"} and found["convention"] == "hycoclip"
+    assert found["trees"]["imagenet1k"]["root"] == ROOT
     scored = json.loads((evaluated / "eval.jsonl").read_text().splitlines()[-1])
     one_k = found["tasks"]["imagenet1k"]
     # The same prediction rule as the evaluation: its top-1 accuracy is the hierarchy's accuracy.
@@ -161,14 +165,91 @@ def test_hierarchy_on_wordnet_scores_the_runs_own_predictions(evaluated, imagene
     # Every mistake is at least two edges away in this hierarchy (no class is above another); a right
     # prediction is none: the mean TIE lies between those bounds.
     assert 2 * (1 - one_k["accuracy"]) <= one_k["tie"] <= 4 * (1 - one_k["accuracy"])
-    # Uniform guessing, by hand: a shape's three siblings are 2 edges away, every other class 4, except
-    # that the first class also sits in group 0 with the 98 filler classes i >= 12, i % 10 == 0.
+    assert one_k["mistake_tie"] * one_k["mistakes"] == pytest.approx(one_k["tie"] * one_k["n"])
+    # Pruned to a tree, the first class keeps one parent (its family and its group are as deep: the first in
+    # order, its family): a shape's three siblings are 2 edges away, every other class 4.
     labels = image_labels(imagenet_sets)
-    by_hand = [(3 * 2 + 98 * 2 + 898 * 4) / 1000 if label == 0 else (3 * 2 + 996 * 4) / 1000 for label in labels]
     guess = found["chance"]["imagenet1k"]
-    assert guess["accuracy"] == pytest.approx(1 / 1000) and guess["tie"] == pytest.approx(sum(by_hand) / len(labels))
+    assert guess["accuracy"] == pytest.approx(1 / 1000) and guess["tie"] == pytest.approx((3 * 2 + 996 * 4) / 1000)
+    assert found["trees"]["imagenet1k"]["parents"][imagenet_wnids("imagenet1k")[0]] == [FAMILY[next(iter(TAXONOMY))]]
     assert found["chance"]["imagenet-r"]["accuracy"] == pytest.approx(1 / 200)
-    assert "WordNet's hierarchy of ImageNet's classes" in result.output
+    assert "a tree of ImageNet's classes" in result.output
+
+    # In WordNet's whole graph the first class sits in group 0 too, with the 98 filler classes i >= 12, i % 10 == 0.
+    result = analyze(evaluated, "--tree", "wordnet-graph", "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir))
+    assert result.exit_code == 0, result.output
+    found = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
+    by_hand = [(3 * 2 + 98 * 2 + 898 * 4) / 1000 if label == 0 else (3 * 2 + 996 * 4) / 1000 for label in labels]
+    assert found["tree"] == "wordnet-graph" and found["chance"]["imagenet1k"]["tie"] == pytest.approx(sum(by_hand) / len(labels))
+
+
+def test_each_imagenet_task_is_scored_in_a_tree_over_its_own_classes(evaluated, imagenet_sets, wordnet_dir, tmp_path):
+    """ImageNet-R's numbers do not move with which other ImageNet sets lie beside it in --eval-root."""
+    alone = tmp_path / "eval"
+    shutil.copytree(imagenet_sets / "wds_imagenet-r_test", alone / "wds_imagenet-r_test")
+    results = {}
+    for root in (imagenet_sets, alone):
+        result = analyze(evaluated, "--tree", "wordnet", "--eval-root", str(root), "--wordnet", str(wordnet_dir))
+        assert result.exit_code == 0, result.output
+        results[root] = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
+    assert set(results[alone]["tasks"]) == {"imagenet-r"}
+    assert results[alone]["tasks"]["imagenet-r"] == results[imagenet_sets]["tasks"]["imagenet-r"]
+    assert results[alone]["trees"]["imagenet-r"] == results[imagenet_sets]["trees"]["imagenet-r"]
+    # The tree over ImageNet-R's 200 classes holds no class outside them.
+    r_classes = set(imagenet_wnids("imagenet-r"))
+    tree = results[alone]["trees"]["imagenet-r"]["parents"]
+    leaves = set(tree) - {p for above in tree.values() for p in above}
+    assert leaves == r_classes
+
+
+def test_a_tree_the_user_supplies_in_hycoclips_form_is_what_is_scored(evaluated, imagenet_sets, wordnet_dir, tmp_path):
+    """A HyCoCLIP-form file putting every class directly under one root: every mistake is 2 edges away."""
+    wnids = imagenet_wnids("imagenet1k")
+    isa = tmp_path / "imagenet_isa.txt"
+    isa.write_text("".join(f"n00001930 {w}\n" for w in wnids))
+    result = analyze(evaluated, "--tree", "wordnet", "--isa", str(isa), "--eval-root", str(imagenet_sets),
+                     "--wordnet", str(wordnet_dir))
+    assert result.exit_code == 0, result.output
+    found = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
+    one_k = found["tasks"]["imagenet1k"]
+    assert one_k["tie"] == pytest.approx(2 * (1 - one_k["accuracy"])) and found["trees"]["imagenet1k"]["root"] == "n00001930"
+    assert str(isa) in found["trees"]["imagenet1k"]["source"]
+    # A graph, a file missing classes, or --isa with another tree: one line each, exit 2.
+    isa.write_text("n00001930 n01440764\nn00001740 n01440764\n")
+    bad = analyze(evaluated, "--tree", "wordnet", "--isa", str(isa), "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir))
+    assert bad.exit_code == 2 and f"{isa}:2: n01440764 has a second parent" in " ".join(bad.output.split())
+    isa.write_text("n00001930 n01440764\n")
+    bad = analyze(evaluated, "--tree", "wordnet", "--isa", str(isa), "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir))
+    assert bad.exit_code == 2 and "lacks 999 of the task's 1000 classes" in " ".join(bad.output.split())
+    bad = analyze(evaluated, "--tree", "wordnet-graph", "--isa", str(isa), "--eval-root", str(imagenet_sets))
+    assert bad.exit_code == 2 and "--isa is the tree itself" in bad.output
+    bad = analyze(evaluated, "--convention", "hyco")
+    assert bad.exit_code == 2 and "unknown --convention 'hyco'" in bad.output
+
+
+def test_the_pruned_imagenet_tree_is_written_and_measured_against_another(wordnet_dir, tmp_path):
+    out = tmp_path / "tree"
+    result = runner.invoke(app, ["analyze", "imagenet-tree", "--out", str(out), "--wordnet", str(wordnet_dir)])
+    assert result.exit_code == 0, result.output
+    from euclip_cli.data.wordnet import read_isa
+
+    tree = read_isa(out / "imagenet-tree.txt")
+    first = imagenet_wnids("imagenet1k")[0]
+    assert set(tree) - set(tree.values()) == set(imagenet_wnids("imagenet1k")) and tree[first] == FAMILY[next(iter(TAXONOMY))]
+    # Against itself: no difference.
+    copy = tmp_path / "theirs.txt"
+    shutil.copy(out / "imagenet-tree.txt", copy)
+    result = runner.invoke(app, ["analyze", "imagenet-tree", "--out", str(out), "--against", str(copy), "--wordnet", str(wordnet_dir)])
+    assert result.exit_code == 0, result.output
+    found = json.loads((out / "comparison.json").read_text())["comparison"]
+    assert found["equal_tie"] == 1.0 and found["same_ancestors"] == 1000 and found["nodes"] == found["shared_nodes"]
+    # A tree file of other contents in --out is refused and left as it was, and so is the comparison beside it.
+    (out / "imagenet-tree.txt").write_text("n1 n2\n")
+    before = (out / "comparison.json").read_text()
+    result = runner.invoke(app, ["analyze", "imagenet-tree", "--out", str(out), "--against", str(copy), "--wordnet", str(wordnet_dir)])
+    assert result.exit_code == 2 and "holds something else" in result.output
+    assert (out / "imagenet-tree.txt").read_text() == "n1 n2\n" and (out / "comparison.json").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["comparison.json", "imagenet-tree.txt"]
 
 
 def test_hierarchy_on_wordnet_without_its_data_says_what_to_fetch(evaluated, imagenet_sets, tmp_path):
@@ -179,4 +260,25 @@ def test_hierarchy_on_wordnet_without_its_data_says_what_to_fetch(evaluated, ima
                                  "--eval-root", str(tmp_path)])
     assert result.exit_code == 2 and "euclip download evalsets --tasks imagenet1k" in result.output
     result = runner.invoke(app, ["analyze", "hierarchy", str(evaluated), "--tree", "imagenet"])
-    assert result.exit_code == 2 and "unknown --tree 'imagenet'" in result.output
+    assert result.exit_code == 2 and "unknown --tree 'imagenet'" in result.output and "wordnet-graph" in result.output
+
+
+def test_the_report_tables_each_runs_imagenet_hierarchy_with_its_tree_and_convention(evaluated, imagenet_sets,
+                                                                                      wordnet_dir, tmp_path):
+    result = analyze(evaluated, "--tree", "wordnet", "--eval-root", str(imagenet_sets), "--wordnet", str(wordnet_dir))
+    assert result.exit_code == 0, result.output
+    found = json.loads((evaluated / "analysis" / "hierarchy_wordnet.json").read_text())
+    result = runner.invoke(app, ["report", "--table", "hierarchy", "--format", "csv", "--runs-dir", str(evaluated.parent),
+                                 "--studies-dir", str(tmp_path / "none"), "--out", str(tmp_path / "tables")])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "tables" / "hierarchy.csv").set_index("task")
+    assert set(table.index) == {"imagenet1k", "imagenet-r"} and set(table["convention"]) == {"hycoclip"}
+    one_k = found["tasks"]["imagenet1k"]
+    assert table.loc["imagenet1k", "TIE"] == round(one_k["tie"], 3)
+    assert table.loc["imagenet1k", "accuracy"] == round(100 * one_k["accuracy"], 2)
+    assert table.loc["imagenet1k", "uniform mistakes' TIE"] == round(one_k["random_mistake_tie"], 3)
+    empty = runner.invoke(app, ["report", "--table", "hierarchy", "--runs-dir", str(tmp_path / "no-runs"),
+                                "--studies-dir", str(tmp_path / "none"), "--out", str(tmp_path / "t2")])
+    assert empty.exit_code == 0 and "no run has the analysis the hierarchy table needs" in " ".join(empty.output.split())

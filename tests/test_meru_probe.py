@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from euclip_cli.cli import app
-from euclip_cli.evaluate.probe import FIRST_PASS, linear_probe, search_cost
+from euclip_cli.evaluate.probe import FIRST_PASS, linear_probe, search_cost, stratified_holdout
 from tests.test_datacomp_eval import TINY
 
 runner = CliRunner()
@@ -49,6 +49,24 @@ def test_a_separable_set_is_probed_perfectly_and_random_labels_at_chance():
     assert abs(linear_probe(*noise)["mean_per_class_recall"] - 0.5) < 0.12
 
 
+def test_the_held_out_validation_keeps_every_class_on_both_sides_of_a_class_ordered_set():
+    """Stored class by class (as Food-101's exporter writes it), a "last 10%" split would validate on the last
+    class alone; the stratified draw holds out 10% of each, and the probe chooses C as on the shuffled set."""
+    x, y = blobs(30, 1, classes=10)  # class-ordered: 30 of class 0, then 30 of class 1, ...
+    held = stratified_holdout(y, 0.1)
+    assert np.bincount(y[held]).tolist() == [3] * 10 and np.bincount(y[~held]).tolist() == [27] * 10
+    assert (held == stratified_holdout(y, 0.1)).all()  # seeded: a rerun holds out the same images
+    last = np.arange(len(y)) >= len(y) - 30
+    assert set(y[last]) == {9}  # what the stored order's tail holds
+    found = linear_probe((x[~held], y[~held]), (x[held], y[held]), blobs(30, 3, classes=10))
+    order = np.random.default_rng(5).permutation(len(y))
+    shuffled = linear_probe((x[order][~held], y[order][~held]), (x[order][held], y[order][held]), blobs(30, 3, classes=10))
+    assert found["val_classes"] == shuffled["val_classes"] == 10
+    assert found["mean_per_class_recall"] == shuffled["mean_per_class_recall"] == 1.0
+    # A class of one image trains: it cannot be on both sides.
+    assert not stratified_holdout(np.array([0, 1, 1, 1]), 0.5)[0]
+
+
 def test_the_features_before_the_projection_are_what_each_tower_projects():
     from euclip_cli import config as C
     from euclip_cli.model import initial_model
@@ -72,12 +90,16 @@ def probe_sets(world, tmp_path_factory):
     """Food-101's probe set with train and test only, CIFAR-10's with its own val split: the world's Shapes
     images (train) and its shifted renderings (test), in clip-benchmark's layout."""
     root = tmp_path_factory.mktemp("probes")
+    renderings = {"train": "shapes-outline", "val": "shapes-palette"}  # the same 12 classes, other images
     for key, splits in (("food101", ("train", "test")), ("cifar10", ("train", "val", "test"))):
         dest = root / f"wds_{key}_probe"
         shutil.copytree(world / "eval" / "shapes", dest)  # classnames and the test split
         for split in splits:
             if split != "test":
-                shutil.copytree(world / "eval" / "shapes" / "test", dest / split)
+                shutil.copytree(world / "eval" / renderings[split] / "test", dest / split)
+    # SUN397 as clip-benchmark's plain exporter writes it: the whole dataset as every split.
+    shutil.copytree(world / "eval" / "shapes", root / "wds_sun397_probe")
+    shutil.copytree(world / "eval" / "shapes" / "test", root / "wds_sun397_probe" / "train")
     return root
 
 
@@ -93,11 +115,19 @@ def test_probes_run_through_eval_with_their_splits_and_cached_features(world, pr
     lines = {line["key"]: line["metrics"] for line in map(json.loads, (run / "eval.jsonl").read_text().splitlines())}
     food, cifar = lines["meru-probe/food101"], lines["meru-probe/cifar10"]
     n = food["test"]
-    # Food-101 holds out its last 10% of train for validation; CIFAR-10's set has a val split of its own.
-    assert (food["train"], food["val"]) == (n - round(0.1 * n), round(0.1 * n))
+    # Food-101 holds out 10% of each class of train for validation (each of the world's 12 shapes on both sides,
+    # each class's share rounded: at most one image more per class); CIFAR-10's set has a val split of its own.
+    assert food["val_classes"] == food["train_classes"] == 12 and food["train"] + food["val"] == n
+    assert round(0.1 * n) <= food["val"] <= round(0.1 * n) + 12
     assert (cifar["train"], cifar["val"], cifar["test"]) == (n, n, n)
+    assert food["test_in_train"] == cifar["test_in_train"] == 0
     assert food["costs_tried"] == 15 and food["main_metric"] == food["mean_per_class_recall"] > 1 / 12
     features = {p.name for p in (run / "features").rglob("*.pt")}
     assert {"meru-probe__food101-train.pt", "meru-probe__food101-test.pt", "meru-probe__cifar10-val.pt"} <= features
+    # A probe set whose train split is its test split is refused, naming the cause: it would score memory.
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/sun397", "--eval-root", str(probe_sets)])
+    sun = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
+    assert result.exit_code == 1 and sun["key"] == "meru-probe/sun397" and sun["failed"]
+    assert f"{n} of the {n} test images" in sun["error"] and "--dataset vtab/sun397" in sun["error"]
     result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/pets", "--eval-root", str(probe_sets)])
-    assert "clip_benchmark_export_wds into wds_pets_probe" in " ".join(result.output.split())
+    assert "clip_benchmark_export_wds for each split into EVAL_ROOT/wds_pets_probe" in " ".join(result.output.split())

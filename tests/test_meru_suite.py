@@ -7,6 +7,7 @@ import json
 import tomllib
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from euclip_cli.cli import app
@@ -37,13 +38,43 @@ def test_the_suite_is_merus_tables_one_and_two():
     assert TASKS["meru/imagenet"].templates[0] == "i took a picture : itap of a {c}."
 
 
+def test_merus_retrieval_squeezes_the_whole_image_where_classification_crops_its_centre():
+    """A 2:1 image, red on its left quarter, blue on its right: squeezed to the tower's square both edges
+    stay; cropped, the centre square holds neither."""
+    from PIL import Image
+
+    from euclip_cli.model import EuclipModel
+    from euclip_cli.towers import transforms_for
+    from euclip_cli import config as C
+
+    clip = EuclipModel(C.load_config("tiny-meru")).clip
+    image = Image.new("RGB", (128, 64), (128, 128, 128))
+    image.paste((255, 0, 0), (0, 0, 32, 64))
+    image.paste((0, 0, 255), (96, 0, 128, 64))
+    squeezed, cropped = (transforms_for(clip, resize=r)[1](image) for r in ("squeeze", "crop"))
+    assert squeezed.shape == cropped.shape and squeezed.shape[-1] == squeezed.shape[-2]
+    left, right = squeezed[:, :, 0], squeezed[:, :, -1]
+    assert (left[0] > left[2]).all() and (right[2] > right[0]).all()  # red at the left edge, blue at the right
+    assert torch.allclose(cropped[:, :, 0], cropped[:, :, -1])  # the grey centre only
+    assert {t.resize for t in list_tasks("meru") if t.kind == "retrieval"} == {"squeeze"}
+    assert {t.resize for t in list_tasks("meru") if t.kind == "classification"} == {"crop"}
+
+
 def test_evalsets_fetches_the_datacomp_sets_the_suite_reads(tmp_path):
     from euclip_cli.evaluate.runner import fetch_command
 
     assert fetch_command(select("meru/food101,meru/imagenet")) == "euclip download evalsets --tasks food101,imagenet1k"
-    assert "clip_benchmark_export_wds into wds_cub2011_test" in fetch_command(select("meru/cub2011"))
+    # clip-benchmark knows CUB-2011 as VTAB's "vtab/cub" only: its builder has no plain "cub" (read from it here).
+    assert ("clip_benchmark_export_wds --dataset vtab/cub --split test --output EVAL_ROOT/wds_cub2011_test"
+            in fetch_command(select("meru/cub2011")))
+    import inspect
+
+    from clip_benchmark.datasets import builder
+    assert 'dataset_name == "cub"' in inspect.getsource(builder.build_vtab_dataset)
+    assert 'elif dataset_name == "cub"' not in inspect.getsource(builder.build_dataset)
     result = runner.invoke(app, ["download", "evalsets", "--tasks", "meru/cub2011", "--root", str(tmp_path)])
-    assert result.exit_code == 0 and "on no host" in result.output
+    said = "".join(result.output.split())  # the terminal may wrap the long path anywhere
+    assert result.exit_code == 0 and f"--datasetvtab/cub--splittest--output{tmp_path}/wds_cub2011_test" in said
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +123,10 @@ def test_the_whole_suite_scores_with_merus_prompts_and_shares_the_image_features
     # CUB-2011, a set of the suite's own, has features under its own name.
     after = {p.name for p in (trained / "features").rglob("*.pt")}
     assert "food101.pt" in cached and {name for name in after if name.startswith("meru__")} == {"meru__cub2011.pt"}
+    # MERU's retrieval squeezes its images where DataComp's crops them: features of their own.
+    assert {name for name in after if "@" in name} == {
+        "retrieval__mscoco_2014_5k_test_image_text_retrieval@squeeze.pt",
+        "retrieval__flickr_1k_test_image_text_retrieval@squeeze.pt"}
     # CLEVR Counts: MERU's digits in the set's label order (label 0 counts three objects), not the set's words.
     clevr = [texts for texts in embedded if texts[0].startswith("a photo of") and texts[0].endswith("objects.")]
     assert clevr == [[f"a photo of {n} objects." for n in range(3, 11)]]

@@ -70,6 +70,36 @@ def test_clamps_hold_the_scalars_in_range_after_a_step():
     assert model.curvature().item() == pytest.approx(0.1)
 
 
+def test_alpha_is_clamped_where_a_recipe_bounds_it_as_merus_code_does():
+    bounded = EuclipModel(C.load_config("tiny-meru", ["geometry.alpha_max=1.0"]))
+    free = EuclipModel(C.load_config("tiny-meru"))
+    for model in (bounded, free):
+        with torch.no_grad():
+            model.log_alpha_img.fill_(0.5)
+            model.log_alpha_txt.fill_(-0.5)
+        model.clamp_scalars_()
+    assert (bounded.log_alpha_img.item(), bounded.log_alpha_txt.item()) == (0.0, -0.5)
+    assert free.log_alpha_img.item() == 0.5  # the EuCLIP authors' code: no bound
+    with pytest.raises(C.ConfigError, match="geometry.alpha_max"):
+        C.load_config("tiny-clip", ["geometry.alpha_max=1.0"])  # no alpha to bound
+    with pytest.raises(C.ConfigError, match="geometry.alpha_max"):
+        C.load_config("tiny-meru", ["geometry.alpha_max=0"])
+
+
+def test_merus_codes_decay_rule_decays_all_but_the_learned_scalars():
+    """MERU's set_weight_decay_per_param with gain_bias_decay=0.0: its `or` makes that 0.2, so only the names
+    it excludes (logit_scale, the alphas, the curvature) escape decay."""
+    from euclip_cli.optim import param_groups
+
+    model = EuclipModel(C.load_config("tiny-meru", ["model.arch=tiny-vit"]))
+    no_decay, decay = param_groups(model, 0.2, decay_rule="meru-code")
+    spared = {name for name, p in model.named_parameters() if any(p is q for q in no_decay["params"])}
+    assert spared == {"clip.logit_scale", "log_curv", "log_alpha_img", "log_alpha_txt"}
+    decayed = {name for name, p in model.named_parameters() if any(p is q for q in decay["params"])}
+    assert {"clip.ln_final.weight", "clip.visual.ln_post.bias", "clip.text_projection"} <= decayed
+    assert len(spared) + len(decayed) == sum(p.requires_grad for p in model.parameters())
+
+
 def test_logit_scale_lower_bound_is_a_recipe_option():
     """The authors clamp t >= 0 after every step, so an initial t = -1 lasts one step; none removes the bound."""
     authors = EuclipModel(C.load_config("tiny-euclip", ["geometry.logit_scale_init=-1"]))

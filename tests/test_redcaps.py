@@ -126,7 +126,9 @@ def test_each_meru_recipe_is_one_of_merus_published_models_with_merus_settings()
         assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.beta2, cfg.optim.eps) == (5e-4, 0.2, 0.98, 1e-8)
         assert cfg.optim.warmup_steps == 4000 and cfg.geometry.logit_scale_max == 100.0
         assert cfg.data.subreddit_prefix == 0.5 and cfg.data.crop_scale == 0.5
-        assert cfg.geometry.logit_scale_min_log is None
+        assert cfg.geometry.logit_scale_min_log is None and cfg.optim.decay_rule == "meru-code"
+        # MERU's code clamps alpha <= 1 for its hyperbolic models (its CLIP has no alpha).
+        assert cfg.geometry.alpha_max == (1.0 if cfg.geometry.name == "hyperbolic" else None)
         if cfg.geometry.name == "hyperbolic":
             assert (cfg.loss.entail_weight, cfg.loss.entail_min_radius) == (0.2, 0.1)
             assert (cfg.geometry.curvature_init, cfg.geometry.curvature_min, cfg.geometry.curvature_max) == (1, 0.1, 10)

@@ -516,15 +516,23 @@ def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
     run = RunDir(plans[0].run_dir)
     run.analysis_dir.mkdir(parents=True)
     run.hierarchy_file.write_text(json.dumps({"tasks": {"world/shapes": {"tie": 2.5, "jaccard": 0.45,
-                                                                         "h_precision": 0.55}},
-                                              "entailment": {"text-image": {"similarity": {"roc_auc": 0.6}}}}))
+                                                                         "h_precision": 0.55, "mistake_tie": 3.1,
+                                                                         "random_mistake_tie": 3.45}},
+                                              "entailment": {"text-image": {"similarity": {"roc_auc": 0.6}}},
+                                              "order": {"root_order": {"roc_auc": 0.7}}}))
     values = R.run_values(plans[0], [])
     assert (values["shapes_tie"], values["shapes_jaccard"], values["shapes_h_precision"]) == (2.5, 0.45, 0.55)
+    assert (values["shapes_mistake_tie"], values["shapes_random_mistake_tie"]) == (3.1, 3.45)
     assert values["family_similarity_auc"] == 0.6 and "family_cone_auc" not in values
-    rows = {(plans[0].config, "shapes_tie"): {"mean": 2.5, "sd": 0.1}}
+    assert values["caption_root_order_auc"] == 0.7 and "caption_cone_order_auc" not in values
+    rows = {(plans[0].config, "shapes_tie"): {"mean": 2.5, "sd": 0.1},
+            (plans[0].config, "shapes_mistake_tie"): {"mean": 3.1, "sd": 0.2},
+            (plans[0].config, "shapes_random_mistake_tie"): {"mean": 3.45, "sd": 0.01}}
     section = "\n".join(hierarchy_section(study, rows))
-    assert f"| {plans[0].config} | – | 2.50 ± 0.10 | – | – | – | – |" in section
-    assert "Uniform guessing scores 3.17, 0.34 and 0.47" in section  # (72 + 384) / 144 edges over 12 x 12 guesses
+    assert f"| {plans[0].config} | – | 2.50 ± 0.10 | 3.10 ± 0.20 (3.45) | – | – | – | – | – | – |" in section
+    # (72 + 384) / 144 edges over 12 x 12 guesses; HyCoCLIP's ancestor sets: a guess in the family (4 of 12)
+    # scores Jaccard and precision 1, one outside 1/3 and 1/2.
+    assert "Uniform guessing scores 3.17, 0.56 and 0.67" in section
     assert hierarchy_section(study, {}) == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Optional, Union
@@ -23,6 +24,7 @@ from euclip_cli.analysis.protocol import protocol as pick_protocol
 from euclip_cli.device import resolve_device
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import describe
+from euclip_cli.hierarchy import DEFAULT_CONVENTION
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
 
 Status = Callable[[str], ContextManager]
@@ -211,15 +213,15 @@ def traverse_folder(run: Run, image_dir: Path, captions: list[str], device: str 
 
 
 def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs_dir: Path = RUNS_DIR,
-              status: Status = _quiet) -> Analysis:
+              status: Status = _quiet, convention: str = DEFAULT_CONVENTION) -> Analysis:
     """How the run keeps the world's class tree (the world generator's own): HyCoCLIP's hierarchical
     metrics (``euclip_cli.hierarchy``) of its zero-shot predictions, each image given the class its own
     geometry scores highest, on every world task whose classes are the tree's shapes; and entailment as a
     score (``studies.entailment_study``): family captions against the Shapes images and the shape
     captions, a pair related where the shape belongs to the family."""
     from euclip_cli.analysis.embeddings import collect
-    from euclip_cli.analysis.studies import entailment_study
-    from euclip_cli.data.world import FAMILIES, FAMILY_OF, SHAPES, caption_text
+    from euclip_cli.analysis.studies import entailment_study, order_study
+    from euclip_cli.data.world import FAMILIES, FAMILY_OF, SHAPES, caption_order_pairs, caption_text
     from euclip_cli.hierarchy import (WORLD_ROOT, chance, hierarchical_metrics, world_hierarchy_tasks,
                                       world_tree)
 
@@ -227,28 +229,37 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
     cfg = C.from_dict(RunDir(run_dir).config())
     generic = [caption_text({"level": "family", "mentions": [{"family": f}]}) for f in FAMILIES]
     named = [caption_text({"level": "shape", "mentions": [{"shape": s}]}) for s in SHAPES]
-    with status(f"embedding the world's shape tasks and its family and shape captions with {run_dir.name}"):
-        emb = collect(run_dir, device, world, vocabulary=generic + named)
+    specs, pairs = caption_order_pairs()
+    ordered = [caption_text(spec) for spec in specs]
+    with status(f"embedding the world's shape tasks and its captions at every level with {run_dir.name}"):
+        emb = collect(run_dir, device, world, vocabulary=generic + named + ordered)
     tree = world_tree()
     tasks, guessing = {}, {}
     for key in world_hierarchy_tasks():
         task = emb.classes[key]
         predicted = emb.geometry.similarity(task.images, task.prototypes, emb.curv).argmax(dim=1)
         true = [SHAPES[i] for i in task.labels.tolist()]
-        tasks[key] = hierarchical_metrics([SHAPES[i] for i in predicted.tolist()], true, tree)
-        guessing[key] = chance(true, SHAPES, tree)
-    families, shapes = emb.vocabulary[:len(generic)], emb.vocabulary[len(generic):]
+        tasks[key] = hierarchical_metrics([SHAPES[i] for i in predicted.tolist()], true, tree, SHAPES, convention)
+        guessing[key] = chance(true, SHAPES, tree, convention)
+    families, shapes = emb.vocabulary[:len(generic)], emb.vocabulary[len(generic):len(generic) + len(named)]
+    captions = emb.vocabulary[len(generic) + len(named):]
     shown = emb.classes[HIERARCHY_IMAGES]
     of_image = torch.tensor([[FAMILY_OF[SHAPES[i]] == f for i in shown.labels.tolist()] for f in FAMILIES])
     of_shape = torch.tensor([[FAMILY_OF[s] == f for s in SHAPES] for f in FAMILIES])
     radius = cfg.loss.entail_min_radius
     entailment = {"text-image": entailment_study(emb.geometry, emb.curv, families, shown.images, of_image, radius),
                   "text-text": entailment_study(emb.geometry, emb.curv, families, shapes, of_shape, radius)}
-    result = {"geometry": emb.geometry.name, "logit": emb.geometry.logit,
+    # [ROOT] as the euclip protocol has it: the origin, or the mean of the images and captions analysed.
+    root = emb.geometry.root(torch.cat([shown.images, captions]))
+    order = order_study(emb.geometry, emb.curv, captions, pairs, root, radius)
+    levels = Counter((specs[a]["level"], specs[b]["level"]) for a, b in pairs)
+    result = {"geometry": emb.geometry.name, "logit": emb.geometry.logit, "convention": convention,
               "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
                        "parents": tree.parents},
               "tasks": tasks, "chance": guessing,
-              "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named, **entailment}}
+              "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named, **entailment},
+              "order": {"captions": len(ordered), "pairs": len(pairs),
+                        "levels": {f"{a} > {b}": n for (a, b), n in sorted(levels.items())}, **order}}
     return Analysis(result, write_result(run_dir, RunDir(run_dir).hierarchy_file.stem, result), run_dir)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, roc_auc_score
@@ -228,3 +229,26 @@ def entailment_study(g, curv: Optional[torch.Tensor], generic: torch.Tensor, spe
     return {name: {"roc_auc": float(roc_auc_score(labels, s.flatten().double().numpy())),
                    "average_precision": float(average_precision_score(labels, s.flatten().double().numpy())),
                    "positives": int(labels.sum()), "pairs": len(labels)} for name, s in scores.items()}
+
+
+def order_study(g, curv: Optional[torch.Tensor], texts: torch.Tensor, pairs: list[tuple[int, int]],
+                root: torch.Tensor, min_radius: float) -> dict:
+    """How well a geometry's scores put each related pair of captions in its order: every ``(generic,
+    specific)`` pair of ``pairs`` (indices into ``texts (T, D)``) against the same pair reversed, as ROC AUC
+    (0.5: the order is not told; a symmetric similarity scores exactly that, so none is scored here).
+
+    ``root_order``: d(root, specific) - d(root, generic), the specific caption farther from [ROOT]
+    (``root (D,)``), for every geometry; ``cone``: minus how far the second lies outside the first one's
+    entailment cone, for geometries with cones (what entailment trains).
+    """
+    generic = torch.tensor([a for a, _ in pairs])
+    specific = torch.tensor([b for _, b in pairs])
+    from_root = g.distance_to_root(texts, root, curv)
+    scores = {"root_order": (from_root[specific] - from_root[generic],
+                             from_root[generic] - from_root[specific])}
+    if g.has_entailment:
+        scores["cone"] = (-g.cone_violation(texts[generic], texts[specific], min_radius, curv),
+                          -g.cone_violation(texts[specific], texts[generic], min_radius, curv))
+    labels = np.r_[np.ones(len(pairs)), np.zeros(len(pairs))]
+    return {name: {"roc_auc": float(roc_auc_score(labels, torch.cat([right, reversed_]).double().numpy())),
+                   "pairs": len(pairs)} for name, (right, reversed_) in scores.items()}

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from euclip_cli.analysis.protocol import protocol as pick_protocol
-from euclip_cli.cli.common import RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors, fail
+from euclip_cli.cli.common import (RUNS_DIR_OPTION, WORLD_OPTION, checked_path, console, errors, fail,
+                                  writable_folder)
 from euclip_cli.errors import UsageError
 
 app = typer.Typer(help="Embedding analyses of a run (results in RUN/analysis/: JSON plus PNG/PDF figures).",
@@ -236,13 +237,16 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}")
 
 
-TREES = ("world", "wordnet")
-
-
 @app.command()
 def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
               tree: str = typer.Option("world", help="world: the embedded world's class tree; wordnet: ImageNet's "
-                                                     "classes in WordNet (euclip download wordnet)."),
+                                                     "classes in a tree of HyCoCLIP's shape (its own with --isa, "
+                                                     "else WordNet pruned); wordnet-graph: WordNet's whole graph."),
+              convention: str = typer.Option("hycoclip", help="hycoclip: a class's ancestor set excludes the "
+                                                              "class (HyCoCLIP's code); inclusive: it holds it."),
+              isa: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                 help="--tree wordnet: HyCoCLIP's imagenet_isa.txt (a 'PARENT "
+                                                      "CHILD' line per edge) to score in, instead of WordNet pruned."),
               world: Optional[Path] = WORLD_OPTION,
               eval_root: Optional[Path] = typer.Option(None, callback=checked_path,
                                                        help="--tree wordnet: the ImageNet evaluation sets "
@@ -253,39 +257,51 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """How the run keeps a class hierarchy: HyCoCLIP's tree-induced error, LCA error, Jaccard similarity
-    and hierarchical precision and recall of its zero-shot mistakes, in its own geometry. On the world's
-    tree (the default) also entailment as a score (ROC AUC, average precision) of family captions over
-    images and shape captions; with --tree wordnet, on ImageNet's classes in WordNet 3.0.
+    and hierarchical precision and recall of its zero-shot predictions, in its own geometry, and the tree
+    distance of its mistakes beside uniform mistakes on the same images. On the world's tree (the default)
+    also entailment as a score (ROC AUC, average precision) of family captions over images and shape
+    captions; with --tree wordnet, on ImageNet's classes, each task in a tree over its own classes.
 
     Examples:
       euclip analyze hierarchy tiny-meru
       euclip analyze hierarchy medium-meru --tree wordnet
+      euclip analyze hierarchy medium-meru --tree wordnet --isa hycoclip/assets/imagenet_synset/imagenet_isa.txt
     """
     from rich.table import Table
 
     from euclip_cli.analysis import runner
+    from euclip_cli.evaluate.hierarchy import IMAGENET_TREES
+    from euclip_cli.hierarchy import CONVENTIONS
 
-    if tree not in TREES:
-        fail(f"unknown --tree '{tree}': choose one of {', '.join(TREES)}", 2)
+    if tree not in ("world", *IMAGENET_TREES):
+        fail(f"unknown --tree '{tree}': choose one of world, {', '.join(IMAGENET_TREES)}", 2)
+    if convention not in CONVENTIONS:
+        fail(f"unknown --convention '{convention}': choose one of {', '.join(CONVENTIONS)}", 2)
+    if tree == "world" and isa is not None:
+        fail("--isa is a tree over ImageNet's classes: it goes with --tree wordnet", 2)
     with errors():
-        if tree == "wordnet":
+        if tree != "world":
             from euclip_cli.evaluate.hierarchy import wordnet_hierarchy
 
-            result, path, run_dir = wordnet_hierarchy(run, device, eval_root, wordnet, runs_dir, _status)
+            result, path, run_dir = wordnet_hierarchy(run, device, eval_root, wordnet, runs_dir, _status, tree, isa,
+                                                      convention)
         else:
-            found = runner.hierarchy(run, device, world, runs_dir, _status)
+            found = runner.hierarchy(run, device, world, runs_dir, _status, convention)
             result, path, run_dir = found.result, found.path, found.run_dir
-    where = "WordNet's hierarchy of ImageNet's classes" if tree == "wordnet" else "the world's class tree"
-    table = Table(title=f"{run_dir.name} ({result['geometry']}, {result['logit']}): its mistakes in {where}")
+    where = {"world": "the world's class tree", "wordnet": "a tree of ImageNet's classes",
+             "wordnet-graph": "WordNet's graph of ImageNet's classes"}[tree]
+    table = Table(title=f"{run_dir.name} ({result['geometry']}, {result['logit']}): its mistakes in {where} "
+                        f"({convention}'s ancestor sets)")
     columns = ("accuracy", "tie", "lca_error", "jaccard", "h_precision", "h_recall")
     table.add_column("task", no_wrap=True)
-    for column in columns:
+    for column in (*columns, "mistake tie", "random mistake"):
         table.add_column(column.replace("_", " "), justify="right")
     for key, row in result["tasks"].items():
-        table.add_row(key, *(f"{row[c]:.3f}" for c in columns))
-        table.add_row("  guessing", *(f"{result['chance'][key][c]:.3f}" for c in columns), style="dim")
+        severity = [f"{row[c]:.3f}" if row[c] is not None else "–" for c in ("mistake_tie", "random_mistake_tie")]
+        table.add_row(key, *(f"{row[c]:.3f}" for c in columns), *severity)
+        table.add_row("  guessing", *(f"{result['chance'][key][c]:.3f}" for c in columns), "", "", style="dim")
     console.print(table)
-    if tree == "wordnet":
+    if tree != "world":
         console.print(f"written: {path}")
         return
     scored = Table(title="family captions against the Shapes images and the shape captions: is the pair related?")
@@ -296,4 +312,60 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
             scored.add_row(pairs, score, f"{row['roc_auc']:.3f}", f"{row['average_precision']:.3f}",
                            f"{row['positives']} / {row['pairs']}")
     console.print(scored)
+    order = result["order"]
+    ordered = Table(title=f"the {order['pairs']} (generic, specific) pairs of the world's captions at every level "
+                          f"against the same pairs reversed: is the order told?")
+    for column in ("score", "ROC AUC"):
+        ordered.add_column(column, justify="left" if column == "score" else "right")
+    for score in ("root_order", "cone"):
+        if score in order:
+            ordered.add_row(score.replace("_", " "), f"{order[score]['roc_auc']:.3f}")
+    console.print(ordered)
     console.print(f"written: {path}")
+
+
+@app.command("imagenet-tree")
+def imagenet_tree(out: Path = typer.Option(Path("results") / "imagenet-tree", callback=writable_folder,
+                                           help="Folder to write imagenet-tree.txt ('PARENT CHILD' wnids per line) "
+                                                "and, with --against, comparison.json to."),
+                  against: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                         help="HyCoCLIP's imagenet_isa.txt: measure how far the "
+                                                              "pruned tree is from it."),
+                  wordnet: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                         help="nltk_data folder holding WordNet (default: "
+                                                              "data/nltk_data).")) -> None:
+    """The tree of ImageNet's 1,000 classes that 'analyze hierarchy --tree wordnet' scores in when no --isa
+    is given: WordNet's hypernyms pruned to the shape of HyCoCLIP's tree. With --against, how far it is
+    from HyCoCLIP's own.
+
+    Example:
+      euclip analyze imagenet-tree --against hycoclip/assets/imagenet_synset/imagenet_isa.txt
+    """
+    from rich.table import Table
+
+    from euclip_cli.evaluate.hierarchy import COMPARISON_FILE, TREE_FILE
+    from euclip_cli.evaluate.hierarchy import imagenet_tree as build
+
+    with errors():
+        result = build(out, wordnet, against)
+    console.print(f"{result['classes']} classes, {result['nodes']} nodes, root {result['root']} "
+                  f"(WordNet's graph above them: {result['graph_nodes']} nodes, "
+                  f"{result['graph_nodes_with_two_parents']} with two parents)")
+    written = [out / TREE_FILE]
+    if against is not None:
+        c = result["comparison"]
+        table = Table(title=f"the pruned tree against {against}")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        rows = [("nodes (pruned / theirs / both)", f"{c['nodes']} / {c['nodes_against']} / {c['shared_nodes']}"),
+                ("nodes in both with the same parent", str(c["same_parent"])),
+                ("classes with the same ancestors (below the root)", f"{c['same_ancestors_below_root']} / {c['leaves']}"),
+                ("class pairs at an equal TIE", f"{c['equal_tie']:.3f}"),
+                ("TIE correlation over class pairs", f"{c['tie_correlation']:.3f}"),
+                ("  the same, WordNet's whole graph", f"{result['graph_comparison']['tie_correlation']:.3f}"),
+                ("mean TIE (pruned / theirs)", f"{c['mean_tie']:.2f} / {c['mean_tie_against']:.2f}")]
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        written.append(out / COMPARISON_FILE)
+    console.print(f"written: {', '.join(map(str, written))}")

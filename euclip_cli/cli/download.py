@@ -240,6 +240,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
 
     from euclip_cli.data.fetch import FetchError
     from euclip_cli.evaluate.evalsets import download
+    from euclip_cli.evaluate.runner import export_command
     from euclip_cli.evaluate.tasks import TASKS, select
 
     with errors():
@@ -248,8 +249,7 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     unhosted = [t for t in named if t.folder]
     chosen = list(dict.fromkeys(TASKS[t.source] if t.source else t for t in named if t.suite != "world" and not t.folder))
     for task in unhosted:
-        console.print(f"{task.key}: on no host; make {task.folder} under {root} with clip_benchmark_export_wds "
-                      f"(docs/meru.md)", highlight=False)
+        console.print(f"{task.key}: on no host; make it with {export_command(task, str(root))}", highlight=False)
     if not chosen:
         if unhosted:
             return

@@ -111,3 +111,41 @@ def imagenet_wnids(task_key: str) -> Optional[list[str]]:
 
 # The ImageNet tasks ``imagenet_wnids`` knows, in the order a report lists them.
 IMAGENET_TASKS = ("imagenet1k", "imagenetv2", "imagenet_sketch", "imagenet-a", "imagenet-r")
+
+
+# The synset HyCoCLIP's ImageNet tree is rooted at: every class of ImageNet is a physical entity except
+# where WordNet files it under an abstraction too (a street sign is also a communication).
+PHYSICAL_ENTITY = "n00001930"
+
+
+def read_isa(path: Path) -> dict[str, str]:
+    """A class tree in HyCoCLIP's ``imagenet_isa.txt`` form (a line ``PARENT CHILD`` per edge, wnids) as each
+    node's parent. A malformed line, a node with two parents or a tree with other than one root is a
+    ``UsageError`` naming the file and line."""
+    parent: dict[str, str] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read the tree {path}: {err}") from None
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise UsageError(f"{path}:{number}: expected 'PARENT CHILD' (two wnids), found {line.strip()!r}")
+        above, node = fields
+        if node in parent and parent[node] != above:
+            raise UsageError(f"{path}:{number}: {node} has a second parent ({parent[node]}, {above}): the file "
+                             f"is a graph, not a tree")
+        parent[node] = above
+    roots = set(parent.values()) - set(parent)
+    if len(roots) != 1:
+        raise UsageError(f"{path}: a tree has one root, this file has {len(roots)}" +
+                         (f" ({', '.join(sorted(roots)[:5])})" if roots else " (a cycle)"))
+    return parent
+
+
+def write_isa(parent: dict[str, str], path: Path) -> None:
+    """``parent`` in ``read_isa``'s form, parents in order and each one's children in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{above} {node}\n" for node, above in sorted(parent.items(), key=lambda e: (e[1], e[0]))))

@@ -270,3 +270,28 @@ def traversal_vocabulary() -> list[dict]:
     for spec in specs:
         spec["rank"] = SPECIFICITY[spec["level"]]
     return specs
+
+
+def _implies(specific: dict, generic: dict) -> bool:
+    """Whether the one object ``specific`` describes is always one ``generic`` describes: each property the
+    generic caption names is the specific one's (a family is named by any of its shapes)."""
+    (s,), (g,) = specific["mentions"], generic["mentions"]
+    for key, value in g.items():
+        if key == "family":
+            if FAMILY_OF.get(s.get("shape")) != value:
+                return False
+        elif s.get(key) != value:
+            return False
+    return True
+
+
+def caption_order_pairs() -> tuple[list[dict], list[tuple[int, int]]]:
+    """``(specs, pairs)``: the single-object captions of ``traversal_vocabulary`` that name a property (the
+    object counts name none), and every ``(generic, specific)`` pair of indices into them where the
+    specific caption is of higher rank and its object is always the generic one's ("a polygon" above "a
+    triangle" above "a red triangle" above "a small red triangle"; "red" above "a red triangle"): the
+    partial order entailment is trained to keep, at every level of the world's captions."""
+    specs = [spec for spec in traversal_vocabulary() if spec["mentions"]]
+    pairs = [(i, j) for i, g in enumerate(specs) for j, s in enumerate(specs)
+             if s["rank"] > g["rank"] and _implies(s, g)]
+    return specs, pairs

@@ -1,9 +1,14 @@
 """HyCoCLIP's hierarchical classification on ImageNet: a run's zero-shot predictions on the ImageNet
-tasks, scored in WordNet's hierarchy over their classes (``euclip analyze hierarchy RUN --tree wordnet``).
+tasks, scored in a hierarchy over their classes (``euclip analyze hierarchy RUN --tree wordnet``).
 
 The predictions are the evaluation's own (``runner.classification_inputs``: the same images through the
 run's feature cache, the same prototypes, the same top-1 rule), so after ``euclip eval`` nothing is
 embedded again and the accuracy here is the evaluation's acc1.
+
+Each task is scored in a tree over its own classes (ImageNet-A's 200 in the tree above those 200), one of
+``IMAGENET_TREES``: HyCoCLIP's tree read from a copy the user supplies (``--isa``: HyCoCLIP's
+``assets/imagenet_synset/imagenet_isa.txt``, CC BY-NC, so not shipped), or without one WordNet pruned to
+the same shape (``hierarchy.prune``), or WordNet's whole hypernym graph.
 """
 
 from __future__ import annotations
@@ -14,28 +19,61 @@ from pathlib import Path
 from typing import Callable, ContextManager, Optional, Union
 
 from euclip_cli import config as C
-from euclip_cli.data.wordnet import IMAGENET_TASKS, PACKAGE, WORDNET_DIR, hypernym_graph, imagenet_wnids
+from euclip_cli.data.wordnet import (IMAGENET_TASKS, PACKAGE, PHYSICAL_ENTITY, WORDNET_DIR, hypernym_graph,
+                                     imagenet_wnids, read_isa)
 from euclip_cli.device import resolve_device
 from euclip_cli.encode import feature_cache, load_model
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.runner import classification_inputs, has_data
 from euclip_cli.evaluate.tasks import select
 from euclip_cli.evaluate.zeroshot import top_classes
-from euclip_cli.hierarchy import Tree, chance, hierarchical_metrics
+from euclip_cli.hierarchy import DEFAULT_CONVENTION, Tree, chance, hierarchical_metrics, prune, restrict
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
+
+# The hierarchies ImageNet's tasks are scored in: name -> what it is.
+IMAGENET_TREES = {
+    "wordnet": "a tree: HyCoCLIP's (--isa FILE) or, without it, WordNet's hypernyms pruned to its shape",
+    "wordnet-graph": "WordNet's whole hypernym graph (a class may have two parents)",
+}
 
 
 def _quiet(text: str) -> ContextManager:
     return contextlib.nullcontext()
 
 
+def task_tree(classes: list[str], tree: str, wordnet: Path, isa: Optional[Path]) -> tuple[Tree, dict[str, str], str]:
+    """``(tree, synset names, source)``: the hierarchy ``tree`` (``IMAGENET_TREES``) over one task's
+    ``classes``, the names of WordNet's synsets in it, and a sentence saying where it came from."""
+    if tree not in IMAGENET_TREES:
+        raise UsageError(f"unknown --tree '{tree}': choose world or one of {', '.join(IMAGENET_TREES)}")
+    if isa is not None and tree != "wordnet":
+        raise UsageError(f"--isa is the tree itself: it goes with --tree wordnet, not --tree {tree}")
+    graph, names = hypernym_graph(classes, wordnet)
+    wordnet_said = f"WordNet 3.0 (nltk's '{PACKAGE}' package in {wordnet})"
+    if tree == "wordnet-graph":
+        return Tree(graph), names, f"{wordnet_said}: hypernyms and instance hypernyms above the task's classes"
+    if isa is None:
+        return (Tree.from_parent(prune(graph, classes, prefer=PHYSICAL_ENTITY)), names,
+                f"{wordnet_said}, pruned to a tree: each synset under its parent toward physical_entity with the "
+                f"longest path to the root, one-child synsets spliced out (euclip_cli.hierarchy.prune)")
+    parent = read_isa(isa)
+    missing = [c for c in classes if c not in parent]
+    if missing:
+        raise UsageError(f"{isa} lacks {len(missing)} of the task's {len(classes)} classes (e.g. "
+                         f"{', '.join(missing[:3])}): is it HyCoCLIP's imagenet_isa.txt?")
+    return (Tree.from_parent(restrict(parent, classes)), names,
+            f"{isa} (HyCoCLIP's tree), restricted to the task's classes")
+
+
 def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Optional[Path] = None,
                       wordnet: Optional[Path] = None, runs_dir: Path = RUNS_DIR,
-                      status: Callable[[str], ContextManager] = _quiet) -> tuple[dict, Path, Path]:
+                      status: Callable[[str], ContextManager] = _quiet, tree: str = "wordnet",
+                      isa: Optional[Path] = None, convention: str = DEFAULT_CONVENTION) -> tuple[dict, Path, Path]:
     """``(result, path, run folder)``: the hierarchical metrics (``euclip_cli.hierarchy``) of the run's predictions on
     every ImageNet task whose evaluation set is in ``eval_root`` (default: the run's ``eval.root``), each
-    class at its synset in the WordNet under ``wordnet`` (``euclip download wordnet``), beside uniform
-    guessing on the same images; written to ``RUN/analysis/hierarchy_wordnet.json``."""
+    task in the hierarchy ``tree`` over its own classes (``task_tree``; WordNet from ``wordnet``,
+    ``euclip download wordnet``), beside uniform guessing on the same images; written to
+    ``RUN/analysis/hierarchy_wordnet.json``."""
     run_files = RunDir(resolve(run, runs_dir).path)
     device = resolve_device(device)
     wordnet = wordnet or WORDNET_DIR
@@ -46,32 +84,86 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
     if not present:
         raise UsageError(f"no ImageNet evaluation set in {eval_root}: run 'euclip download evalsets --tasks "
                          f"imagenet1k --root {eval_root}' (or name the folder holding them with --eval-root)")
-    wnids = {t.key: imagenet_wnids(t.key) for t in present}
-    every = sorted({w for ids in wnids.values() for w in ids})
-    with status(f"reading WordNet's hypernyms above {len(every)} ImageNet classes"):
-        parents, names = hypernym_graph(every, wordnet)
-    tree = Tree(parents)
     cache, curv = feature_cache(run_files, ckpt, model), model.curvature()
-    tasks, guessing = {}, {}
+    tasks, guessing, trees, names = {}, {}, {}, {}
     for task in present:
+        classes = imagenet_wnids(task.key)
+        with status(f"building the {tree} hierarchy over {task.key}'s {len(classes)} classes"):
+            hierarchy, named, source = task_tree(classes, tree, wordnet, isa)
         folder = task.data_dir(eval_root, world)
         with status(f"classifying {task.key} with {run_files.path.name}"):
             image_emb, prototypes, targets = classification_inputs(model, cfg, task, folder, device,
                                                                    cfg.eval.batch_size, cache)
-        classes = wnids[task.key]
         if prototypes.shape[0] != len(classes):
             raise UsageError(f"{task.key}: the evaluation set in {folder} has {prototypes.shape[0]} class names, "
                              f"ImageNet's has {len(classes)}")
         predicted = top_classes(model.geometry, image_emb, prototypes, curv, k=1)[:, 0]
         true = [classes[i] for i in targets.tolist()]
-        tasks[task.key] = hierarchical_metrics([classes[i] for i in predicted.tolist()], true, tree)
-        guessing[task.key] = chance(true, classes, tree)
-    result = {"geometry": model.geometry.name, "logit": model.geometry.logit, "step": step,
-              "tree": {"source": f"WordNet 3.0 (nltk's '{PACKAGE}' package in {wordnet}): hypernyms and instance "
-                                 f"hypernyms above ImageNet's classes", "root": tree.root, "nodes": len(names),
-                       "names": names, "parents": tree.parents},
+        tasks[task.key] = hierarchical_metrics([classes[i] for i in predicted.tolist()], true, hierarchy, classes,
+                                               convention)
+        guessing[task.key] = chance(true, classes, hierarchy, convention)
+        trees[task.key] = {"source": source, "root": hierarchy.root, "nodes": len(hierarchy.nodes),
+                           "parents": hierarchy.parents}
+        names.update({node: named[node] for node in hierarchy.nodes if node in named})
+    result = {"geometry": model.geometry.name, "logit": model.geometry.logit, "step": step, "tree": tree,
+              "convention": convention, "trees": trees, "names": names,
               "tasks": tasks, "chance": guessing}
     path = run_files.wordnet_hierarchy_file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result, path, run_files.path
+
+
+# What ``imagenet_tree`` writes into its folder.
+TREE_FILE, COMPARISON_FILE = "imagenet-tree.txt", "comparison.json"
+
+
+def imagenet_tree(out: Path, wordnet: Optional[Path] = None, against: Optional[Path] = None) -> dict:
+    """The tree ``--tree wordnet`` scores ImageNet-1k in without ``--isa`` (WordNet pruned), written to
+    ``out/imagenet-tree.txt`` in ``read_isa``'s form; with ``against`` (HyCoCLIP's ``imagenet_isa.txt``), how
+    far the two trees are apart (``hierarchy.compare_trees``), written to ``out/comparison.json``. Neither
+    file is overwritten with other contents."""
+    from euclip_cli.data.wordnet import write_isa
+    from euclip_cli.hierarchy import compare_trees
+
+    wordnet = wordnet or WORDNET_DIR
+    classes = imagenet_wnids("imagenet1k")
+    graph, _ = hypernym_graph(classes, wordnet)
+    parent = prune(graph, classes, prefer=PHYSICAL_ENTITY)
+    tree = Tree.from_parent(parent)
+    result = {"wordnet": str(wordnet), "tree": str(out / TREE_FILE), "classes": len(classes), "nodes": len(tree.nodes),
+              "root": tree.root, "graph_nodes": len(Tree(graph).nodes),
+              "graph_nodes_with_two_parents": sum(len(p) > 1 for p in graph.values())}
+    if against is not None:
+        theirs = read_isa(against)
+        missing = [c for c in classes if c not in theirs]
+        if missing:
+            raise UsageError(f"{against} lacks {len(missing)} of ImageNet's 1,000 classes (e.g. {missing[0]})")
+        result["against"] = str(against)
+        result["comparison"] = compare_trees(parent, theirs, classes)
+        result["graph_comparison"] = {"tie_correlation": _graph_tie_correlation(Tree(graph), theirs, classes)}
+    out.mkdir(parents=True, exist_ok=True)
+    staged = [(out / (TREE_FILE + ".new"), out / TREE_FILE)]
+    write_isa(parent, staged[0][0])
+    if against is not None:
+        staged.append((out / (COMPARISON_FILE + ".new"), out / COMPARISON_FILE))
+        staged[1][0].write_text(json.dumps(result, indent=2) + "\n")
+    clash = [final for new, final in staged if final.exists() and final.read_bytes() != new.read_bytes()]
+    if clash:
+        for new, _ in staged:
+            new.unlink()
+        raise UsageError(f"{clash[0]} exists and holds something else: move it away or name another --out")
+    for new, final in staged:
+        new.replace(final)
+    return result
+
+
+def _graph_tie_correlation(graph: Tree, theirs: dict[str, str], classes: list[str]) -> float:
+    """The correlation over ImageNet's class pairs of the TIE in WordNet's whole graph with that in ``theirs``."""
+    from itertools import combinations
+
+    import numpy as np
+
+    tree = Tree.from_parent(theirs)
+    pairs = list(combinations(classes, 2))
+    return float(np.corrcoef([graph.distance(a, b) for a, b in pairs], [tree.distance(a, b) for a, b in pairs])[0, 1])

@@ -42,6 +42,26 @@ def search_cost(score: Callable[[float], float]) -> tuple[float, float, dict[flo
     return best, tried[best], tried
 
 
+# The validation split's draw: fixed, so a rerun holds out the same images.
+HOLDOUT_SEED = 0
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int = HOLDOUT_SEED) -> np.ndarray:
+    """A boolean mask (N,) over ``labels`` (N,) holding out ``fraction`` of each class for validation, drawn
+    by a seeded permutation: every class with two or more images keeps at least one on each side, whatever
+    order the set is stored in. Exporters keep a dataset's order, and several sets (Food-101, Country211,
+    Caltech-101) are stored class by class, where MERU's "last 10%" would hold out whole classes."""
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(labels), dtype=bool)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        if len(members) < 2:
+            continue  # one image: it trains
+        count = min(len(members) - 1, max(1, round(fraction * len(members))))
+        held[rng.permutation(members)[:count]] = True
+    return held
+
+
 def _classifier(cost: float):
     from sklearn.linear_model import LogisticRegression
 
@@ -77,4 +97,6 @@ def linear_probe(train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np
     predicted = final.predict(test[0])
     return {"mean_per_class_recall": mean_per_class_accuracy(test[1], predicted),
             "acc1": float((predicted == test[1]).mean()), "cost": cost, "val_mean_per_class_recall": val_best,
-            "costs_tried": len(tried), "train": len(train[1]), "val": len(val[1]), "test": len(test[1])}
+            "costs_tried": len(tried), "train": len(train[1]), "val": len(val[1]), "test": len(test[1]),
+            # A validation split missing classes chooses C on the others only: worth seeing beside the score.
+            "train_classes": len(np.unique(train[1])), "val_classes": len(np.unique(val[1]))}

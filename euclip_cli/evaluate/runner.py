@@ -68,6 +68,14 @@ def has_data(task: Task, data_dir: Path) -> bool:
     return all((data_dir / m).exists() for m in markers.get(task.kind, ["test/nshards.txt"]))
 
 
+def export_command(task: Task, root: str = "EVAL_ROOT") -> str:
+    """How to make a set on no host: clip-benchmark's exporter, one split at a time (docs/meru.md)."""
+    if task.kind == "probe":
+        return f"clip_benchmark_export_wds for each split into {root}/{task.folder} (docs/meru.md)"
+    return (f"clip_benchmark_export_wds --dataset {task.exporter_name} --split test --output {root}/{task.folder} "
+            f"(docs/meru.md)")
+
+
 def fetch_command(tasks: list[Task]) -> str:
     """The one command that fetches the evaluation sets of ``tasks``."""
     if all(t.suite == "world" for t in tasks):
@@ -76,7 +84,7 @@ def fetch_command(tasks: list[Task]) -> str:
     keys = ",".join(dict.fromkeys(t.images_key for t in hosted))
     commands = [f"euclip download evalsets --tasks {keys if len(hosted) <= 3 else 'datacomp'}"] if hosted else []
     # A set on no host is made from the original dataset by clip-benchmark's exporter (docs/meru.md).
-    commands += [f"clip_benchmark_export_wds into {t.folder} (docs/meru.md)" for t in tasks if t.folder]
+    commands += [export_command(t) for t in tasks if t.folder]
     return "' and '".join(commands)
 
 
@@ -106,7 +114,7 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
         return evaluate_probe(model, task, data_dir, device, batch_size, cache, on_images)
     if task.key in ("fairness/fairface", "fairness/utkface"):
         return evaluate_fairface(model, cfg, task, data_dir, device, batch_size, cache, on_images)
-    _, transform = transforms_for(model.clip)
+    _, transform = transforms_for(model.clip, resize=task.resize)
     tokenizer = tokenizer_for(cfg.model.arch)
     curv = model.curvature()
     if task.kind == "retrieval":
@@ -114,7 +122,7 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                            task="zeroshot_retrieval")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
                                              batch_size=None, num_workers=0)
-        image_emb, captions = cache.get(task.images_key, lambda: embed_images(model, loader, device, on_images))
+        image_emb, captions = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images))
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
         text_emb = embed_texts(model, tokenizer, texts)
@@ -141,10 +149,10 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
     MERU's suite brings, else the set's): what ``evaluate_task`` scores, and ``euclip analyze hierarchy`` reads."""
     cache = cache or FeatureCache(None)
     _require_data(task, data_dir)
-    _, transform = transforms_for(model.clip)
+    _, transform = transforms_for(model.clip, resize=task.resize)
     ds = build_dataset("wds/" + task.images_key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task.images_key, lambda: embed_images(model, loader, device, on_images))
+    image_emb, labels = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images))
     templates = list(task.templates) or ds.templates
     if task.classes and len(task.classes) != len(ds.classes):
         raise EvalError(f"task {task.key}: {data_dir / 'classnames.txt'} has {len(ds.classes)} classes where the "
@@ -157,9 +165,9 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
 def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch.device, batch_size: int,
                    cache: FeatureCache, on_images: Callable[[int], None]) -> dict:
     """MERU's linear probe (``probe.linear_probe``) on the image tower's features before its projection,
-    each split's cached like zero-shot features; without a ``val`` split, the last ``task.val_fraction``
-    of ``train`` (in shard order) is the validation split."""
-    from euclip_cli.evaluate.probe import linear_probe
+    each split's cached like zero-shot features; without a ``val`` split, ``task.val_fraction`` of each
+    class of ``train`` (``probe.stratified_holdout``) is the validation split."""
+    from euclip_cli.evaluate.probe import linear_probe, stratified_holdout
 
     _, transform = transforms_for(model.clip)
 
@@ -174,11 +182,26 @@ def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch
     if "val" in splits:
         val = (splits["val"][0].numpy(), np.asarray(splits["val"][1]))
     else:
-        cut = len(train_y) - max(1, round(task.val_fraction * len(train_y)))
-        if cut < 1:
-            raise EvalError(f"task {task.key}: the train split in {data_dir} is too small to hold out validation")
-        val, train_x, train_y = (train_x[cut:], train_y[cut:]), train_x[:cut], train_y[:cut]
-    return linear_probe((train_x, train_y), val, (splits["test"][0].numpy(), np.asarray(splits["test"][1])))
+        held = stratified_holdout(train_y, task.val_fraction)
+        if not held.any():
+            raise EvalError(f"task {task.key}: the train split in {data_dir} has no class with two images to hold "
+                            f"one out for validation")
+        val, train_x, train_y = (train_x[held], train_y[held]), train_x[~held], train_y[~held]
+    test_x = splits["test"][0].numpy()
+    shared = test_in_train(np.concatenate([train_x, val[0]]), test_x)
+    if shared > len(test_x) // 2:
+        # clip-benchmark's sun397, caltech101 and eurosat return the whole dataset for every split.
+        raise EvalError(f"task {task.key}: {shared} of the {len(test_x)} test images in {data_dir} are also train or "
+                        f"val images: the exporter wrote one dataset as every split; export the VTAB version "
+                        f"(e.g. --dataset vtab/{task.key.split('/', 1)[1]}), whose splits are disjoint")
+    return linear_probe((train_x, train_y), val, (test_x, np.asarray(splits["test"][1]))) | {"test_in_train": shared}
+
+
+def test_in_train(train: np.ndarray, test: np.ndarray) -> int:
+    """How many rows of ``test (N, F)`` equal a row of ``train (M, F)``: an image in both splits has the same
+    features bit for bit (one tower, one transform), so this counts the images the splits share."""
+    seen = {row.tobytes() for row in train}
+    return sum(row.tobytes() in seen for row in test)
 
 
 def evaluate_fairface(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,

@@ -35,11 +35,21 @@ class Task:
     # Linear probes (kind "probe"): the share of the train split held out for validation where the set
     # has no val split of its own (MERU's catalog: 10% for Food-101 and CIFAR, 20% elsewhere).
     val_fraction: float = 0.2
+    # How images meet the tower's size (towers.transforms_for): "crop" (the shorter side, then the centre:
+    # DataComp's protocol and MERU's classification) or "squeeze" (both sides, aspect lost: MERU's retrieval).
+    resize: str = "crop"
+    # A set on no host (``folder``): the name clip-benchmark's exporter knows its dataset by.
+    exporter_name: Optional[str] = None
 
     @property
     def images_key(self) -> str:
-        """Whose images these are: tasks reading the same evaluation set share cached image features."""
+        """Whose images these are: the evaluation set the task reads."""
         return self.source or self.key
+
+    @property
+    def features_key(self) -> str:
+        """Whose image features these are: tasks reading the same set the same way share cached features."""
+        return self.images_key if self.resize == "crop" else f"{self.images_key}@{self.resize}"
 
     def data_dir(self, eval_root: Path, world_root: Path) -> Path:
         if self.source:
@@ -144,17 +154,24 @@ MERU_PROMPTS = Path(__file__).with_name("meru-prompts.toml")
 MERU_CLASSES = {"clevr": tuple(str(count) for count in range(3, 11))}
 
 
+# The sets MERU's suite reads that no host serves in DataComp's layout, by clip-benchmark's dataset name:
+# CUB-2011 is VTAB's (task_adaptation's caltech_birds2011); clip-benchmark has no plain "cub".
+UNHOSTED = {"cub2011": "vtab/cub"}
+
+
 def _meru_tasks() -> list[Task]:
     import tomllib
 
     prompts = tomllib.loads(MERU_PROMPTS.read_text())
     tasks = [Task(f"meru/{key}", name, _C, "mean_per_class_recall", "main" if key == "imagenet" else "attributes",
                   "meru", source=source, folder=None if source else f"wds_{key}_test",
-                  templates=tuple(prompts[prompt]), classes=MERU_CLASSES.get(key, ()))
+                  templates=tuple(prompts[prompt]), classes=MERU_CLASSES.get(key, ()),
+                  exporter_name=None if source else UNHOSTED[key])
              for key, name, source, prompt in _MERU]
     # Table 1's retrieval, on DataComp's sets: Flickr30K's is MERU's; COCO's is the 2014 Karpathy test
-    # split, not MERU's val2017 (5,000 images each).
-    tasks += [Task(f"meru/{key}", name, _R, "image_retrieval_recall@5", "retrieval", "meru", source=source)
+    # split, not MERU's val2017 (5,000 images each). MERU's retrieval squeezes each image to 224 x 224.
+    tasks += [Task(f"meru/{key}", name, _R, "image_retrieval_recall@5", "retrieval", "meru", source=source,
+                   resize="squeeze")
               for key, name, source in (("coco", "COCO", "retrieval/mscoco_2014_5k_test_image_text_retrieval"),
                                         ("flickr30k", "Flickr30K", "retrieval/flickr_1k_test_image_text_retrieval"))]
     return tasks

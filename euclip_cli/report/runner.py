@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
-from euclip_cli.report.tables import (equilibrium_table, fill_command, load_runs, meru_table, noise_table,
+from euclip_cli.report.tables import (equilibrium_table, hierarchy_table, fill_command, load_runs, meru_table, noise_table,
                                       paper_table, released_table, render, single_seed_note, study_tables, suite_table,
                                       traversal_table, without_runs)
 from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "equilibrium", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "equilibrium", "hierarchy", "all")
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -25,6 +25,10 @@ class Shown:
     title: str
     where: str = ""
     text: "str | None" = None
+
+
+# The analysis that fills each table made of runs' analyses alone.
+ANALYSIS_COMMANDS = {"equilibrium": "euclip analyze equilibrium RUN", "hierarchy": "euclip analyze hierarchy RUN --tree wordnet"}
 
 
 def check_options(table: str, fmt: str, runs_dir: Path, out: Path) -> None:
@@ -70,6 +74,10 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
     if name == "equilibrium":
         return ("Sun and Li's Figure 1 as numbers: the temperature where alignment and uniformity balance "
                 "(euclip analyze equilibrium)", equilibrium_table([runs_dir, *(f / "runs" for f in study_folders)]))
+    if name == "hierarchy":
+        return ("HyCoCLIP's hierarchical classification on ImageNet (euclip analyze hierarchy --tree wordnet); "
+                "HyCoCLIP's published numbers are not in this project's sources",
+                hierarchy_table([runs_dir, *(f / "runs" for f in study_folders)]))
     if name == "traversal":
         return ("Paper Tables 6 and 7: captions per image along image traversals, [ROOT] excluded "
                 "(euclip analyze traverse)", traversal_table(runs_dir))
@@ -99,9 +107,9 @@ def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR,
         if fmt == "html":
             frames.append((name, title, df))
             continue
-        if name == "equilibrium" and df.empty:
-            shown.append(Shown("no run has an equilibrium analysis (euclip analyze equilibrium RUN): that table "
-                               "is not written"))
+        if name in ("equilibrium", "hierarchy") and df.empty:
+            shown.append(Shown(f"no run has the analysis the {name} table needs ({ANALYSIS_COMMANDS[name]}): that table "
+                               f"is not written"))
             continue
         text = render(df, fmt)
         path = out / f"{name if not name.isdigit() else 'table' + name}.{fmt}"

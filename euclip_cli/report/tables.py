@@ -212,6 +212,32 @@ def equilibrium_table(runs_dirs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def hierarchy_table(runs_dirs: list[Path]) -> pd.DataFrame:
+    """Every run's ``euclip analyze hierarchy --tree wordnet`` result on ImageNet's tasks: HyCoCLIP's metrics,
+    the mistakes' TIE beside uniform mistakes', and the tree and convention they were scored under (a
+    number sits beside HyCoCLIP's only under its convention, in its tree)."""
+    rows = []
+    for run in (run for folder in runs_dirs for run in all_runs(folder)):
+        path = run.wordnet_hierarchy_file
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        if "trees" not in result:
+            continue  # written before trees were per task: its numbers are the graph's over every set present
+        for task, row in result["tasks"].items():
+            tree = result["trees"][task]["source"]
+            rows.append({"run": run.name, "geometry": f"{result['geometry']} ({result['logit']})", "task": task,
+                         "tree": "HyCoCLIP's" if "HyCoCLIP's tree" in tree else result["tree"],
+                         "convention": result["convention"], "accuracy": round(100 * row["accuracy"], 2),
+                         "TIE": round(row["tie"], 3), "LCA error": round(row["lca_error"], 3),
+                         "Jaccard": round(row["jaccard"], 3), "h-precision": round(row["h_precision"], 3),
+                         "h-recall": round(row["h_recall"], 3),
+                         "mistakes' TIE": MISSING if row["mistake_tie"] is None else round(row["mistake_tie"], 3),
+                         "uniform mistakes' TIE": (MISSING if row["random_mistake_tie"] is None
+                                                   else round(row["random_mistake_tie"], 3))})
+    return pd.DataFrame(rows)
+
+
 def _published_row(run: Run) -> tuple[str, Optional[float]]:
     """The published row an imported run should reproduce, and its ImageNet accuracy (percent)."""
     model, g = run.config["model"], run.config["geometry"]

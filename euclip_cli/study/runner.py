@@ -299,9 +299,13 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
         found = read_json(run.hierarchy_file)
         shapes = found["tasks"].get(HIERARCHY_TASK)
         if shapes is not None:
-            values.update({metric: shapes[key] for metric, key in HIERARCHY_MEASURES.items()})
+            # A run without a mistake has no mistake TIE; an analysis older than the measure, none either.
+            values.update({metric: shapes[key] for metric, key in HIERARCHY_MEASURES.items()
+                           if shapes.get(key) is not None})
         scores = found.get("entailment", {}).get("text-image", {})
         values.update({metric: scores[s]["roc_auc"] for metric, s in ENTAILMENT_MEASURES.items() if s in scores})
+        order = found.get("order", {})
+        values.update({metric: order[s]["roc_auc"] for metric, s in ORDER_MEASURES.items() if s in order})
     last = run.last_training_record()
     cfg = C.from_dict(run.config()) if last else None
     if last and "logit_scale" in last:
@@ -341,11 +345,14 @@ CURVE_POINTS = 1000
 # The hierarchy metrics a study reads from each run's ``analyze hierarchy`` (hierarchy), on the
 # world's main shapes task: study metric -> the analysis's name.
 HIERARCHY_TASK = "world/shapes"
-HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_h_precision": "h_precision"}
+HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_h_precision": "h_precision",
+                      "shapes_mistake_tie": "mistake_tie", "shapes_random_mistake_tie": "random_mistake_tie"}
 # Entailment as a score, family captions over the Shapes images (ROC AUC): study metric -> score.
 ENTAILMENT_MEASURES = {"family_similarity_auc": "similarity", "family_cone_auc": "cone"}
+# The world's caption pairs at every level against their reverses (ROC AUC): study metric -> score.
+ORDER_MEASURES = {"caption_root_order_auc": "root_order", "caption_cone_order_auc": "cone"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES)
+                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *ORDER_MEASURES)
 
 
 def with_groups(values: dict[str, float], combine: Callable[[list[float]], float]) -> dict[str, float]:

@@ -115,7 +115,8 @@ def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
 
 def hierarchy_section(study: Study, rows: dict) -> list[str]:
     """Each configuration's Shapes mistakes in the world's class tree (``euclip analyze hierarchy``), beside
-    what uniform guessing scores; nothing where the study's runs have no hierarchy analysis."""
+    what uniform guessing scores, and the order of the world's caption pairs; nothing where the study's runs
+    have no hierarchy analysis."""
     if not any(metric == "shapes_tie" for _, metric in rows):
         return []
     from euclip_cli.hierarchy import world_guessing
@@ -123,18 +124,30 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
     guess = world_guessing()
     lines = ["", "## Hierarchy", "",
              "HyCoCLIP's hierarchical metrics of the Shapes predictions in the world generator's class tree "
-             "(12 shapes, 3 families, one root), mean ± sd over seeds: the tree-induced error (edges between "
-             "the predicted and the true shape: 0 right, 2 another shape of its family, 4 one of another "
-             f"family), the Jaccard similarity and the hierarchical precision of their ancestor sets. Uniform "
-             f"guessing scores {guess['tie']:.2f}, {guess['jaccard']:.2f} and {guess['h_precision']:.2f}. "
-             "Entailment as a score: how well the family captions pick out the Shapes images of their family "
-             "(ROC AUC; 0.5 is chance), by the geometry's similarity and, where it has cones, by the cone.", "",
-             "| config | Shapes | tree-induced error | Jaccard | hierarchical precision | AUC, similarity | AUC, cone |",
-             "|---|---|---|---|---|---|---|"]
+             "(12 shapes, 3 families, one root), with its code's ancestor sets (a class's ancestors, not the "
+             "class), mean ± sd over seeds: the tree-induced error (edges between the predicted and the true "
+             "shape: 0 right, 2 another shape of its family, 4 one of another family), the same over the "
+             "mistakes only beside uniform mistakes on the same images (a model whose mistakes stay in the "
+             "family scores below them; one that is merely more often right scores the same), the Jaccard "
+             "similarity and the hierarchical precision of the ancestor sets (a mistake within the family "
+             f"scores 1 in both). Uniform guessing scores {guess['tie']:.2f}, {guess['jaccard']:.2f} and "
+             f"{guess['h_precision']:.2f}. Entailment as a score: how well the family captions pick out the "
+             "Shapes images of their family (ROC AUC; 0.5 is chance), by the geometry's similarity and, where "
+             "it has cones, by the cone. Order: each (generic, specific) pair of the world's captions at "
+             "every level against the same pair reversed (ROC AUC; a symmetric score gets 0.5), by the "
+             "distance from [ROOT] and, where the geometry has cones, by the cone.", "",
+             "| config | Shapes | tree-induced error | mistakes' TIE (uniform) | Jaccard | hierarchical precision "
+             "| AUC, similarity | AUC, cone | order AUC, [ROOT] | order AUC, cone |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for config in study.configs:
-        cells = [_mean_sd(rows.get((config, "world/shapes"))), _mean_sd(rows.get((config, "shapes_tie")), 2),
+        mistakes = _mean_sd(rows.get((config, "shapes_mistake_tie")), 2)
+        uniform = rows.get((config, "shapes_random_mistake_tie"))
+        if uniform is not None:
+            mistakes += f" ({uniform['mean']:.2f})"
+        cells = [_mean_sd(rows.get((config, "world/shapes"))), _mean_sd(rows.get((config, "shapes_tie")), 2), mistakes,
                  *(_mean_sd(rows.get((config, m)), 3) for m in ("shapes_jaccard", "shapes_h_precision",
-                                                                  "family_similarity_auc", "family_cone_auc"))]
+                                                                  "family_similarity_auc", "family_cone_auc",
+                                                                  "caption_root_order_auc", "caption_cone_order_auc"))]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
     return lines
 

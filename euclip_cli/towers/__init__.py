@@ -81,17 +81,21 @@ def tokenizer_for(arch: str):
     return archs.lookup(arch).tokenizer()
 
 
-def transforms_for(clip: open_clip.CLIP, crop_scale: Optional[float] = None):
+def transforms_for(clip: open_clip.CLIP, crop_scale: Optional[float] = None, resize: str = "crop"):
     """open_clip's (train, eval) image transforms at the model's resolution, with the tower's mean
     and std where it names them (open_clip's pretrained models, MERU's towers), else OpenAI's; a training
-    crop keeps at least ``crop_scale`` of the image's area (``data.crop_scale``; unset: open_clip's own)."""
+    crop keeps at least ``crop_scale`` of the image's area (``data.crop_scale``; unset: open_clip's own).
+    The eval transform resizes the shorter side and crops the centre (``resize="crop"``: DataComp's, and
+    MERU's for classification) or resizes both sides to the size, the aspect lost (``"squeeze"``: MERU's
+    retrieval, which keeps the whole image)."""
     from open_clip.transform import AugmentationCfg
 
     size = image_size(clip)
     stats = dict(mean=getattr(clip.visual, "image_mean", None), std=getattr(clip.visual, "image_std", None))
     augment = None if crop_scale is None else AugmentationCfg(scale=(crop_scale, 1.0))
+    modes = {"crop": "shortest", "squeeze": "squash"}  # open_clip's names
     return (open_clip.image_transform(size, is_train=True, aug_cfg=augment, **stats),
-            open_clip.image_transform(size, is_train=False, **stats))
+            open_clip.image_transform(size, is_train=False, resize_mode=modes[resize], **stats))
 
 
 def image_trunk_features(clip: open_clip.CLIP, images: torch.Tensor) -> torch.Tensor:
