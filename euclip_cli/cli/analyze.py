@@ -237,6 +237,11 @@ def traverse(run: str = typer.Argument(..., help="Run directory or name."),
     console.print(f"written: {out}")
 
 
+# The WordNet both ImageNet hierarchy commands read, declared once.
+WORDNET_OPTION = typer.Option(None, callback=checked_path, help="nltk_data folder holding WordNet (euclip download "
+                                                               "wordnet; default: data/nltk_data).")
+
+
 @app.command()
 def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
               tree: str = typer.Option("world", help="world: the embedded world's class tree; wordnet: ImageNet's "
@@ -251,9 +256,7 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
               eval_root: Optional[Path] = typer.Option(None, callback=checked_path,
                                                        help="--tree wordnet: the ImageNet evaluation sets "
                                                             "(default: the run's eval.root)."),
-              wordnet: Optional[Path] = typer.Option(None, callback=checked_path,
-                                                     help="--tree wordnet: nltk_data folder holding WordNet "
-                                                          "(default: data/nltk_data)."),
+              wordnet: Optional[Path] = WORDNET_OPTION,
               device: str = typer.Option("auto", help="cpu, cuda or auto."),
               runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """How the run keeps a class hierarchy: HyCoCLIP's tree-induced error, LCA error, Jaccard similarity
@@ -331,9 +334,7 @@ def imagenet_tree(out: Path = typer.Option(Path("results") / "imagenet-tree", ca
                   against: Optional[Path] = typer.Option(None, callback=checked_path,
                                                          help="HyCoCLIP's imagenet_isa.txt: measure how far the "
                                                               "pruned tree is from it."),
-                  wordnet: Optional[Path] = typer.Option(None, callback=checked_path,
-                                                         help="nltk_data folder holding WordNet (default: "
-                                                              "data/nltk_data).")) -> None:
+                  wordnet: Optional[Path] = WORDNET_OPTION) -> None:
     """The tree of ImageNet's 1,000 classes that 'analyze hierarchy --tree wordnet' scores in when no --isa
     is given: WordNet's hypernyms pruned to the shape of HyCoCLIP's tree. With --against, how far it is
     from HyCoCLIP's own.
