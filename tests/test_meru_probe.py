@@ -67,6 +67,23 @@ def test_the_held_out_validation_keeps_every_class_on_both_sides_of_a_class_orde
     assert not stratified_holdout(np.array([0, 1, 1, 1]), 0.5)[0]
 
 
+def test_a_probe_sets_sizes_are_held_to_merus_table_6():
+    """A set with its own val split matches split by split; one without, by train + val (euclip draws its own
+    validation from it) and test."""
+    from euclip_cli.evaluate.runner import meru_sizes
+    from euclip_cli.evaluate.tasks import TASKS, list_tasks
+    from euclip_cli.published import meru_split_sizes
+
+    table = meru_split_sizes()
+    assert set(table) == {t.key.split("/", 1)[1] for t in list_tasks("meru-probe")}
+    assert (table["food101"]["test"], table["caltech101"]["test"], table["flowers102"]["test"]) == (25250, 6084, 6149)
+    food, cifar = TASKS["meru-probe/food101"], TASKS["meru-probe/cifar10"]
+    assert meru_sizes(food, {"train": 68000, "val": 7750, "test": 25250}, own_val=False)["sizes_match_meru"]
+    assert not meru_sizes(food, {"train": 68000, "val": 7750, "test": 25249}, own_val=False)["sizes_match_meru"]
+    assert meru_sizes(cifar, {"train": 45000, "val": 5000, "test": 10000}, own_val=True)["sizes_match_meru"]
+    assert not meru_sizes(cifar, {"train": 44000, "val": 6000, "test": 10000}, own_val=True)["sizes_match_meru"]
+
+
 def test_the_features_before_the_projection_are_what_each_tower_projects():
     from euclip_cli import config as C
     from euclip_cli.model import initial_model
@@ -121,6 +138,8 @@ def test_probes_run_through_eval_with_their_splits_and_cached_features(world, pr
     assert round(0.1 * n) <= food["val"] <= round(0.1 * n) + 12
     assert (cifar["train"], cifar["val"], cifar["test"]) == (n, n, n)
     assert food["test_in_train"] == cifar["test_in_train"] == 0
+    # Beside MERU's Table 6: the world's stand-ins are not Food-101's 68,175 + 7,575 / 25,250.
+    assert food["meru_sizes"] == {"train": 68175, "val": 7575, "test": 25250} and food["sizes_match_meru"] is False
     assert food["costs_tried"] == 15 and food["main_metric"] == food["mean_per_class_recall"] > 1 / 12
     features = {p.name for p in (run / "features").rglob("*.pt")}
     assert {"meru-probe__food101-train.pt", "meru-probe__food101-test.pt", "meru-probe__cifar10-val.pt"} <= features

@@ -194,7 +194,23 @@ def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch
         raise EvalError(f"task {task.key}: {shared} of the {len(test_x)} test images in {data_dir} are also train or "
                         f"val images: the exporter wrote one dataset as every split; export the VTAB version "
                         f"(e.g. --dataset vtab/{task.key.split('/', 1)[1]}), whose splits are disjoint")
-    return linear_probe((train_x, train_y), val, (test_x, np.asarray(splits["test"][1]))) | {"test_in_train": shared}
+    found = linear_probe((train_x, train_y), val, (test_x, np.asarray(splits["test"][1])))
+    return found | {"test_in_train": shared} | meru_sizes(task, found, "val" in splits)
+
+
+def meru_sizes(task: Task, found: dict, own_val: bool) -> dict:
+    """The probe set's split sizes against MERU's Table 6: ``meru_sizes`` (its train, val, test) and
+    ``sizes_match_meru``. A set without a val split of its own is held to MERU's train + val (euclip draws
+    its own validation from it, ``probe.stratified_holdout``)."""
+    from euclip_cli.published import meru_split_sizes
+
+    published = meru_split_sizes().get(task.key.split("/", 1)[1])
+    if published is None:
+        return {}
+    ours = (found["train"], found["val"], found["test"])
+    theirs = (published["train"], published["val"], published["test"])
+    match = ours == theirs if own_val else (ours[0] + ours[1], ours[2]) == (theirs[0] + theirs[1], theirs[2])
+    return {"meru_sizes": dict(zip(("train", "val", "test"), theirs)), "sizes_match_meru": match}
 
 
 def test_in_train(train: np.ndarray, test: np.ndarray) -> int:

@@ -5,7 +5,8 @@
 effects from them. ``euclip-traversal.csv``: its Tables 6 and 7, captions retrieved per image
 along image traversals, one row per (table, model, filter). ``meru-tables.csv``: MERU's Tables 1
 (zero-shot retrieval), 2 (zero-shot classification on 20 datasets), 3 (embedding widths) and 7 (linear
-probes), one row per (table, arch, model, dataset, metric, embed_dim), each dataset beside DataComp's task of it. ``sun-li-temperature.csv``: Sun
+probes), one row per (table, arch, model, dataset, metric, embed_dim), each dataset beside DataComp's task of it.
+``meru-table6.csv``: MERU's Table 6, each probe dataset's classes and split sizes. ``sun-li-temperature.csv``: Sun
 and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
 study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP's stated GPU
 hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
@@ -19,6 +20,7 @@ from pathlib import Path
 EUCLIP_TABLES = Path(__file__).with_name("euclip-tables.csv")
 EUCLIP_TRAVERSAL = Path(__file__).with_name("euclip-traversal.csv")
 MERU_TABLES = Path(__file__).with_name("meru-tables.csv")
+MERU_TABLE6 = Path(__file__).with_name("meru-table6.csv")
 SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
 OPENCLIP_THROUGHPUT = Path(__file__).with_name("openclip-throughput.csv")
 
@@ -89,3 +91,12 @@ def openclip_throughput() -> dict[str, tuple[float, str]]:
     return {r.arch: (r.samples_seen / (r.gpu_hours * 3600),
                      f"OpenCLIP's {r.arch} on LAION-400M: {r.gpu_hours:,} {r.device} hours for {r.samples_seen / 1e9:g}B "
                      f"samples (docs/PRETRAINED.md)") for r in rows.itertuples()}
+
+
+def meru_split_sizes() -> dict[str, dict[str, int]]:
+    """MERU's Table 6: ``{probe dataset: {classes, train, val, test}}``."""
+    import pandas as pd
+
+    rows = pd.read_csv(MERU_TABLE6, comment="#")
+    return {r.dataset: {"classes": int(r.classes), "train": int(r.train), "val": int(r.val), "test": int(r.test)}
+            for r in rows.itertuples()}
