@@ -542,11 +542,11 @@ def validate(cfg: Config) -> list[str]:
         problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
     if g.logit_scale_max <= 0:
         problems.append("geometry.logit_scale_max: must be positive")
+    elif g.logit_scale_min_log is not None and g.logit_scale_min_log > math.log(g.logit_scale_max):
+        problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
     if g.alpha_max is not None and (g.alpha_max <= 0 or (facts and not facts.learned_scales)):
         problems.append(f"geometry.alpha_max: {g.alpha_max} bounds a learned embedding scale: set it positive, on a "
                         f"geometry that learns one (hyperbolic), or none")
-    elif g.logit_scale_min_log is not None and g.logit_scale_min_log > math.log(g.logit_scale_max):
-        problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
     if cfg.loss.entail_weight < 0:
         problems.append("loss.entail_weight: must be >= 0")
     if facts and cfg.loss.entail_weight > 0 and not facts.has_entailment:

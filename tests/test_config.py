@@ -76,6 +76,9 @@ def test_cross_field_rules():
         C.load_config("meru-vit-s", ["data.pipeline=openclip"])
     with pytest.raises(C.ConfigError, match="data.subreddit_prefix: a probability"):
         C.load_config("meru-vit-s", ["data.subreddit_prefix=1.5"])
+    # A bound that is not positive is named; the lower bound is not compared with its logarithm.
+    with pytest.raises(C.ConfigError, match="geometry.logit_scale_max: must be positive"):
+        C.load_config("tiny-clip", ["geometry.logit_scale_max=0"])
 
 
 def test_malformed_and_missing_recipes(tmp_path):
