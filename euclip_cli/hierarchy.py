@@ -163,23 +163,20 @@ def hierarchical_metrics(predicted: list[str], true: list[str], tree: Tree, clas
                     "random_mistake_tie": mean(random_tie[t] for _, t in wrong) if wrong else None}
 
 
-def compare_trees(a: dict[str, str], b: dict[str, str], leaves: list[str]) -> dict[str, float]:
-    """How far tree ``a`` is from tree ``b`` (each node's parent) over the same ``leaves``: their sizes, the
-    nodes both hold and how many of those have the same parent, how many leaves have the same nodes above
-    them, and over every pair of leaves the correlation of their TIEs, the share of pairs at an equal TIE and
-    each tree's mean."""
+def compare_trees(ta: Tree, tb: Tree, leaves: list[str]) -> dict[str, float]:
+    """How far hierarchy ``ta`` is from ``tb`` over the same ``leaves``: their sizes, the nodes both hold and
+    how many of those have the same parents, how many leaves have the same nodes above them, and over every
+    pair of leaves the correlation of their TIEs, the share of pairs at an equal TIE and each one's mean."""
     from itertools import combinations
 
     import numpy as np
 
-    ta, tb = Tree.from_parent(a), Tree.from_parent(b)
-    nodes_a, nodes_b = set(a) | set(a.values()), set(b) | set(b.values())
-    both, roots = nodes_a & nodes_b, {ta.root, tb.root}
+    both, roots = ta.nodes & tb.nodes, {ta.root, tb.root}
     pairs = list(combinations(leaves, 2))
     tie_a = np.array([ta.distance(x, y) for x, y in pairs], dtype=float)
     tie_b = np.array([tb.distance(x, y) for x, y in pairs], dtype=float)
-    return {"nodes": len(nodes_a), "nodes_against": len(nodes_b), "shared_nodes": len(both),
-            "same_parent": sum(a.get(n) == b.get(n) for n in both if n in a or n in b),
+    return {"nodes": len(ta.nodes), "nodes_against": len(tb.nodes), "shared_nodes": len(both),
+            "same_parent": sum(ta.parents.get(n) == tb.parents.get(n) for n in both if n in ta.parents or n in tb.parents),
             "leaves": len(leaves),
             "same_ancestors": sum(ta.ancestor_set(x) == tb.ancestor_set(x) for x in leaves),
             # Trees rooted at different nodes (entity, physical_entity) agree below both roots or not at all.

@@ -232,7 +232,7 @@ def test_a_tasks_tree_over_part_of_the_classes_keeps_only_what_branches_above_th
 def test_two_trees_compared_by_hand():
     ours = {"a": "r", "b": "r", "a1": "a", "a2": "a", "b1": "b"}
     theirs = {"a": "r", "a1": "a", "a2": "a", "b1": "r"}  # b spliced out
-    found = compare_trees(ours, theirs, ["a1", "a2", "b1"])
+    found = compare_trees(Tree.from_parent(ours), Tree.from_parent(theirs), ["a1", "a2", "b1"])
     assert (found["nodes"], found["nodes_against"], found["shared_nodes"]) == (6, 5, 5)
     assert found["same_parent"] == 3  # a, a1, a2 (b1's differs)
     assert found["same_ancestors"] == 2 and found["pairs"] == 3

@@ -273,16 +273,13 @@ def hierarchy(run: str = typer.Argument(..., help="Run directory or name."),
     from rich.table import Table
 
     from euclip_cli.analysis import runner
-    from euclip_cli.evaluate.hierarchy import IMAGENET_TREES
+    from euclip_cli.evaluate.hierarchy import check_tree
     from euclip_cli.hierarchy import CONVENTIONS
 
-    if tree not in ("world", *IMAGENET_TREES):
-        fail(f"unknown --tree '{tree}': choose one of world, {', '.join(IMAGENET_TREES)}", 2)
     if convention not in CONVENTIONS:
         fail(f"unknown --convention '{convention}': choose one of {', '.join(CONVENTIONS)}", 2)
-    if tree == "world" and isa is not None:
-        fail("--isa is a tree over ImageNet's classes: it goes with --tree wordnet", 2)
     with errors():
+        check_tree(tree, isa)
         if tree != "world":
             from euclip_cli.evaluate.hierarchy import wordnet_hierarchy
 

@@ -41,28 +41,37 @@ def _quiet(text: str) -> ContextManager:
     return contextlib.nullcontext()
 
 
-def task_tree(classes: list[str], tree: str, wordnet: Path, isa: Optional[Path]) -> tuple[Tree, dict[str, str], str]:
-    """``(tree, synset names, source)``: the hierarchy ``tree`` (``IMAGENET_TREES``) over one task's
-    ``classes``, the names of WordNet's synsets in it, and a sentence saying where it came from."""
-    if tree not in IMAGENET_TREES:
-        raise UsageError(f"unknown --tree '{tree}': choose world or one of {', '.join(IMAGENET_TREES)}")
+def check_tree(tree: str, isa: Optional[Path]) -> None:
+    """Whether ``tree`` (``world`` or one of ``IMAGENET_TREES``) and ``isa`` go together; a ``UsageError`` if not."""
+    if tree != "world" and tree not in IMAGENET_TREES:
+        raise UsageError(f"unknown --tree '{tree}': choose one of world, {', '.join(IMAGENET_TREES)}")
     if isa is not None and tree != "wordnet":
         raise UsageError(f"--isa is the tree itself: it goes with --tree wordnet, not --tree {tree}")
+
+
+def require_classes(parent: dict[str, str], isa: Path, classes: list[str], whose: str) -> None:
+    """A ``UsageError`` naming ``isa`` where its tree ``parent`` lacks any of ``classes`` (``whose`` they are)."""
+    missing = [c for c in classes if c not in parent]
+    if missing:
+        raise UsageError(f"{isa} lacks {len(missing)} of {whose} {len(classes)} classes (e.g. "
+                         f"{', '.join(missing[:3])}): is it HyCoCLIP's imagenet_isa.txt?")
+
+
+def task_tree(classes: list[str], tree: str, wordnet: Path, given: Optional[dict[str, str]],
+              isa: Optional[Path]) -> tuple[Tree, dict[str, str], str]:
+    """``(tree, synset names, source)``: the hierarchy ``tree`` (``IMAGENET_TREES``) over one task's
+    ``classes`` (``given``: the tree read from ``isa``, if one was), the names of WordNet's synsets in it,
+    and a sentence saying where it came from."""
     graph, names = hypernym_graph(classes, wordnet)
     wordnet_said = f"WordNet 3.0 (nltk's '{PACKAGE}' package in {wordnet})"
     if tree == "wordnet-graph":
         return Tree(graph), names, f"{wordnet_said}: hypernyms and instance hypernyms above the task's classes"
-    if isa is None:
+    if given is None:
         return (Tree.from_parent(prune(graph, classes, prefer=PHYSICAL_ENTITY)), names,
                 f"{wordnet_said}, pruned to a tree: each synset under its parent toward physical_entity with the "
                 f"longest path to the root, one-child synsets spliced out (euclip_cli.hierarchy.prune)")
-    parent = read_isa(isa)
-    missing = [c for c in classes if c not in parent]
-    if missing:
-        raise UsageError(f"{isa} lacks {len(missing)} of the task's {len(classes)} classes (e.g. "
-                         f"{', '.join(missing[:3])}): is it HyCoCLIP's imagenet_isa.txt?")
-    return (Tree.from_parent(restrict(parent, classes)), names,
-            f"{isa} (HyCoCLIP's tree), restricted to the task's classes")
+    require_classes(given, isa, classes, "the task's")
+    return Tree.from_parent(restrict(given, classes)), names, f"{isa} (HyCoCLIP's tree), restricted to the task's classes"
 
 
 def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Optional[Path] = None,
@@ -74,6 +83,9 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
     task in the hierarchy ``tree`` over its own classes (``task_tree``; WordNet from ``wordnet``,
     ``euclip download wordnet``), beside uniform guessing on the same images; written to
     ``RUN/analysis/hierarchy_wordnet.json``."""
+    check_tree(tree, isa)
+    if tree == "world":
+        raise UsageError("--tree world is the embedded world's tree: 'euclip analyze hierarchy RUN' scores in it")
     run_files = RunDir(resolve(run, runs_dir).path)
     device = resolve_device(device)
     wordnet = wordnet or WORDNET_DIR
@@ -84,12 +96,13 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
     if not present:
         raise UsageError(f"no ImageNet evaluation set in {eval_root}: run 'euclip download evalsets --tasks "
                          f"imagenet1k --root {eval_root}' (or name the folder holding them with --eval-root)")
+    given = None if isa is None else read_isa(isa)  # read once, for every task
     cache, curv = feature_cache(run_files, ckpt, model), model.curvature()
     tasks, guessing, trees, names = {}, {}, {}, {}
     for task in present:
         classes = imagenet_wnids(task.key)
         with status(f"building the {tree} hierarchy over {task.key}'s {len(classes)} classes"):
-            hierarchy, named, source = task_tree(classes, tree, wordnet, isa)
+            hierarchy, named, source = task_tree(classes, tree, wordnet, given, isa)
         folder = task.data_dir(eval_root, world)
         with status(f"classifying {task.key} with {run_files.path.name}"):
             image_emb, prototypes, targets = classification_inputs(model, cfg, task, folder, device,
@@ -106,7 +119,7 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
                            "parents": hierarchy.parents}
         names.update({node: named[node] for node in hierarchy.nodes if node in named})
     result = {"geometry": model.geometry.name, "logit": model.geometry.logit, "step": step, "tree": tree,
-              "convention": convention, "trees": trees, "names": names,
+              "isa": None if isa is None else str(isa), "convention": convention, "trees": trees, "names": names,
               "tasks": tasks, "chance": guessing}
     path = run_files.wordnet_hierarchy_file
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,18 +143,17 @@ def imagenet_tree(out: Path, wordnet: Optional[Path] = None, against: Optional[P
     classes = imagenet_wnids("imagenet1k")
     graph, _ = hypernym_graph(classes, wordnet)
     parent = prune(graph, classes, prefer=PHYSICAL_ENTITY)
-    tree = Tree.from_parent(parent)
+    tree, whole = Tree.from_parent(parent), Tree(graph)
     result = {"wordnet": str(wordnet), "tree": str(out / TREE_FILE), "classes": len(classes), "nodes": len(tree.nodes),
-              "root": tree.root, "graph_nodes": len(Tree(graph).nodes),
+              "root": tree.root, "graph_nodes": len(whole.nodes),
               "graph_nodes_with_two_parents": sum(len(p) > 1 for p in graph.values())}
     if against is not None:
         theirs = read_isa(against)
-        missing = [c for c in classes if c not in theirs]
-        if missing:
-            raise UsageError(f"{against} lacks {len(missing)} of ImageNet's 1,000 classes (e.g. {missing[0]})")
+        require_classes(theirs, against, classes, "ImageNet-1k's")
+        theirs = Tree.from_parent(theirs)
         result["against"] = str(against)
-        result["comparison"] = compare_trees(parent, theirs, classes)
-        result["graph_comparison"] = {"tie_correlation": _graph_tie_correlation(Tree(graph), theirs, classes)}
+        result["comparison"] = compare_trees(tree, theirs, classes)
+        result["graph_comparison"] = {"tie_correlation": compare_trees(whole, theirs, classes)["tie_correlation"]}
     out.mkdir(parents=True, exist_ok=True)
     staged = [(out / (TREE_FILE + ".new"), out / TREE_FILE)]
     write_isa(parent, staged[0][0])
@@ -157,13 +169,3 @@ def imagenet_tree(out: Path, wordnet: Optional[Path] = None, against: Optional[P
         new.replace(final)
     return result
 
-
-def _graph_tie_correlation(graph: Tree, theirs: dict[str, str], classes: list[str]) -> float:
-    """The correlation over ImageNet's class pairs of the TIE in WordNet's whole graph with that in ``theirs``."""
-    from itertools import combinations
-
-    import numpy as np
-
-    tree = Tree.from_parent(theirs)
-    pairs = list(combinations(classes, 2))
-    return float(np.corrcoef([graph.distance(a, b) for a, b in pairs], [tree.distance(a, b) for a, b in pairs])[0, 1])

@@ -225,9 +225,8 @@ def hierarchy_table(runs_dirs: list[Path]) -> pd.DataFrame:
         if "trees" not in result:
             continue  # written before trees were per task: its numbers are the graph's over every set present
         for task, row in result["tasks"].items():
-            tree = result["trees"][task]["source"]
             rows.append({"run": run.name, "geometry": f"{result['geometry']} ({result['logit']})", "task": task,
-                         "tree": "HyCoCLIP's" if "HyCoCLIP's tree" in tree else result["tree"],
+                         "tree": "HyCoCLIP's" if result.get("isa") else result["tree"],
                          "convention": result["convention"], "accuracy": round(100 * row["accuracy"], 2),
                          "TIE": round(row["tie"], 3), "LCA error": round(row["lca_error"], 3),
                          "Jaccard": round(row["jaccard"], 3), "h-precision": round(row["h_precision"], 3),
