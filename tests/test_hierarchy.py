@@ -5,6 +5,7 @@ generator."""
 from __future__ import annotations
 
 import random
+import re
 import pytest
 
 from euclip_cli.hierarchy import (Tree, chance, collapse, compare_trees, hierarchical_metrics, prune, restrict,
@@ -280,3 +281,20 @@ def test_the_order_score_tells_a_pair_from_its_reverse_only_where_the_geometry_s
     # A geometry without cones is scored by its distance from [ROOT] alone.
     assert set(order_study(get_geometry("clip"), None, torch.nn.functional.normalize(texts, dim=-1), pairs,
                            torch.tensor([1.0, 1.0]) / 2 ** 0.5, 0.1)) == {"root_order"}
+
+
+@pytest.mark.parametrize("text, said", [
+    ("n1 n2 n3\n", "t.txt:1: expected 'PARENT CHILD'"),
+    ("n0 n1\nn0 n2\nn9 n1\n", "t.txt:3: n1 has a second parent"),
+    ("n0 n1\nn5 n6\n", "a tree has one root, this file has 2"),
+    ("n1 n2\nn2 n1\n", "this file has 0 (a cycle)"),
+    (b"\xff\xfe\n", "cannot read the tree"),
+])
+def test_a_tree_file_that_is_not_one_tree_is_refused_naming_the_file_and_line(tmp_path, text, said):
+    from euclip_cli.data.wordnet import read_isa
+    from euclip_cli.errors import UsageError
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UsageError, match=re.escape(said)):
+        read_isa(path)
