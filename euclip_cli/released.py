@@ -13,6 +13,8 @@ Formats (``FORMATS``):
   and ``curvature``, all log-space. Geometry, logit and model come from the run's ``params.txt``
   (beside the checkpoint or one folder up, as OpenCLIP writes it) or from the command line.
 
+- ``euclip-export``: a folder ``euclip export`` wrote, or ``hf://OWNER/REPO[@REVISION]`` holding one
+  (``euclip_cli.exported``): its config and weights as they were exported.
 - ``meru``: MERU's released checkpoints (facebookresearch/meru, ``{"model": state_dict}``), MERU
   or its CLIP baseline, into euclip's MERU towers (``towers.archs.meru_arch``: timm's ViT as MERU builds
   it, open_clip's text transformer under MERU's weights); MERU's clamps (logit scale, alphas,
@@ -68,6 +70,8 @@ class Converted:
     clip: object = None  # already-built open_clip towers (the openclip format)
     # The suite the run evaluates on by default: the one its authors report (MERU's own for its models).
     tasks: str = "datacomp"
+    # The whole config, where the source carries one (an euclip export): used instead of ``overrides``.
+    config: Optional[dict] = None
 
 
 def fetch_source(source: str, sibling: Optional[str] = None) -> Optional[Path]:
@@ -278,10 +282,26 @@ def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arc
     return Converted(overrides, state, meta, tasks="meru")
 
 
+def convert_export(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    """An euclip export (a folder or ``hf://OWNER/REPO[@REVISION]``): the config and weights it holds."""
+    from euclip_cli import exported
+
+    if geometry is not None or logit is not None or arch is not None:
+        raise UsageError("an euclip export names its own geometry, logit and model: --geometry, --logit and "
+                         "--arch do not apply")
+    folder = exported.fetch(source)
+    described, state = exported.read(folder)
+    meta = {"source": source, "sha256": sha256_of(folder / exported.WEIGHTS),
+            "exported_from": described.get("provenance", {})}
+    return Converted([], state, meta, tasks=described["config"].get("eval", {}).get("tasks", "datacomp"),
+                     config=described["config"])
+
+
 FORMATS: dict[str, Callable[[str, Optional[str], Optional[str], Optional[str]], Converted]] = {
     "openclip": convert_openclip,
     "euclip-authors": convert_authors,
     "meru": convert_meru,
+    "euclip-export": convert_export,
 }
 
 
@@ -312,7 +332,8 @@ def import_run(fmt: str, source: str, name: str, runs_dir: Path, geometry: Optio
         raise UsageError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
     run = RunDir(runs_dir / plain_name(name, "--name"))
     converted = FORMATS[fmt](source, geometry, logit, arch)
-    cfg = C.load_config(None, [*converted.overrides, f"eval.tasks={converted.tasks}"])
+    cfg = (C.from_dict(converted.config) if converted.config is not None
+           else C.load_config(None, [*converted.overrides, f"eval.tasks={converted.tasks}"]))
     model = EuclipModel(cfg, clip=converted.clip)
     if converted.state is not None:
         _fit(model, converted.state, source)

@@ -15,7 +15,7 @@ PACKAGE = Path(euclip_cli.__file__).parent
 # The task registry, its aggregation and the format of an eval line's per-example outcomes are the
 # evaluation protocol, torch-free, read by every runner.
 REGISTRIES = ("evaluate.tasks", "evaluate.aggregate", "evaluate.hits")
-RUNNERS = ("train", "evaluate", "analysis", "report", "bench", "study", "released")
+RUNNERS = ("train", "evaluate", "analysis", "report", "bench", "study", "released", "publish")
 
 
 def module_name(path: Path) -> str:
@@ -84,7 +84,7 @@ CORE_FLOORS = (
                "data.redcaps", "data.photo_shards")),
     ("towers", ("towers", "towers.archs", "towers.attention", "towers.text", "towers.vision", "towers.checkpointing")),
     ("model", ("model",)),
-    ("model users", ("step", "encode")),
+    ("model users", ("step", "encode", "exported")),
 )
 
 

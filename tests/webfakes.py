@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -49,9 +50,18 @@ class FakeHub(_Server):
 
     LFS_SUFFIXES = (".parquet", ".npz", ".bin", ".pt", ".safetensors")
 
-    def __init__(self, repos: dict[str, dict[str, bytes]], page_size: int = 2, xet: bool = True):
+    def __init__(self, repos: dict[str, dict[str, bytes]], page_size: int = 2, xet: bool = True,
+                 models: dict[str, dict[str, bytes]] | None = None, tokens: tuple[str, ...] = ()):
         self.repos, self.requests, self.page_size, self.xet = repos, [], page_size, xet
         self.cut_next: set[str] = set()  # CDN paths whose next transfer stops halfway
+        # Model repositories, writable with one of ``tokens``: created private or public, read (private ones
+        # with a token only), committed to through the LFS batch API and the commit endpoint.
+        self.models = dict(models or {})
+        self.private: set[str] = set()
+        self.tokens = set(tokens)
+        self.staged: dict[str, bytes] = {}  # LFS objects uploaded to the CDN, by sha256
+        self.refuse_commit = False  # the next commits fail with a 500, as a Hub outage would
+        self.authorized: list[tuple[str, str]] = []  # (Host, path) of every request that carried a token
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -73,6 +83,11 @@ class FakeHub(_Server):
                 url = urlparse(self.path)
                 parts = url.path.strip("/").split("/")
                 hub.requests.append((self.command, "/".join(parts), self.headers.get("Host", "")))
+                if self.headers.get("Authorization"):
+                    hub.authorized.append((self.headers.get("Host", ""), "/".join(parts)))
+                if parts[:2] == ["api", "models"] or (len(parts) > 3 and "/".join(parts[:2]) in hub.models
+                                                      and parts[2] == "resolve"):
+                    return self.model_read(parts, parse_qs(url.query), head)
                 if parts[:2] == ["api", "datasets"]:
                     repo = "/".join(parts[2:4])
                     files = hub.repos.get(repo)
@@ -100,7 +115,8 @@ class FakeHub(_Server):
                         headers["Link"] = (f'<{hub.url}/api/datasets/{repo}/xet-read-token/{COMMIT}>; rel="xet-auth"')
                     return self.reply(302, b"", headers, head)
                 if parts[0] == "cdn":
-                    data = hub.repos.get("/".join(parts[1:3]), {}).get("/".join(parts[3:]))
+                    repo = "/".join(parts[1:3])
+                    data = {**hub.repos, **hub.models}.get(repo, {}).get("/".join(parts[3:]))
                     if data is None:
                         return self.reply(404, head=head)
                     if not head and "/".join(parts[1:]) in hub.cut_next:
@@ -133,6 +149,117 @@ class FakeHub(_Server):
                     headers["Link"] = (f'<{hub.url}{urlparse(self.path).path}?{rest}&cursor={start + hub.page_size}>; '
                                        f'rel="next"')
                 return self.reply(200, json.dumps(page).encode(), headers)
+
+            def readable(self, repo: str) -> bool:
+                """A model repository this request may see: public, or private with a valid token."""
+                return repo in hub.models and (repo not in hub.private or self.token() in hub.tokens)
+
+            def token(self) -> str:
+                return self.headers.get("Authorization", "").removeprefix("Bearer ")
+
+            def model_read(self, parts: list[str], query: dict, head: bool):
+                if parts[0] == "api":
+                    repo = "/".join(parts[2:4])
+                    if not self.readable(repo):
+                        return self.reply(401 if repo in hub.models else 404,
+                                          b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+                    files = hub.models[repo]
+                    if len(parts) == 4 or parts[4] == "revision":
+                        body = {"id": repo, "sha": COMMIT, "private": repo in hub.private,
+                                "siblings": [{"rfilename": name} for name in files]}
+                        return self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+                    if parts[4] == "tree":
+                        return self.tree(repo, files, query)
+                    return self.reply(403, b'{"error": "no Xet here"}')
+                repo, name = "/".join(parts[:2]), "/".join(parts[4:])
+                if not self.readable(repo):
+                    return self.reply(401, b"", {"X-Error-Code": "RepoNotFound"}, head)
+                data = hub.models[repo].get(name)
+                if data is None:
+                    return self.reply(404, b"", {"X-Error-Code": "EntryNotFound"}, head)
+                if not hub.is_lfs(name):
+                    return self.content(data, {"X-Repo-Commit": COMMIT, "ETag": f'"{git_blob_id(data)}"'}, head)
+                headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{git_blob_id(lfs_pointer(data))}"',
+                           "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Linked-Size": str(len(data)),
+                           "Location": f"http://localhost:{hub.server.server_port}/cdn/{repo}/{name}"}
+                return self.reply(302, b"", headers, head)
+
+            def body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def write(self, method: str):
+                """The write side of the Hub: create and delete a repository, preupload, LFS batch, upload
+                (on the CDN's host), verify, commit."""
+                url = urlparse(self.path)
+                parts = url.path.strip("/").split("/")
+                hub.requests.append((method, "/".join(parts), self.headers.get("Host", "")))
+                data = self.body()
+                if self.headers.get("Authorization"):
+                    hub.authorized.append((self.headers.get("Host", ""), "/".join(parts)))
+                if parts[:2] == ["upload", "lfs"] and method == "PUT":  # the CDN: no token needed, none expected
+                    hub.staged[parts[2]] = data
+                    return self.reply(200)
+                if self.token() not in hub.tokens:
+                    return self.reply(401, b'{"error": "Invalid credentials in Authorization header"}')
+                payload = json.loads(data) if data and "ndjson" not in self.headers.get("Content-Type", "") else {}
+                if parts == ["api", "validate-yaml"]:
+                    return self.reply(200, b"{}", {"Content-Type": "application/json"})
+                if parts[:2] == ["api", "repos"]:
+                    repo = f"{payload.get('organization')}/{payload['name']}"
+                    if parts[2] == "create":
+                        if repo in hub.models:
+                            return self.reply(409, b'{"error": "You already created this model repo"}')
+                        hub.models[repo] = {}
+                        if payload.get("visibility", "private" if payload.get("private") else "public") == "private":
+                            hub.private.add(repo)
+                        return self.reply(200, json.dumps({"url": f"{hub.url}/{repo}"}).encode(),
+                                          {"Content-Type": "application/json"})
+                    if parts[2] == "delete" and repo in hub.models:
+                        del hub.models[repo]
+                        hub.private.discard(repo)
+                        return self.reply(200)
+                    return self.reply(404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
+                if parts[:2] == ["api", "models"] and "/".join(parts[2:4]) in hub.models:
+                    repo = "/".join(parts[2:4])
+                    if parts[4] == "preupload":
+                        files = [{"path": f["path"], "uploadMode": "lfs" if hub.is_lfs(f["path"]) else "regular",
+                                  "shouldIgnore": False} for f in payload["files"]]
+                        return self.reply(200, json.dumps({"files": files}).encode(), {"Content-Type": "application/json"})
+                    if parts[4] == "commit":
+                        if hub.refuse_commit:
+                            return self.reply(500, b'{"error": "Internal Error"}')
+                        files = dict(hub.models[repo])
+                        for line in data.decode().splitlines():
+                            entry = json.loads(line)
+                            if entry["key"] == "file":
+                                files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+                            elif entry["key"] == "lfsFile":
+                                files[entry["value"]["path"]] = hub.staged[entry["value"]["oid"]]
+                        hub.models[repo] = files
+                        return self.reply(200, json.dumps({"commitUrl": f"{hub.url}/{repo}/commit/{COMMIT}",
+                                                           "commitOid": COMMIT}).encode(),
+                                          {"Content-Type": "application/json"})
+                if len(parts) == 6 and parts[2:] == ["info", "lfs", "objects", "batch"] and \
+                        "/".join(parts[:2]).removesuffix(".git") in hub.models:
+                    cdn = f"http://localhost:{hub.server.server_port}/upload/lfs"
+                    objects = [{"oid": o["oid"], "size": o["size"], "authenticated": True,
+                                "actions": {"upload": {"href": f"{cdn}/{o['oid']}"},
+                                            "verify": {"href": f"{hub.url}/verify/{o['oid']}"}}}
+                               for o in payload["objects"]]
+                    return self.reply(200, json.dumps({"transfer": "basic", "objects": objects}).encode(),
+                                      {"Content-Type": "application/vnd.git-lfs+json"})
+                if parts[0] == "verify" and len(hub.staged.get(parts[1], b"")) == payload.get("size"):
+                    return self.reply(200, b"{}")
+                return self.reply(404, b'{"error": "not found"}')
+
+            def do_POST(self):
+                self.write("POST")
+
+            def do_PUT(self):
+                self.write("PUT")
+
+            def do_DELETE(self):
+                self.write("DELETE")
 
             def do_GET(self):
                 self.serve(head=False)

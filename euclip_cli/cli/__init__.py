@@ -1,4 +1,4 @@
-"""The ``euclip`` command line: ``download | train | eval | import | study | report | analyze | recipes | bench``.
+"""The ``euclip`` command line: ``download | train | eval | import | export | push | study | report | analyze | recipes | bench``.
 
 Each command lives in its own module and imports torch, open_clip and friends inside
 the command body, so ``euclip --help`` answers at once.
@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 # typer 0.29 (pinned) vendors click and does not re-export its exception base classes.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
-from euclip_cli.cli import analyze, bench, download, evaluate, importing, recipes, report, study, train
+from euclip_cli.cli import analyze, bench, download, evaluate, export, importing, recipes, report, study, train
 
 
 class OneLineErrors(TyperGroup):
@@ -77,6 +77,8 @@ app.add_typer(download.app, name="download")
 app.command(name="train")(train.train)
 app.command(name="eval")(evaluate.eval_command)
 app.command(name="import")(importing.import_command)
+app.command(name="export")(export.export_command)
+app.command(name="push")(export.push_command)
 app.command(name="report")(report.report)
 app.command(name="study")(study.study)
 app.add_typer(analyze.app, name="analyze")

@@ -10,9 +10,10 @@ import typer
 from euclip_cli.cli.common import NEW_RUNS_DIR_OPTION, console, errors
 
 
-def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip, euclip-authors or meru."),
+def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="openclip, euclip-authors, meru or euclip-export."),
                    source: str = typer.Argument(..., help="openclip: ARCH:TAG; euclip-authors, meru: a checkpoint "
-                                                          "file or hf://OWNER/REPO/PATH."),
+                                                          "file or hf://OWNER/REPO/PATH; euclip-export: an export "
+                                                          "folder or hf://OWNER/REPO[@REVISION]."),
                    name: str = typer.Option(..., help="The run directory to create under --runs-dir."),
                    geometry: Optional[str] = typer.Option(None, help="euclip-authors without params.txt: the "
                                                                      "geometry (clip, elliptic, euclidean, hyperbolic)."),
@@ -28,6 +29,7 @@ def import_command(fmt: str = typer.Argument(..., metavar="FORMAT", help="opencl
       euclip import euclip-authors hf://OWNER/REPO/epoch_32.pt --name authors-meru --geometry hyperbolic --logit d --arch ViT-B-16
       euclip import meru meru_vit_b.pth --name meru-vit-b
       euclip import openclip ViT-B-32:datacomp_m_s128m_b4k --name datacomp-m-clip
+      euclip import euclip-export hf://OWNER/REPO --name their-euclip
     """
     with errors():
         from euclip_cli.released import import_run
