@@ -53,10 +53,11 @@ def load_runs(runs_dir: Path) -> list[Run]:
     return runs
 
 
-def _config_key(config: dict) -> str:
-    """Runs that differ only in their seed share a row."""
-    stripped = {k: (dict(v, seed=None) if k == "train" else v) for k, v in config.items()}
-    return json.dumps(stripped, sort_keys=True)
+def _row_key(run: Run) -> str:
+    """Runs that differ only in their seed share a row. An imported run has a row of its own: its config may be
+    a trained run's to the seed (an euclip export brought back), and the same weights twice are not two seeds."""
+    stripped = {k: (dict(v, seed=None) if k == "train" else v) for k, v in run.config.items()}
+    return json.dumps([stripped, run.import_meta], sort_keys=True)
 
 
 def _cell(values: list[Optional[float]], digits: int = 1) -> str:
@@ -73,7 +74,7 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
     groups: dict[str, list[Run]] = {}
     for run in runs:
         if run.scores[suite]["tasks_done"]:
-            groups.setdefault(_config_key(run.config), []).append(run)
+            groups.setdefault(_row_key(run), []).append(run)
     rows = []
     for members in groups.values():
         # Seeds of one recipe are named by the recipe; anything else by its run names.
