@@ -35,7 +35,7 @@ def load_model(run: RunDir, device: torch.device, at_init: bool = False
         cfg, found, step = C.from_dict(run.config()), None, 0
         model = initial_model(cfg, run.path.parent)
     else:
-        found, state, _ = run.readable_checkpoint()
+        found, state = run.readable_checkpoint()
         if found is None:
             raise UsageError(f"{run.path} has no checkpoint: train it first (euclip train --recipe RECIPE)")
         cfg, step = C.from_dict(state["config"]), state["step"]
@@ -86,15 +86,20 @@ def embed_texts(model: EuclipModel, tokenizer, texts: list[str], batch_size: int
 class FeatureCache:
     """Image embeddings of one checkpoint per task (``name``), so a task's images are encoded once.
 
-    Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder.
+    Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder. An embedded
+    world's images are kept per world (``world``, its fingerprint): two worlds share task names, not images.
     """
 
-    def __init__(self, folder: Optional[Path]):
-        self.folder = folder
+    def __init__(self, folder: Optional[Path], world: Optional[str] = None):
+        self.folder, self.world = folder, world
 
-    def get(self, name: str, compute: Callable[[], tuple[torch.Tensor, list]]) -> tuple[torch.Tensor, list]:
-        if self.folder is None:
+    def get(self, name: str, compute: Callable[[], tuple[torch.Tensor, list]],
+            per_world: bool = False) -> tuple[torch.Tensor, list]:
+        """``per_world``: the images are the embedded world's; without its fingerprint they are not cached."""
+        if self.folder is None or (per_world and self.world is None):
             return compute()
+        if per_world:
+            name = f"{name}@{self.world}"
         path = self.folder / (name.replace("/", "__") + ".pt")
         if path.exists():
             cached = torch.load(path, map_location="cpu", weights_only=True)
@@ -107,10 +112,11 @@ class FeatureCache:
         return image_emb, labels
 
 
-def feature_cache(run: RunDir, ckpt: Optional[Path], model: EuclipModel) -> FeatureCache:
+def feature_cache(run: RunDir, ckpt: Optional[Path], model: EuclipModel, world: Optional[str] = None) -> FeatureCache:
     """The cache of one checkpoint, keyed by the file itself (a run trained again writes new files)
-    and by the encoders' precision (features from a GPU's autocast are not the CPU's fp32 ones).
-    ``ckpt`` None: the untrained model, which the run's stored config alone fixes."""
+    and by the encoders' precision (features from a GPU's autocast are not the CPU's fp32 ones), its
+    world tasks by ``world`` (the embedded world's fingerprint). ``ckpt`` None: the untrained model, which
+    the run's stored config alone fixes."""
     precision = "" if model.encoder_precision == "fp32" else f"-{model.encoder_precision}"
     weights = "init" if ckpt is None else f"{ckpt.stem}-{ckpt.stat().st_mtime_ns}"
-    return FeatureCache(run.features_dir / f"{weights}-{FEATURES}{precision}")
+    return FeatureCache(run.features_dir / f"{weights}-{FEATURES}{precision}", world)

@@ -220,7 +220,7 @@ def start_from(model: EuclipModel, source: RunDir) -> dict:
     projections and the logit scale, which keep their fresh values, as do the geometry's other scalars;
     returns where they came from, for the run's metadata. A usage error names a source without a
     checkpoint or with other towers."""
-    found, state, _ = source.readable_checkpoint()
+    found, state = source.readable_checkpoint()
     if found is None:
         raise UsageError(f"model.init_from: {source.path} has no readable checkpoint: train it (euclip train) or "
                          f"import one (euclip import) first")

@@ -6,7 +6,8 @@
     RUN/meta.json            git revision, package versions, seed, argv, host; the data's manifest
     RUN/metrics.jsonl        one training record per logged step
     RUN/tensorboard/         the same records for TensorBoard
-    RUN/checkpoints/         step_N.pt (plain tensors + JSON-able metadata) and ``latest`` (a file naming one)
+    RUN/checkpoints/         step_N.pt (plain tensors + JSON-able metadata, the run's fingerprint), step_N.pt.sha256
+                             (its digest and size as written) and ``latest`` (a file naming one)
     RUN/eval.jsonl           one line per (task, checkpoint): DataComp's fields plus checkpoint, step, protocol
     RUN/eval_results.jsonl   DataComp's own results file for the latest evaluated checkpoint
     RUN/features/            cached image embeddings, one folder per checkpoint
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import unicodedata
@@ -35,6 +37,8 @@ RUNS_DIR = Path("results") / "runs"
 # Where `euclip study` keeps each study (its runs are run directories too).
 STUDIES_DIR = Path("results") / "studies"
 CHECKPOINT_PREFIX = "step_"
+# Beside each checkpoint: "<sha256> <bytes>" of the file as it was written.
+DIGEST_SUFFIX = ".sha256"
 # The longest name most filesystems give one folder, in bytes.
 NAME_BYTES = 255
 
@@ -113,6 +117,28 @@ def folder_lock(folder: Path, busy: Callable[[str], Exception]):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def whole_folder(out: Path, busy: Callable[[str], Exception]) -> Iterator[Path]:
+    """A folder written whole or not at all. Yields ``.<name>.partial`` beside ``out``, held by this process
+    (``busy(pid)`` for another) and cleared of what an attempt killed earlier left; once the body returns it is
+    renamed to ``out`` (absent, or an empty folder). An exception removes it: ``out`` never holds half a world."""
+    import shutil
+
+    staging = out.parent / f".{out.name}.partial"
+    with folder_lock(staging, busy):
+        try:
+            for left in (p for p in staging.iterdir() if p.name != ".lock"):
+                shutil.rmtree(left) if left.is_dir() else left.unlink()
+            yield staging
+            (staging / ".lock").unlink()
+            if out.exists():
+                out.rmdir()
+            os.rename(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
 
 def wait_until_free(folder: Path, seconds: float, every: float = 1.0) -> bool:
@@ -362,26 +388,63 @@ class RunDir:
         path = self.checkpoints_dir / pointer.read_text().strip()
         return path if path.is_file() else None
 
-    def readable_checkpoint(self) -> tuple[Optional[Path], Optional[dict], list[str]]:
-        """``(path, state, skipped)``: the checkpoint ``latest`` names, or when it is missing or does not
-        load, the newest one that does; ``skipped`` says what was passed over and why. ``(None, None, [])``
-        when the run has no checkpoint. Raises Failure when checkpoints exist but none loads: starting
-        from scratch would overwrite them."""
+    def fingerprint(self) -> Optional[str]:
+        """A digest of the run's stored configuration, written into each of its checkpoints: a checkpoint
+        copied in from another run does not carry it. None before the run has a configuration."""
+        if not self.config_file.exists():
+            return None
+        return hashlib.sha256(json.dumps(self.config(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def readable_checkpoint(self) -> tuple[Optional[Path], Optional[dict]]:
+        """``(path, state)`` of the checkpoint ``latest`` names (without ``latest``, the newest), verified
+        (``verified_checkpoint``); ``(None, None)`` when the run has none. A missing, damaged or foreign file
+        is a Failure naming it and what to do, never a quiet fall-back to an older one: that would score,
+        analyse or resume another step as the run's."""
         pointer = self.checkpoints_dir / "latest"
-        named = self.latest_checkpoint()
-        skipped = []
-        if pointer.exists() and named is None:
-            skipped.append(f"'latest' names '{pointer.read_text().strip()}', which is missing")
-        candidates = ([named] if named else []) + [c for c in reversed(self.checkpoints()) if c != named]
-        for path in candidates:
+        if pointer.exists():
             try:
-                return path, load_checkpoint(path), skipped
-            except Exception as err:  # truncated or corrupt: torch raises several kinds; try an older one
-                skipped.append(f"{path.name} does not load ({type(err).__name__}: {str(err).splitlines()[0][:80]})")
-        if skipped:
-            raise Failure(f"no checkpoint in {self.checkpoints_dir} loads: {'; '.join(skipped)}; restore one, or "
-                          f"delete the folder to start the run over")
-        return None, None, []
+                name = pointer.read_text().strip()
+            except UnicodeDecodeError:
+                raise Failure(f"{pointer} is not a checkpoint's name (not UTF-8 text): delete it to use the "
+                              f"newest checkpoint there") from None
+            path = self.checkpoints_dir / name
+            if not path.is_file() or path.parent != self.checkpoints_dir:
+                newest = self.checkpoints()
+                raise Failure(f"'latest' names '{name}', which is missing from {self.checkpoints_dir}: restore it, "
+                              f"or delete {pointer} to use the newest checkpoint there "
+                              f"({newest[-1].name if newest else 'there is none: restore one or start over'})")
+        else:
+            found = self.checkpoints()
+            if not found:
+                return None, None
+            path = found[-1]
+        return path, self.verified_checkpoint(path)
+
+    def verified_checkpoint(self, path: Path) -> dict:
+        """The state of ``path``, once it is shown whole (the size and sha256 recorded when it was written),
+        readable, and this run's (its fingerprint); otherwise a Failure naming the file and the remedy."""
+        older = [p.name for p in self.checkpoints() if checkpoint_step(p) < checkpoint_step(path)]
+        remedy = (f"restore it, or delete it (and {self.checkpoints_dir / 'latest'}) to use the newest one before it"
+                  f" ({older[-1] if older else 'there is none: the run starts over'})")
+        digest = path.with_name(path.name + DIGEST_SUFFIX)
+        if digest.is_file():
+            recorded = digest.read_text(errors="replace").split()
+            size = path.stat().st_size
+            if len(recorded) == 2 and recorded[1].isdigit() and int(recorded[1]) != size:
+                raise Failure(f"{path} is damaged: {size:,} bytes where {int(recorded[1]):,} were written; {remedy}")
+            if recorded and sha256_of_file(path) != recorded[0]:
+                raise Failure(f"{path} is damaged: its sha256 is not the one recorded when it was written "
+                              f"({digest.name}); {remedy}")
+        try:
+            state = load_checkpoint(path)
+        except Exception as err:  # truncated or corrupt: torch raises several kinds
+            raise Failure(f"{path} does not load ({type(err).__name__}: {str(err).splitlines()[0][:80]}); "
+                          f"{remedy}") from None
+        theirs = state.get("run_fingerprint") if isinstance(state, dict) else None
+        if theirs is not None and theirs != self.fingerprint():
+            raise Failure(f"{path} belongs to another run (its configuration fingerprint is not {self.config_file}'s):"
+                          f" it was copied in; {remedy}")
+        return state
 
     def save_checkpoint(self, state: dict, step: int, keep: int) -> Path:
         """Write ``step_N.pt`` atomically, point ``latest`` at it, and keep the newest ``keep``."""
@@ -390,11 +453,16 @@ class RunDir:
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_file(step)
         tmp = self.checkpoints_dir / f".{path.name}.tmp"
+        digest = path.with_name(path.name + DIGEST_SUFFIX)
+        state = {**state, "run_fingerprint": self.fingerprint()}
         try:
             # Through a Python file: torch's own writer reports a full disk as a RuntimeError that
-            # names neither the file nor the cause; the file object raises the OSError itself.
+            # names neither the file nor the cause; the file object raises the OSError itself. The
+            # digest is taken from the bytes as they go out, so the file is not read back.
             with tmp.open("wb") as handle:
-                torch.save(state, handle)
+                writer = _DigestingWriter(handle)
+                torch.save(state, writer)
+            write_text_atomic(digest, f"{writer.digest.hexdigest()} {writer.size}\n")
         except BaseException as err:
             tmp.unlink(missing_ok=True)  # a full disk must not keep a half-written file on it
             if isinstance(err, OSError):
@@ -408,6 +476,7 @@ class RunDir:
         write_text_atomic(self.checkpoints_dir / "latest", path.name)
         for old in self.checkpoints()[:-keep]:
             old.unlink()
+            old.with_name(old.name + DIGEST_SUFFIX).unlink(missing_ok=True)
         return path
 
     # ---- evaluation results
@@ -451,6 +520,29 @@ class RunDir:
     def last_training_record(self) -> Optional[dict]:
         """The newest ``metrics.jsonl`` record (``last_jsonl``)."""
         return last_jsonl(self.metrics_file)
+
+
+class _DigestingWriter:
+    """A file object's ``write`` that also feeds a sha256 and counts the bytes."""
+
+    def __init__(self, handle):
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def checkpoint_step(path: Path) -> int:

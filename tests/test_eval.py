@@ -302,3 +302,33 @@ def test_again_scores_the_tasks_once_more_from_the_cached_features(world, tmp_pa
     assert [line["metrics"] for line in again] == [line["metrics"] for line in first]
     shapes = again[0]
     assert sum(unpack_hits(shapes["hits"]["acc1"])) / shapes["hits"]["acc1"]["n"] == pytest.approx(shapes["metrics"]["acc1"])
+
+
+def test_another_world_is_scored_again_and_its_image_features_are_its_own(world, tmp_path, monkeypatch):
+    """``eval RUN --world OTHER``: a world of other settings shares task names, not images; its scores are
+    not the first world's, and neither are its cached features."""
+    import shutil
+
+    from euclip_cli.data import world_files
+    from euclip_cli.evaluate import runner as R
+    from tests.test_export import make_run
+
+    run = make_run(tmp_path / "runs", "tiny-clip")
+    other = tmp_path / "other"
+    shutil.copytree(world, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps(manifest | {"object_scale": 0.5}))  # another world's identity
+    tasks = select("world/shapes")
+    seen = []
+    R.evaluate_run(run.path, torch.device("cpu"), tasks, world=world)
+    R.evaluate_run(run.path, torch.device("cpu"), tasks, world=other, on_task=lambda task, line: seen.append(line))
+    assert seen[0] is not None  # scored, not "already evaluated"
+    lines = run.eval_lines()
+    assert [line["world"] for line in lines] == [world_files.identity(world), world_files.identity(other)]
+    assert len(set(line["world"] for line in lines)) == 2
+    cached = sorted(p.name for p in run.features_dir.rglob("world__shapes*.pt"))
+    assert cached == sorted(f"world__shapes@{world_files.identity(w)}.pt" for w in (world, other))
+    monkeypatch.setattr(R, "embed_images", lambda *a, **k: pytest.fail("embedded again"))
+    again = []
+    R.evaluate_run(run.path, torch.device("cpu"), tasks, world=world, on_task=lambda task, line: again.append(line))
+    assert again == [None]  # the first world's line stands, from its own features

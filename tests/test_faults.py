@@ -97,12 +97,58 @@ def _checkpointed_run(rel: str, drop_key: bool = False):
     return setup
 
 
+def _saved_run(rel: str, damage: str, seed: int = 0):
+    """A run whose trainer-written checkpoints step_2.pt and step_4.pt (each with its digest and the run's
+    fingerprint) are then damaged: ``cut`` (truncated), ``flip`` (one byte changed, the size kept), ``foreign``
+    (step_4.pt and its digest copied in from a run of another seed), ``latest`` (a pointer that is not text)."""
+    def setup(tmp: Path, world: Path) -> None:
+        from euclip_cli import config as C
+        from euclip_cli.model import EuclipModel
+        from euclip_cli.rundir import RunDir
+
+        def saved(path: Path, seed: int) -> RunDir:
+            cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", f"train.seed={seed}"])
+            run, model = RunDir(path), EuclipModel(cfg)
+            run.claim(C.to_dict(cfg), {})
+            for step in (2, 4):
+                run.save_checkpoint({"model": model.state_dict(), "step": step, "config": C.to_dict(cfg)}, step, keep=2)
+            return run
+
+        run = saved(tmp / rel, seed)
+        newest = run.checkpoints_dir / "step_4.pt"
+        data = newest.read_bytes()
+        if damage == "cut":
+            newest.write_bytes(data[: len(data) // 2])
+        elif damage == "flip":
+            newest.write_bytes(data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:])
+        elif damage == "foreign":
+            other = saved(tmp / "elsewhere", seed + 1)
+            for suffix in ("", ".sha256"):
+                (run.checkpoints_dir / f"step_4.pt{suffix}").write_bytes(
+                    (other.checkpoints_dir / f"step_4.pt{suffix}").read_bytes())
+        elif damage == "latest":
+            (run.checkpoints_dir / "latest").write_bytes(b"\xff\xfe step")
+    return setup
+
+
 def _copy_world(world: Path, tmp: Path) -> None:
     """The test world where every world recipe looks for its data, as `euclip download world` with
     other settings than the recipe's would leave it."""
     import shutil
 
     shutil.copytree(world, tmp / "data" / "world")
+
+
+def _world_copy(rel: str, damage: str):
+    """A copy of the test world at ``rel`` with its first training shard (``cut-shard``) or its manifest
+    (``cut-manifest``) cut to half its size."""
+    def setup(tmp: Path, world: Path) -> None:
+        import shutil
+
+        shutil.copytree(world, tmp / rel)
+        path = tmp / rel / ("train/00000.tar" if damage == "cut-shard" else "manifest.json")
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return setup
 
 
 def _pictures(tmp: Path, world: Path) -> None:
@@ -200,6 +246,29 @@ CASES = [
     Case("eval of a run that does not exist", ["eval", "{tmp}/nothere"], 2, ["no run", "{tmp}/nothere"]),
     Case("eval of a run without a checkpoint", ["eval", "{tmp}/runs/fresh"], 2, ["fresh", "checkpoint"],
          _real_run("runs/fresh", None)),
+    # A checkpoint is trusted only whole, readable and the run's own: never an older one in its place.
+    Case("eval when the newest checkpoint was cut after it was written", ["eval", "{tmp}/runs/r", "--tasks",
+                                                                          "world:main"], 1,
+         ["{tmp}/runs/r/checkpoints/step_4.pt is damaged", "bytes where", "restore it", "(step_2.pt)"],
+         _saved_run("runs/r", "cut")),
+    Case("analyze when one byte of the newest checkpoint changed", ["analyze", "isotropy", "{tmp}/runs/r"], 1,
+         ["step_4.pt is damaged: its sha256"], _saved_run("runs/r", "flip")),
+    Case("eval of a checkpoint copied in from another run", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
+         ["step_4.pt belongs to another run", "{tmp}/runs/r/config.json"], _saved_run("runs/r", "foreign")),
+    Case("train resuming from a checkpoint copied in from another run", [*TRAIN, "--name", "r"], 1,
+         ["step_4.pt belongs to another run"], _saved_run("runs/r", "foreign")),
+    Case("eval when 'latest' is not text", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
+         ["{tmp}/runs/r/checkpoints/latest", "not UTF-8", "delete it"], _saved_run("runs/r", "latest")),
+    # A world is trusted only finished and whole.
+    Case("train on the shared world folder whose generation was cut short",
+         ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs"], 2,
+         ["data/world holds no finished embedded world", "euclip download --recipe tiny-clip"],
+         _both(lambda tmp, world: _copy_world(world, tmp),
+               lambda tmp, world: (tmp / "data" / "world" / "manifest.json").unlink())),
+    Case("train on a world whose shard was cut after it was written", [*TRAIN[:-1], "data.train_dir={tmp}/w/train"], 1,
+         ["{tmp}/w/train/00000.tar has", "bytes where", "delete {tmp}/w"], _world_copy("w", "cut-shard")),
+    Case("train on a world whose manifest was cut", [*TRAIN[:-1], "data.train_dir={tmp}/w/train"], 1,
+         ["{tmp}/w/manifest.json is not valid JSON"], _world_copy("w", "cut-manifest")),
     Case("eval of a truncated checkpoint", ["eval", "{tmp}/runs/cut", "--tasks", "world:main"], 1,
          ["step_4.pt"], _real_run("runs/cut", b"PK\x03\x04 cut short")),
     Case("eval of a checkpoint that does not fit", ["eval", "{tmp}/runs/misfit", "--tasks", "world:main"], 1,
@@ -223,6 +292,18 @@ CASES = [
     Case("report of an unknown table", ["report", "--table", "9"], 2, ["--table '9'"]),
     Case("report in an unknown format", ["report", "--format", "docx"], 2, ["--format 'docx'"]),
     # ---- import
+    # ---- export and push
+    Case("export of a run without a checkpoint", ["export", "{tmp}/runs/fresh", "{tmp}/out"], 2,
+         ["fresh", "checkpoint"], _real_run("runs/fresh", None)),
+    Case("export into a folder that holds something", ["export", "{tmp}/runs/good", "{tmp}/busy"], 2,
+         ["{tmp}/busy exists and is not empty"], _both(_checkpointed_run("runs/good"), _write("busy/notes.txt", "mine"))),
+    Case("export of a damaged checkpoint", ["export", "{tmp}/runs/r", "{tmp}/out"], 1,
+         ["step_4.pt is damaged"], _saved_run("runs/r", "cut")),
+    Case("push to a name that is not OWNER/NAME", ["push", "{tmp}/runs/good", "just-a-name"], 2,
+         ["'just-a-name'", "OWNER/NAME"], _checkpointed_run("runs/good")),
+    Case("import of a folder that is not an export", ["import", "euclip-export", "{tmp}/plain", "--name", "x",
+                                                      "--runs-dir", "{tmp}/runs"], 2,
+         ["{tmp}/plain is not a euclip export", "euclip_config.json"], _write("plain/notes.txt", "mine")),
     Case("import of a missing file", ["import", "euclip-authors", "{tmp}/none.pt", "--name", "x", "--runs-dir",
                                       "{tmp}/runs"], 2, ["{tmp}/none.pt", "no such file"]),
     Case("import of a file that is not a checkpoint", ["import", "euclip-authors", "{tmp}/notes.pt", "--name", "x",

@@ -190,27 +190,37 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers_checkpoints_and_
     assert steps == list(range(1, 41))
 
 
-def test_a_corrupt_or_missing_latest_checkpoint_falls_back_to_the_newest_that_loads(world, tmp_path):
+def test_a_damaged_missing_or_foreign_checkpoint_is_named_never_passed_over(world, tmp_path):
     cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", "train.checkpoints=4",
                                       "train.keep_checkpoints=3", *TINY])
     loop.run(cfg, tmp_path / "run")
     run = RunDir(tmp_path / "run")
     newest = run.latest_checkpoint()
     assert [p.name for p in run.checkpoints()] == ["step_2.pt", "step_3.pt", "step_4.pt"]
-    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as a full disk or a kill mid-copy leaves it
-    path, state, skipped = run.readable_checkpoint()
-    assert path.name == "step_3.pt" and state["step"] == 3 and "step_4.pt does not load" in skipped[0]
-
-    newest.unlink()  # and 'latest' now names a file that is gone
-    path, _, skipped = run.readable_checkpoint()
-    assert path.name == "step_3.pt" and "'latest' names 'step_4.pt', which is missing" in skipped[0]
-    resumed = loop.run(cfg, tmp_path / "run")  # resumes from step 3 instead of starting over
-    assert resumed["branch"].startswith("resumed from step_3.pt (passed over:") and resumed["steps"] == 4
-
-    for p in run.checkpoints():
-        p.write_bytes(b"not a checkpoint")
-    with pytest.raises(Failure, match="no checkpoint in .* loads"):
+    whole = newest.read_bytes()
+    newest.write_bytes(whole[:1000])  # truncated, as a full disk or a kill mid-copy leaves it
+    with pytest.raises(Failure, match=r"step_4.pt is damaged: 1,000 bytes where .* were written; restore it, or "
+                                      r"delete it .* \(step_3.pt\)"):
         loop.run(cfg, tmp_path / "run")
+    flipped = bytearray(whole)
+    flipped[len(whole) // 2] ^= 0xFF  # one byte changed, the size kept: only the digest can tell
+    newest.write_bytes(bytes(flipped))
+    with pytest.raises(Failure, match="step_4.pt is damaged: its sha256"):
+        run.readable_checkpoint()
+    newest.write_bytes(whole)
+    other = tmp_path / "other"
+    loop.run(C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", "train.seed=5",
+                                         "train.checkpoints=4", *TINY]), other)
+    for suffix in ("", ".sha256"):  # a checkpoint copied in from another run, with its own digest
+        (newest.parent / (newest.name + suffix)).write_bytes((other / "checkpoints" / ("step_4.pt" + suffix)).read_bytes())
+    with pytest.raises(Failure, match="step_4.pt belongs to another run"):
+        run.readable_checkpoint()
+    newest.unlink()  # 'latest' now names a file that is gone
+    with pytest.raises(Failure, match=r"'latest' names 'step_4.pt', which is missing .* \(step_3.pt\)"):
+        run.readable_checkpoint()
+    (run.checkpoints_dir / "latest").unlink()  # the remedy the message gives: the newest whole one is used
+    resumed = loop.run(cfg, tmp_path / "run")
+    assert resumed["branch"] == "resumed from step_3.pt" and resumed["steps"] == 4
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:

@@ -158,3 +158,47 @@ def test_a_world_written_before_the_object_scale_existed_has_the_default_scale(w
     assert generate(older, SMALL_WORLD)["skipped"]
     with pytest.raises(WorldExistsError, match="object_scale=1.0, not 0.5"):
         generate(older, dataclasses.replace(SMALL_WORLD, object_scale=0.5))
+
+
+def test_an_interrupted_generation_leaves_no_world_and_the_same_command_starts_again(tmp_path, monkeypatch):
+    from euclip_cli.data import world_files
+
+    small = WorldSettings(seed=3, samples=60, eval_size=12)
+    out = tmp_path / "w"
+    calls = []
+
+    def cut(*args, **kwargs):  # the generation dies once its shards are written, before its manifest (a Ctrl-C)
+        calls.append(args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(world_files, "_write_hierarchy", cut)
+    with pytest.raises(KeyboardInterrupt):
+        generate(out, small, workers=1)
+    assert calls and sorted(tmp_path.iterdir()) == []  # nothing that looks like a world, nothing beside it
+    monkeypatch.undo()
+    (tmp_path / ".w.partial" / "train").mkdir(parents=True)  # what a generation killed outright (SIGKILL) leaves
+    (tmp_path / ".w.partial" / "train" / "00000.tar").write_bytes(b"half a shard")
+    manifest = generate(out, small, workers=1)  # the same command again
+    assert not (tmp_path / ".w.partial").exists() and not (out / ".lock").exists()
+    assert world_files.recorded(out) == manifest and manifest["files"]
+    assert {rel: (out / rel).stat().st_size for rel in manifest["files"]} == manifest["files"]
+
+
+def test_a_world_is_trusted_only_whole(world, tmp_path):
+    import shutil
+
+    from euclip_cli.data import world_files
+    from euclip_cli.errors import Failure
+
+    copy = tmp_path / "w"
+    shutil.copytree(world, copy)
+    found = world_files.recorded(copy)
+    world_files.check_files(copy, found)  # as written
+    shard = copy / "train" / "00000.tar"
+    shard.write_bytes(shard.read_bytes()[:4096])
+    with pytest.raises(world_files.WorldDamaged, match=r"00000.tar has 4,096 bytes where .* were written"):
+        world_files.check_files(copy, found, "train/")
+    world_files.check_files(copy, found, "eval/")  # the evaluation sets are whole
+    (copy / "manifest.json").write_text('{"generator_version": 1, "se')
+    with pytest.raises(Failure, match="manifest.json is not valid JSON"):
+        world_files.recorded(copy)

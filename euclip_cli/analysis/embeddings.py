@@ -16,6 +16,7 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
+from euclip_cli.data import world_files
 from euclip_cli.encode import embed_images, embed_texts, feature_cache, load_model
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import TASKS, list_tasks
@@ -55,20 +56,21 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     for task in [TASKS["world/retrieval"], *tasks]:
         if not (task.data_dir(Path(), world) / "test" / "nshards.txt").exists():
             raise UsageError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
-    cache = feature_cache(run, ckpt, model)
+    cache = feature_cache(run, ckpt, model, world_files.identity(world))
 
     retrieval = build_dataset("wds/world/retrieval", root=str(world / "eval" / "retrieval"), transform=transform,
                               split="test", task="zeroshot_retrieval")
     loader = torch.utils.data.DataLoader(retrieval.batched(batch_size, collation_fn=image_captions_collate_fn),
                                          batch_size=None, num_workers=0)
-    image, captions = cache.get("world/retrieval", lambda: embed_images(model, loader, device, lambda n: None))
+    image, captions = cache.get("world/retrieval", lambda: embed_images(model, loader, device, lambda n: None),
+                                per_world=True)
     text = embed_texts(model, tokenizer, [caps[0] for caps in captions])
 
     classes = {}
     for task in tasks:
         ds = build_dataset("wds/" + task.key, root=str(task.data_dir(Path(), world)), transform=transform, split="test")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-        images, labels = cache.get(task.key, lambda: embed_images(model, loader, device, lambda n: None))
+        images, labels = cache.get(task.key, lambda: embed_images(model, loader, device, lambda n: None), per_world=True)
         prompts = [template.replace("{c}", name) for name in ds.classes for template in ds.templates]
         templates = embed_texts(model, tokenizer, prompts).reshape(len(ds.classes), len(ds.templates), -1)
         classes[task.key] = ClassTask(images.cpu(), torch.tensor(labels), model.geometry.prototypes(templates).cpu())

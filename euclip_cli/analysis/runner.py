@@ -25,7 +25,7 @@ from euclip_cli.device import resolve_device
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import describe
 from euclip_cli.hierarchy import DEFAULT_CONVENTION
-from euclip_cli.rundir import RUNS_DIR, RunDir, resolve
+from euclip_cli.rundir import RUNS_DIR, RunDir, read_json, resolve
 
 Status = Callable[[str], ContextManager]
 Run = Union[str, Path]
@@ -185,7 +185,7 @@ def traverse(run: Run, device: str = "auto", images: int = 100, steps: int = 50,
         emb = collect(run_dir, device, world, vocabulary=[W.caption_text(s) for s in specs])
     if root is None:
         root = emb.geometry.root(torch.cat([emb.image, emb.text]))
-    scenes = [W.scene_from_json(s) for s in json.loads((world / "eval" / "retrieval" / "scenes.json").read_text())]
+    scenes = [W.scene_from_json(s) for s in read_json(world / "eval" / "retrieval" / "scenes.json")]
     result = traversal_study(emb, specs, scenes, images, steps, list(ks), chosen, root)
     result["root_pairs"] = root_pairs
     return Analysis(result, write_result(run_dir, "traverse", result), run_dir)

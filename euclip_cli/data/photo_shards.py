@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from euclip_cli.errors import UsageError
+from euclip_cli.rundir import read_json, whole_folder
 
 GENERATOR_VERSION = 1
 LONGEST_SIDE = 512  # DataComp's img2dataset image_size
@@ -155,25 +156,26 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     wanted = {"kind": "photo-shards", "generator_version": GENERATOR_VERSION, "seed": seed, "samples": samples}
     manifest_path = out / "manifest.json"
     if manifest_path.exists():
-        found = json.loads(manifest_path.read_text())
+        found = read_json(manifest_path)
         if {k: found.get(k) for k in wanted} == wanted:
             return found | {"skipped": True}
         raise PhotoShardsExistError(f"{out} holds other shards ({', '.join(f'{k} {found.get(k)}' for k in wanted)}); "
                                     f"choose another --out or delete it")
-    if out.exists() and any(p.name != "manifest.json" and not p.name.startswith(".") for p in out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PhotoShardsExistError(f"{out} exists and holds files that are not these shards (no manifest.json); "
                                     f"choose another --out or delete it")
-    out.mkdir(parents=True, exist_ok=True)
     counts = [min(SAMPLES_PER_SHARD, samples - s) for s in range(0, samples, SAMPLES_PER_SHARD)]
     start = time.time()
-    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(counts)))) as pool:
-        jobs = [pool.submit(_write_shard, str(out), seed, i, n) for i, n in enumerate(counts)]
-        for done, job in enumerate(jobs, 1):
-            job.result()
-            if progress:
-                progress(done, len(counts))
-    sizes = [p.stat().st_size for p in sorted(out.glob("*.tar"))]
-    manifest = wanted | {"shards": len(counts), "bytes": sum(sizes), "seconds": round(time.time() - start, 1)}
-    # Written last: its presence means the shards are complete.
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+    # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
+    with whole_folder(out, lambda pid: PhotoShardsExistError(
+            f"{out} is being written by another process (pid {pid}): wait for it, or choose another --out")) as staging:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(counts)))) as pool:
+            jobs = [pool.submit(_write_shard, str(staging), seed, i, n) for i, n in enumerate(counts)]
+            for done, job in enumerate(jobs, 1):
+                job.result()
+                if progress:
+                    progress(done, len(counts))
+        sizes = [p.stat().st_size for p in sorted(staging.glob("*.tar"))]
+        manifest = wanted | {"shards": len(counts), "bytes": sum(sizes), "seconds": round(time.time() - start, 1)}
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from euclip_cli.data.fetch import FetchError, fetch_file, configure_hub_client, sha256_of
 from euclip_cli.errors import UsageError
+from euclip_cli.rundir import read_json
 
 if TYPE_CHECKING:
     from euclip_cli.data.datacomp import ImageBasedInputs
@@ -79,7 +80,7 @@ OnProgress = Callable[[str, int, Optional[int]], None]
 
 def read_manifest(folder: Path) -> Optional[dict]:
     path = folder / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path) if path.exists() else None
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
@@ -120,7 +121,7 @@ def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optiona
     A marker lists what a finished fetch brought, so a rerun needs no network for this stage.
     """
     marker = dest / ".euclip-fetched.json"
-    done = json.loads(marker.read_text()) if marker.exists() else {}
+    done = read_json(marker) if marker.exists() else {}
     todo = [p for p in patterns if p not in done.get("patterns", [])]
     if todo:
         import fnmatch
@@ -334,7 +335,7 @@ def summarize(shards_dir: Path, expected: int) -> dict:
     """Counts over img2dataset's ``*_stats.json``: attempted, downloaded, success rate, reasons, bytes."""
     stats = {}
     for path in shards_dir.glob("*_stats.json"):
-        stats[int(path.name.split("_")[0])] = json.loads(path.read_text())
+        stats[int(path.name.split("_")[0])] = read_json(path)
     attempted = sum(s["count"] for s in stats.values())
     downloaded = sum(s["successes"] for s in stats.values())
     reasons: dict[str, int] = {}

@@ -6,7 +6,10 @@
   ``test/N.tar``, ``classnames.txt``, ``zeroshot_classification_templates.txt``, ``dataset_type.txt``).
 - ``<out>/eval/hierarchy.json``: which captions of a generic-to-specific pool entail which
   retrieval images (ground truth for the hierarchy analyses).
-- ``<out>/manifest.json``: the settings, so a second run with the same ones is a no-op.
+- ``<out>/manifest.json``: the settings and every file's size, so a second run with the same settings is a
+  no-op and a damaged world is noticed. A world is generated in ``.<out>.partial`` beside it and renamed
+  into place whole, so an interrupted generation leaves nothing that looks usable, and the same command
+  starts it again.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import webdataset as wds
 from euclip_cli.config import DataConfig
 from euclip_cli.data import world as w
 from euclip_cli.data.world_tasks import WORLD_TASKS, retrieval_ceiling, retrieval_specs
-from euclip_cli.errors import UsageError
+from euclip_cli.errors import Failure, UsageError
+from euclip_cli.rundir import read_json, whole_folder
 
 GENERATOR_VERSION = 1
 SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard default
@@ -54,6 +58,10 @@ class WorldExistsError(UsageError):
     """The output folder holds another world or other files; nothing is overwritten."""
 
 
+class WorldDamaged(Failure):
+    """A world whose files are not the ones its manifest records."""
+
+
 # The configuration key that sets each of WorldSettings' fields, for messages that say what to change.
 CONFIG_KEYS = {"seed": "data.world_seed", "samples": "data.world_samples", "mismatch": "data.world_mismatch",
                "eval_size": "data.world_eval_size", "object_scale": "data.world_object_scale"}
@@ -66,9 +74,41 @@ def settings_for(data: DataConfig) -> WorldSettings:
 
 
 def recorded(out: Path) -> Optional[dict]:
-    """The manifest of the world in ``out``; None when ``out`` holds no finished world."""
+    """The manifest of the world in ``out``; None when ``out`` holds no finished world. A manifest that is
+    not a JSON object is a Failure naming it."""
     path = out / "manifest.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    found = read_json(path)
+    if not isinstance(found, dict):
+        raise Failure(f"{path} is not a world's manifest (not a JSON object); delete {out} and generate it again")
+    return found
+
+
+def fingerprint(found: dict) -> str:
+    """The identity of the world a manifest records: its generator version and settings (the generator is
+    deterministic, so equal settings give equal bytes)."""
+    return hashlib.sha256(json.dumps(recorded_settings(found), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identity(out: Path) -> Optional[str]:
+    """The fingerprint of the finished world in ``out``; None when it holds none."""
+    found = recorded(out)
+    return None if found is None else fingerprint(found)
+
+
+def check_files(out: Path, found: dict, part: str = "") -> None:
+    """Raise WorldDamaged naming the first file under ``out/part`` that the manifest records and that is
+    missing or not the size it was written with. Manifests from before sizes were recorded pass."""
+    for rel, size in found.get("files", {}).items():
+        if not rel.startswith(part):
+            continue
+        path = out / rel
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            state = "is missing" if actual is None else f"has {actual:,} bytes where {size:,} were written"
+            raise WorldDamaged(f"{path} {state}: the world in {out} is damaged; delete {out} and generate it again "
+                               f"(euclip download world, or the recipe's download)")
 
 
 def _wanted(settings: WorldSettings) -> dict:
@@ -200,7 +240,7 @@ def caption_pool() -> list[dict]:
 
 
 def _write_hierarchy(out: Path) -> None:
-    scenes = [w.scene_from_json(s) for s in json.loads((out / "retrieval" / "scenes.json").read_text())]
+    scenes = [w.scene_from_json(s) for s in read_json(out / "retrieval" / "scenes.json")]
     captions = []
     for spec in caption_pool():
         images = [i for i, scene in enumerate(scenes) if w.entails(spec, scene)]
@@ -212,16 +252,23 @@ def _write_hierarchy(out: Path) -> None:
 def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None) -> dict:
     """Write the world under ``out``; a no-op when ``out`` already holds the same settings.
 
-    Raises WorldExistsError when ``out`` holds anything else, so nothing is overwritten.
-    ``progress(done, total)`` is called after each shard or task.
+    Raises WorldExistsError when ``out`` holds anything else, so nothing is overwritten. The world is
+    written whole or not at all (``rundir.whole_folder``). ``progress(done, total)`` is called after each
+    shard or task.
     """
     found = recorded(out)
     if found is not None:
         check_world(out, found, settings, f"choose another --out or delete {out}")
         return found | {"skipped": True}
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorldExistsError(f"{out} exists and is not an embedded world (no manifest.json); "
                                f"choose another --out or delete it")
+    with whole_folder(out, lambda pid: WorldExistsError(
+            f"{out} is being generated by another process (pid {pid}): wait for it, or choose another --out")) as staging:
+        return _write_world(staging, settings, workers, progress)
+
+
+def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> dict:
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "eval").mkdir(parents=True, exist_ok=True)
     counts = [min(SAMPLES_PER_SHARD, settings.samples - s) for s in range(0, settings.samples, SAMPLES_PER_SHARD)]
@@ -235,8 +282,10 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
             if progress:
                 progress(done, total)
     _write_hierarchy(out / "eval")
+    files = {str(p.relative_to(out)): p.stat().st_size for part in ("train", "eval")
+             for p in sorted((out / part).rglob("*")) if p.is_file()}
     manifest = _wanted(settings) | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
-                         "seconds": round(time.time() - start, 1)}
+                                    "seconds": round(time.time() - start, 1), "files": files}
     # Written last: its presence means the world is complete.
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
@@ -250,7 +299,7 @@ def task_ceiling(eval_dir: Path, name: str) -> float:
     if task.classes is not None:
         return 1.0
     folder = eval_dir / name
-    scenes = [w.scene_from_json(s) for s in json.loads((folder / "scenes.json").read_text())]
+    scenes = [w.scene_from_json(s) for s in read_json(folder / "scenes.json")]
     captions: dict[str, list[str]] = {}
     for shard in sorted((folder / "test").glob("*.tar"), key=lambda p: int(p.stem)):
         with tarfile.open(shard) as tar:

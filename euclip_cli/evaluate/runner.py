@@ -20,6 +20,7 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
+from euclip_cli.data import world_files
 from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, embed_texts, feature_cache,
                                load_model)
 from euclip_cli.errors import EuclipError, UsageError
@@ -122,7 +123,8 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                            task="zeroshot_retrieval")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
                                              batch_size=None, num_workers=0)
-        image_emb, captions = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images))
+        image_emb, captions = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images),
+                                        per_world=task.suite == "world")
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
         text_emb = embed_texts(model, tokenizer, texts)
@@ -152,7 +154,8 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
     _, transform = transforms_for(model.clip, resize=task.resize)
     ds = build_dataset("wds/" + task.images_key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images))
+    image_emb, labels = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images),
+                                  per_world=task.suite == "world")
     templates = list(task.templates) or ds.templates
     if task.classes and len(task.classes) != len(ds.classes):
         raise EvalError(f"task {task.key}: {data_dir / 'classnames.txt'} has {len(ds.classes)} classes where the "
@@ -332,7 +335,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
                  eval_root: Optional[Path] = None, world: Optional[Path] = None, batch_size: Optional[int] = None,
                  on_task: Optional[Callable[[Task, Optional[dict]], None]] = None,
                  on_images: Callable[[Task, int], None] = lambda task, n: None, again: bool = False) -> EvalOutcome:
-    """Score every task not yet in ``run_dir/eval.jsonl`` for this checkpoint (with ``again``, every task:
+    """Score every task not yet in ``run_dir/eval.jsonl`` for this checkpoint (a world task: on this world, whose
+    fingerprint its line records) (with ``again``, every task:
     lines written by an older euclip lack what a newer one keeps, such as the per-example outcomes).
 
     Unset arguments come from the run's stored config (``eval.tasks``, ``eval.root``, the world it
@@ -346,16 +350,24 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     world = world or C.world_dir(cfg)
     batch_size = batch_size or cfg.eval.batch_size
     ckpt_name = str(ckpt.relative_to(run.path))
-    done = set() if again else {r["key"] for r in run.eval_lines() if r.get("checkpoint") == ckpt_name
-                                and r.get("protocol") == PROTOCOL and not r.get("failed")}
-    cache = feature_cache(run, ckpt, model)
+    world_id = world_files.identity(world)
+
+    def scored(line: dict, task: Task) -> bool:
+        """A line that scored ``task`` on this checkpoint, by this protocol, on the same world (a world task)."""
+        return (line.get("key") == task.key and line.get("checkpoint") == ckpt_name and line.get("protocol") == PROTOCOL
+                and not line.get("failed") and (task.suite != "world" or line.get("world") == world_id))
+
+    lines = [] if again else run.eval_lines()
+    cache = feature_cache(run, ckpt, model, world_id)
     failed, missing_data = {}, []
     for task in tasks:
-        if task.key in done:
+        if any(scored(line, task) for line in lines):
             if on_task:
                 on_task(task, None)
             continue
         line = {"key": task.key, "dataset": task.name, "checkpoint": ckpt_name, "step": step, "protocol": PROTOCOL}
+        if task.suite == "world":
+            line["world"] = world_id  # the world's fingerprint: another world's scores are not these
         if not has_data(task, task.data_dir(eval_root, world)):
             line["missing_data"] = True  # a failure the download fixes: said once for all such tasks
             missing_data.append(task)

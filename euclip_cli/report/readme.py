@@ -9,12 +9,11 @@ the README equal to that rendering.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
-from euclip_cli.rundir import write_text_atomic
+from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW
 
 BLOCK = re.compile(r"(<!-- (?P<kind>results|curve) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
@@ -30,8 +29,8 @@ def results_block(folder: Path, name: str) -> str:
         if not (folder / needed).exists():
             raise UsageError(f"{folder / needed} is missing: publish the study first (euclip study --recipe NAME "
                              f"--publish {folder})")
-    made = json.loads((folder / "provenance.json").read_text())
-    regime = json.loads((folder / "regime.json").read_text())
+    made = read_json(folder / "provenance.json")
+    regime = read_json(folder / "regime.json")
     results, claims = study_tables(folder)
     frozen = sorted({f"{r['config']}'s {r['scalar']}" for r in regime["scalars"] if r["frozen"]})
     if frozen and len(frozen) == len(regime["scalars"]):

@@ -20,7 +20,7 @@ from euclip_cli.geometry import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
-from euclip_cli.rundir import RunDir, all_runs
+from euclip_cli.rundir import RunDir, all_runs, read_json
 from euclip_cli.stats import CLAIMS_HEADER, claim_cells
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
@@ -168,7 +168,7 @@ def traversal_table(runs_dir: Path) -> pd.DataFrame:
             path = run.analysis_dir / f"{stem}.json"
             if not path.exists():
                 continue
-            result = json.loads(path.read_text())
+            result = read_json(path)
             images = (f"{Path(result['image_dir']).name} ({result['images']})" if stem == "traverse_custom"
                       else f"embedded world ({result['images']})")
             for name, row in result["filters"].items():
@@ -200,7 +200,7 @@ def equilibrium_table(runs_dirs: list[Path]) -> pd.DataFrame:
         path = run.analysis_dir / "equilibrium.json"
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = read_json(path)
         learned = result["learned_temperature"]
         for curve in result["curves"]:
             at = next(p["ratio"] for p in curve["points"] if p["temperature"] == learned)
@@ -222,7 +222,7 @@ def hierarchy_table(runs_dirs: list[Path]) -> pd.DataFrame:
         path = run.wordnet_hierarchy_file
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = read_json(path)
         if "trees" not in result:
             continue  # written before trees were per task: its numbers are the graph's over every set present
         for task, row in result["tasks"].items():
@@ -476,7 +476,7 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
     studies = []
     for folder in folders:
         rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
-        regime = json.loads((folder / "regime.json").read_text())
+        regime = read_json(folder / "regime.json")
         noise = pd.read_csv(folder / "noise.csv").set_index("metric")
         if "ceiling" not in noise.columns:
             raise UsageError(f"{folder / 'noise.csv'} has no ceilings (published by an older euclip): publish the "

@@ -97,7 +97,7 @@ def done_commands(p: RunPlan) -> list[list[str]]:
     marker = p.run_dir / DONE
     if not marker.exists():
         return []
-    done = json.loads(marker.read_text())
+    done = read_json(marker)
     if done and isinstance(done[0], str):  # a marker of euclip before 2026-11-24: the training command alone
         done = [done]
     return done if list(p.commands[0]) in done else []

@@ -26,9 +26,9 @@ from euclip_cli.data.feed import DeviceFeed
 from euclip_cli.data.loader import STOP_SIGNALS, RepeatBatches, TrainBatches, list_shards, segment_steps_for
 from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.webshards import training_record
-from euclip_cli.data.world_files import check_shared_world, recorded, recorded_settings
+from euclip_cli.data.world_files import check_files, check_shared_world, fingerprint, recorded, recorded_settings
 from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
-from euclip_cli.errors import Failure
+from euclip_cli.errors import Failure, UsageError
 from euclip_cli.model import EuclipModel, check_buildable, init_source, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
@@ -72,22 +72,18 @@ def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def resume_state(run: RunDir, ranks: distributed.Dist) -> tuple[Optional[Path], Optional[dict], str]:
-    """``(checkpoint, its state, note)`` every rank resumes from. Rank 0 chooses (the newest checkpoint
-    that loads) and tells the others; whatever goes wrong, on rank 0 or on another rank, stops every
+def resume_state(run: RunDir, ranks: distributed.Dist) -> tuple[Optional[Path], Optional[dict]]:
+    """``(checkpoint, its state)`` every rank resumes from. Rank 0 chooses (the one ``latest`` names, verified:
+    ``RunDir.readable_checkpoint``) and tells the others; whatever goes wrong, on rank 0 or on another rank, stops every
     rank with one message instead of leaving the others waiting in a collective."""
-    def passed_over(skipped: list[str]) -> str:
-        return f" (passed over: {'; '.join(skipped)})" if skipped else ""
-
     if not ranks.enabled:
-        path, state, skipped = run.readable_checkpoint()
-        return path, state, passed_over(skipped)
+        return run.readable_checkpoint()
     path = state = None
-    name, note, problem = None, "", None
+    name, problem = None, None
     if ranks.main:
         try:
-            path, state, skipped = run.readable_checkpoint()
-            name, note = (path.name if path else None), passed_over(skipped)
+            path, state = run.readable_checkpoint()
+            name = path.name if path else None
         except Failure as err:
             problem = str(err)
     name, problem = ranks.broadcast_object((name, problem))
@@ -103,7 +99,7 @@ def resume_state(run: RunDir, ranks: distributed.Dist) -> tuple[Optional[Path], 
     if not ranks.all(readable):
         raise RunError(f"rank 0 resumes from {run.checkpoints_dir / name}, which another rank cannot read: the run "
                        f"directory must be on a filesystem every node shares")
-    return path, state, note
+    return path, state
 
 
 def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
@@ -151,12 +147,19 @@ def world_record(cfg: C.Config, download: str) -> Optional[dict]:
     """The settings of the embedded world a run trains on, for its metadata; None for other data.
     Raises UsageError when the shared world folder holds a world of other settings than the run's
     (``download`` is the command that writes the run's own)."""
+    if cfg.data.dataset != "world":
+        return None
     world = C.train_dir(cfg).parent
-    found = recorded(world) if cfg.data.dataset == "world" else None
+    found = recorded(world)
     if found is None:
+        if not cfg.data.train_dir and world.exists():
+            # The shared folder is euclip's: without a manifest its world was cut short (or is not euclip's).
+            raise UsageError(f"{world} holds no finished embedded world (no manifest.json: its generation was cut "
+                           f"short, or something else wrote it): delete {world} and run '{download}'")
         return None
     check_shared_world(cfg.data, world, found, f"delete {world} and run '{download}', or set those keys to its values")
-    return {"source": "world", **recorded_settings(found)}
+    check_files(world, found, "train/")
+    return {"source": "world", "fingerprint": fingerprint(found), **recorded_settings(found)}
 
 
 def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -235,7 +238,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     step, branch, data_state = 0, "scratch", None
     # Read onto the CPU: load_state_dict copies each tensor to its parameter's device, and the RNG
     # state must stay a CPU ByteTensor (on a GPU, set_rng_state refuses it).
-    found, state, note = resume_state(directory, ranks)
+    found, state = resume_state(directory, ranks)
     if found is not None:
         load_run_weights(model, state, found)
         try:
@@ -245,7 +248,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                            f"another euclip version or copied from another run") from None
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng_torch"])
-        step, branch = state["step"], f"resumed from {found.name}{note}"
+        step, branch = state["step"], f"resumed from {found.name}"
         data_states = state["data"]
         data_state = data_states[ranks.rank] if len(data_states) == ranks.world else None
     ranks.broadcast_parameters(model)
