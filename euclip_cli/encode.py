@@ -102,8 +102,12 @@ class FeatureCache:
             name = f"{name}@{self.world}"
         path = self.folder / (name.replace("/", "__") + ".pt")
         if path.exists():
-            cached = torch.load(path, map_location="cpu", weights_only=True)
-            return cached["image_emb"], cached["labels"]
+            try:
+                cached = torch.load(path, map_location="cpu", weights_only=True)
+                return cached["image_emb"], cached["labels"]
+            # A damaged cache file (cut, or not this cache's): computed again and replaced, as a cache may be.
+            except Exception:  # noqa: BLE001 (torch raises several kinds for a damaged file)
+                pass
         image_emb, labels = compute()
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

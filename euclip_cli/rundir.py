@@ -187,25 +187,54 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def iter_jsonl(path: Path) -> Iterator[dict]:
-    """The records of a JSON-lines file, one at a time (a file of any length in constant memory); a line
-    cut short by a crash mid-write is skipped."""
+# What every record of a run's JSON-lines file must hold, by file: the fields its readers index.
+TRAINING_RECORD = {"step": int}
+EVAL_LINE = {"key": str, "checkpoint": str, "step": int, "metrics": (dict, type(None))}  # no metrics: a failed task
+
+
+def parse_record(line: bytes, where: str, fields: dict[str, Any]) -> Optional[dict]:
+    """One line of a JSON-lines file (``where``: the file and line, for messages): the record, or None for a line
+    cut short by a crash mid-write, or a blank one. A whole line that is not such a record is damage no crash of
+    euclip's leaves (euclip writes ASCII JSON objects): a Failure naming the file, the line and what to do."""
+    def damaged(why: str) -> Failure:
+        return Failure(f"{where}: {why}; restore the file, or delete that line")
+
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise damaged("not UTF-8 text") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict):
+        raise damaged(f"{json.dumps(record)[:40]} where a JSON object belongs")
+    for key, kind in fields.items():
+        value = record.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            wanted = {int: "an integer", str: "a string"}.get(kind, "an object")
+            raise damaged(f"'{key}' is {json.dumps(value)[:40]}, not {wanted}")
+    return record
+
+
+def iter_jsonl(path: Path, fields: Optional[dict[str, Any]] = None) -> Iterator[dict]:
+    """The records of a JSON-lines file, one at a time (a file of any length in constant memory), each checked
+    to hold ``fields`` (``parse_record``); a line cut short by a crash mid-write is skipped."""
     if not path.exists():
         return
-    with path.open() as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            record = parse_record(line, f"{path}, line {number}", fields or {})
+            if record is not None:
+                yield record
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, fields: Optional[dict[str, Any]] = None) -> list[dict]:
     """Every record of a JSON-lines file (``iter_jsonl``), as a list."""
-    return list(iter_jsonl(path))
+    return list(iter_jsonl(path, fields))
 
 
-def last_jsonl(path: Path, block: int = 1 << 16) -> Optional[dict]:
+def last_jsonl(path: Path, block: int = 1 << 16, fields: Optional[dict[str, Any]] = None) -> Optional[dict]:
     """The last complete record of a JSON-lines file, read backwards from its end in ``block``-byte reads
     (a file of any length in the time of its tail); a line cut short by a crash is skipped, as
     ``iter_jsonl`` skips it."""
@@ -222,10 +251,9 @@ def last_jsonl(path: Path, block: int = 1 << 16) -> Optional[dict]:
             lines = tail.split(b"\n")
             # The first piece may be the end of a line that starts before ``start``: not yet complete.
             for line in reversed(lines if start == 0 else lines[1:]):
-                try:
-                    return json.loads(line)
-                except json.JSONDecodeError:  # blank, or cut short
-                    continue
+                record = parse_record(line, f"{path}, its last complete line", fields or {})
+                if record is not None:
+                    return record
     return None
 
 
@@ -326,10 +354,18 @@ class RunDir:
     # ---- config and meta
 
     def config(self) -> dict:
-        return read_json(self.config_file)
+        found = read_json(self.config_file)
+        if not isinstance(found, dict):
+            raise Failure(f"{self.config_file} is not a run's configuration (a JSON {type(found).__name__}, not an "
+                          f"object); restore it, or delete the run")
+        return found
 
     def meta(self) -> dict:
-        return read_json(self.meta_file) if self.meta_file.exists() else {}
+        found = read_json(self.meta_file) if self.meta_file.exists() else {}
+        if not isinstance(found, dict):
+            raise Failure(f"{self.meta_file} is not a run's metadata (a JSON {type(found).__name__}, not an object); "
+                          f"restore it, or delete it (the run's provenance is then unknown)")
+        return found
 
     def difference(self, config: dict, complete: Callable[[dict], dict] = lambda stored: stored) -> Optional[list[str]]:
         """The ``section.key`` names in which the run's stored configuration (read as ``complete`` fills it
@@ -482,7 +518,7 @@ class RunDir:
     # ---- evaluation results
 
     def eval_lines(self) -> list[dict]:
-        return read_jsonl(self.eval_file)
+        return read_jsonl(self.eval_file, EVAL_LINE)
 
     def append_eval(self, line: dict) -> None:
         append_jsonl(self.eval_file, line)
@@ -515,11 +551,12 @@ class RunDir:
 
     def training_records(self, most: Optional[int] = None) -> list[dict]:
         """The ``metrics.jsonl`` records; with ``most``, at most about that many, evenly spaced, and the last."""
-        return read_jsonl(self.metrics_file) if most is None else thinned(iter_jsonl(self.metrics_file), most)
+        return (read_jsonl(self.metrics_file, TRAINING_RECORD) if most is None
+                else thinned(iter_jsonl(self.metrics_file, TRAINING_RECORD), most))
 
     def last_training_record(self) -> Optional[dict]:
         """The newest ``metrics.jsonl`` record (``last_jsonl``)."""
-        return last_jsonl(self.metrics_file)
+        return last_jsonl(self.metrics_file, fields=TRAINING_RECORD)
 
 
 class _DigestingWriter:

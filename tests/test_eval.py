@@ -332,3 +332,23 @@ def test_another_world_is_scored_again_and_its_image_features_are_its_own(world,
     again = []
     R.evaluate_run(run.path, torch.device("cpu"), tasks, world=world, on_task=lambda task, line: again.append(line))
     assert again == [None]  # the first world's line stands, from its own features
+
+
+def test_a_damaged_feature_cache_file_is_computed_again_and_replaced(tmp_path):
+    from euclip_cli.encode import FeatureCache
+
+    cache, calls = FeatureCache(tmp_path), []
+
+    def compute():
+        calls.append(1)
+        return torch.arange(6.0).reshape(2, 3), [0, 1]
+
+    cache.get("world/shapes", compute)
+    (tmp_path / "world__shapes.pt").write_bytes(b"PK\x03\x04 cut short")
+    image_emb, labels = cache.get("world/shapes", compute)
+    assert len(calls) == 2 and labels == [0, 1] and torch.equal(image_emb, torch.arange(6.0).reshape(2, 3))
+    cache.get("world/shapes", compute)
+    assert len(calls) == 2  # replaced whole: read from the cache again
+    world_cache = FeatureCache(tmp_path, world=None)
+    world_cache.get("world/shapes", compute, per_world=True)
+    assert len(calls) == 3  # a world of unknown identity is never cached, nor read from the cache

@@ -382,3 +382,53 @@ def test_a_generated_argument_is_taken_or_refused_naming_it(command, argument, v
             options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
             assert named(errors, argument, value.replace("{tmp}", str(tmp)), *options, "absent", ABSENT_RUN,
                          "a-file", "recipe"), (argv, errors)
+
+
+# ---- damaged run files: cut, a byte flipped, bytes inserted, or another JSON value in the file's place
+
+# What ``report --table embedded`` reads (metrics.jsonl: a fault-table case, through the figures' curves).
+RUN_FILES = ("config.json", "meta.json", "eval.jsonl")
+
+
+def _run_files() -> dict[str, bytes]:
+    """A run's JSON files as euclip writes them (no checkpoint: ``report`` reads JSON alone)."""
+    config = C.to_dict(C.load_config("tiny-clip"))
+    evals = [{"key": key, "dataset": key, "checkpoint": "checkpoints/step_4.pt", "step": 4, "protocol": 2,
+              "metrics": {"acc1": 0.5, "main_metric": 0.5}} for key in ("world/shapes", "world/colour")]
+    records = [{"step": step, "samples": 128 * step, "contrastive": 2.0 - 0.1 * step, "logit_scale": 14.3}
+               for step in range(1, 5)]
+    return {"config.json": json.dumps(config).encode(), "meta.json": json.dumps({"seed": 0}).encode(),
+            "eval.jsonl": "".join(json.dumps(e) + "\n" for e in evals).encode(),
+            "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in records).encode()}
+
+
+damages = st.one_of(
+    st.tuples(st.just("cut"), st.floats(0, 1)),
+    st.tuples(st.just("flip"), st.floats(0, 1)),
+    st.tuples(st.just("insert"), st.floats(0, 1), st.binary(min_size=1, max_size=8)),
+    st.tuples(st.just("replace"), st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                                               lambda inner: st.lists(inner, max_size=3)
+                                               | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                                               max_leaves=6)))
+
+
+@settings(max_examples=200 if LONG else 25)
+@given(name=st.sampled_from(RUN_FILES), damage=damages)
+def test_a_damaged_run_file_is_named_or_harmless(name, damage):
+    with folder() as tmp:
+        run = tmp / "runs" / "r"
+        run.mkdir(parents=True)
+        for file, data in _run_files().items():
+            (run / file).write_bytes(data)
+        data = (run / name).read_bytes()
+        kind, *how = damage
+        at = int(how[0] * len(data)) if kind != "replace" else 0
+        damaged = {"cut": lambda: data[:at],
+                   "flip": lambda: data[:at] + bytes([data[min(at, len(data) - 1)] ^ 0xA5]) + data[at + 1:],
+                   "insert": lambda: data[:at] + how[-1] + data[at:],
+                   "replace": lambda: json.dumps(how[0]).encode()}[kind]()
+        (run / name).write_bytes(damaged)
+        result, errors = invoke(["report", "--table", "embedded", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables"],
+                                tmp)
+        if result.exit_code:
+            assert named(errors, str(run / name), str(run)), (name, damage, errors)

@@ -15,7 +15,8 @@ from typing import Optional
 
 import pandas as pd
 
-from euclip_cli.errors import UsageError
+from euclip_cli import config as C
+from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
 from euclip_cli.evaluate.aggregate import aggregate
@@ -40,10 +41,24 @@ class Run:
     results: dict = field(default_factory=dict)  # task key -> its newest metrics
 
 
+def completed_config(run: RunDir) -> dict:
+    """The run's stored configuration with the keys added since it was written at their defaults (as the
+    trainer reads it); a damaged one (no model or geometry, or a key or value the schema refuses) is a
+    Failure naming the file, since every row reads its keys."""
+    stored = run.config()
+    try:
+        if not all(isinstance(stored.get(section), dict) for section in ("model", "geometry")):
+            raise C.ConfigError(["no [model] or [geometry] section"])
+        return C.to_dict(C.from_dict(stored))
+    except C.ConfigError as err:
+        raise Failure(f"{run.config_file} is not a configuration this euclip reads ({'; '.join(err.problems)}); "
+                      f"restore it, or delete the run") from None
+
+
 def load_runs(runs_dir: Path) -> list[Run]:
     runs = []
     for run in all_runs(runs_dir):
-        config = run.config()
+        config = completed_config(run)
         results = run.latest_results()
         scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
         imported = run.meta().get("imported")

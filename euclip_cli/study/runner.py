@@ -28,7 +28,7 @@ from euclip_cli import stats
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.rundir import RunDir, folder_lock, iter_jsonl, read_json, write_text_atomic
+from euclip_cli.rundir import TRAINING_RECORD, RunDir, folder_lock, iter_jsonl, read_json, write_text_atomic
 from euclip_cli.hierarchy import world_hierarchy_tasks
 from euclip_cli.study.spec import Claim, Study, load_claims
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
@@ -313,7 +313,7 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
         values["temperature_init"] = min(math.exp(C.initial_logit_scale(cfg)), cfg.geometry.logit_scale_max)
         values["temperature_final"] = last["logit_scale"]
         values["temperature_converged_step"] = converged_step(
-            ((r["step"], r["logit_scale"]) for r in iter_jsonl(run.metrics_file) if "logit_scale" in r),
+            ((r["step"], r["logit_scale"]) for r in iter_jsonl(run.metrics_file, TRAINING_RECORD) if "logit_scale" in r),
             last["logit_scale"])
     if last and "curvature" in last:
         values["curvature_init"] = cfg.geometry.curvature_init

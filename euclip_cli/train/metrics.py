@@ -10,7 +10,7 @@ import time
 from typing import Optional
 
 from euclip_cli.errors import Failure
-from euclip_cli.rundir import RunDir, read_jsonl, write_text_atomic
+from euclip_cli.rundir import RunDir, write_text_atomic
 
 
 def truncate_records(run: RunDir, step: int) -> None:
@@ -19,7 +19,7 @@ def truncate_records(run: RunDir, step: int) -> None:
     path = run.metrics_file
     if not path.exists():
         return
-    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+    kept = [r for r in run.training_records() if r["step"] <= step]
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
