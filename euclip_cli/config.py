@@ -294,7 +294,10 @@ def describe_type(tp: Any) -> str:
         return f"{describe_type(inner[0])} or none"
     if origin is list:
         return "a comma-separated list"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+    return {bool: "true or false", int: "an integer within 64 bits", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def coerce(tp: Any, value: Any, *, from_text: bool) -> Any:
@@ -327,17 +330,22 @@ def coerce(tp: Any, value: Any, *, from_text: bool) -> Any:
         if isinstance(value, bool):
             raise ValueError
         if isinstance(value, int):
-            return value
-        if from_text:
+            found = value
+        elif from_text:
             text = str(value).replace("_", "")
             try:
-                return int(text)
+                found = int(text)
             except ValueError:
                 as_float = float(text)  # accepts "1.28e7"; raises ValueError itself otherwise
                 if not as_float.is_integer():
                     raise
-                return int(as_float)
-        raise ValueError
+                found = int(as_float)
+        else:
+            raise ValueError
+        # Every integer key ends in torch, numpy or a C library as a 64-bit integer: a larger one overflows there.
+        if not INT64_MIN <= found <= INT64_MAX:
+            raise ValueError
+        return found
     if tp is float:
         if isinstance(value, bool):
             raise ValueError

@@ -80,3 +80,17 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is the machine running out of memory: torch's for a GPU, Python's, or the CPU
+    allocator's (a RuntimeError whose message says so, as torch raises it)."""
+    return (isinstance(err, (torch.OutOfMemoryError, MemoryError))
+            or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)))
+
+
+def host_memory_bytes() -> int:
+    """The machine's physical memory."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -259,6 +259,16 @@ CASES = [
          ["step_4.pt belongs to another run"], _saved_run("runs/r", "foreign")),
     Case("eval when 'latest' is not text", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
          ["{tmp}/runs/r/checkpoints/latest", "not UTF-8", "delete it"], _saved_run("runs/r", "latest")),
+    # Numbers a machine cannot hold are refused as they are parsed, naming the key or option.
+    Case("train with a batch whose images alone exceed the machine's memory",
+         [*TRAIN, "data.batch_size=4611686018427387904", "optim.samples=4611686018427387904"], 2,
+         ["data.batch_size=4611686018427387904", "GiB per process", "lower it"]),
+    Case("train with a seed beyond 64 bits", [*TRAIN, "train.seed=18446744073709551617"], 2,
+         ["train.seed", "within 64 bits"]),
+    Case("a study of a billion seeds", ["study", "--recipe", "study-geometries", "--seeds", "1000000000", "--plan"], 2,
+         ["--seeds"]),
+    Case("download world with a hundred thousand workers", ["download", "world", "--out", "{tmp}/w", "--workers",
+                                                           "100000"], 2, ["--workers"]),
     # A world is trusted only finished and whole.
     Case("train on the shared world folder whose generation was cut short",
          ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs"], 2,

@@ -417,3 +417,23 @@ def test_the_log_says_how_much_of_a_step_went_to_waiting_for_data(world, tmp_pat
     assert [r["loader_batch_s"] for r in records] == pytest.approx([0.25] * 4)
     assert [r["loader_samples_per_s"] for r in records] == pytest.approx([2 * 16 / 0.25] * 4)  # two workers
     assert [r["loader_cpu_share"] for r in records] == pytest.approx([0.4] * 4)
+
+
+def test_running_out_of_memory_is_said_as_such_with_the_settings_to_change(world, tmp_path, monkeypatch):
+    """The CPU allocator's RuntimeError, a GPU's OutOfMemoryError and Python's MemoryError alike; never a
+    traceback, and never blamed on the data."""
+    from euclip_cli.train.loop import RunError
+
+    cfg = C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=64", *TINY])
+    for err in (RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                             "tried to allocate 1125899906842624 bytes"), torch.OutOfMemoryError("CUDA out of memory"),
+                MemoryError()):
+        def out_of_memory(*args, err=err, **kwargs):
+            raise err
+
+        monkeypatch.setattr(loop, "_train", out_of_memory)
+        with pytest.raises(RunError, match=r"out of memory on cpu with data.batch_size=16 .*in a new run \(--name NEW\)"):
+            loop.run(cfg, tmp_path / "run")
+    monkeypatch.setattr(loop, "_train", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug of ours")))
+    with pytest.raises(RuntimeError, match="a bug of ours"):  # anything else stays a bug, with its traceback
+        loop.run(cfg, tmp_path / "run")

@@ -179,13 +179,14 @@ def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[st
 
 @app.command()
 def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder, help="Output folder."),
-          seed: int = typer.Option(_DATA.world_seed, help="Everything is deterministic from this seed."),
+          seed: int = typer.Option(_DATA.world_seed, min=-(2 ** 63), max=2 ** 63 - 1,  # data.world_seed's range
+                                   help="Everything is deterministic from this seed."),
           samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
           mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
           eval_size: int = typer.Option(_DATA.world_eval_size, help="Images per evaluation task."),
           object_scale: float = typer.Option(_DATA.world_object_scale, help="Every object's radius times this "
                                              "(below 1: smaller shapes, a harder world)."),
-          workers: int = typer.Option(WORKERS, min=1, help="Generator processes.")) -> None:
+          workers: int = typer.Option(WORKERS, min=1, max=256, help="Generator processes.")) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 
     Example: euclip download world --out data/world --samples 100000

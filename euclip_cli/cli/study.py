@@ -16,7 +16,7 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
                                                                       "optim.samples=131072 for 4x the budget).",
                                                            show_default=False),
           configs: Optional[str] = typer.Option(None, help="Comma-separated configurations to keep (default: all)."),
-          seeds: Optional[int] = typer.Option(None, min=1, help="Seeds 0..N-1 instead of the recipe's count."),
+          seeds: Optional[int] = typer.Option(None, min=1, max=10_000, help="Seeds 0..N-1 instead of the recipe's count."),
           jobs: int = typer.Option(1, min=1, help="Runs trained at once (each gets cores / jobs threads)."),
           out: Optional[Path] = typer.Option(None, callback=writable_folder,
                                              help="Study folder (default: results/studies/NAME)."),

@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from euclip_cli.data.decode import (CropDecoder, DecodeOn, Decoder, Deferred, DeferredCrop, DeviceCrops,
                                    Normalization)
+from euclip_cli.device import is_out_of_memory
 from euclip_cli.errors import UsageError
 
 IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
@@ -377,6 +378,8 @@ class TrainStream(IterableDataset):
                 pixels = self.decode(sample[image_key])
                 text = self.tokenizer(caption)[0]
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
+                if is_out_of_memory(err):
+                    raise  # the machine's state, not the sample's: the trainer says so
                 skips(err)
                 continue
             skips.good()

@@ -180,6 +180,10 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+# More seeds than any study trains (each is a run per configuration), and few enough that a plan's sums stay exact.
+MAX_SEEDS = 10_000
+
+
 def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequence[str] = (),
                only: Optional[Sequence[str]] = None, resources: Sequence[str] = ()) -> Study:
     """Read and check a study recipe: every configuration must load as a run config; ``seeds``
@@ -205,8 +209,8 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     given = resource_pairs(resources, problems)
     resources_from(given, "--resource", Resources(), problems)  # the command line's problems, once
     count = seeds if seeds is not None else study.get("seeds", 3)
-    if not isinstance(count, int) or count < 1:
-        problems.append(f"{path.name}: seeds must be a positive integer, not {count!r}")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_SEEDS:
+        problems.append(f"{path.name}: seeds must be an integer in [1, {MAX_SEEDS:,}], not {count!r}")
         count = 1
     common = _strings(study.get("overrides", []), f"{path.name}: study.overrides", problems)
     typed = [C.override_key(o) for o in overrides]

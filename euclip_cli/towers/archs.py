@@ -40,6 +40,12 @@ class Arch:
         return {"embed_dim": self.embed_dim, "vision_cfg": self.vision_cfg, "text_cfg": self.text_cfg}
 
     @property
+    def image_size(self) -> int:
+        """The image tower's input side in pixels (open_clip's default 224 where the config names none)."""
+        size = self.vision_cfg.get("image_size", 224)
+        return max(size) if isinstance(size, (tuple, list)) else size
+
+    @property
     def context_length(self) -> int:
         return self.text_cfg.get("context_length", 77)  # open_clip's default context
 

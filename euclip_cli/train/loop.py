@@ -27,13 +27,14 @@ from euclip_cli.data.loader import STOP_SIGNALS, RepeatBatches, TrainBatches, li
 from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.webshards import training_record
 from euclip_cli.data.world_files import check_files, check_shared_world, fingerprint, recorded, recorded_settings
-from euclip_cli.device import autocast_factory, cpu_name, resolve_device, resolve_precision
+from euclip_cli.device import (autocast_factory, cpu_name, host_memory_bytes, is_out_of_memory, resolve_device,
+                                resolve_precision)
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.model import EuclipModel, check_buildable, init_source, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
 from euclip_cli.rundir import RunDir, checkpoint_meta, load_checkpoint
 from euclip_cli.step import LocalLoss, NonfiniteGuard, apply_update, forward_backward
-from euclip_cli.towers import batchnorm_statistics, tokenizer_for, transforms_for
+from euclip_cli.towers import archs, batchnorm_statistics, tokenizer_for, transforms_for
 from euclip_cli.towers.checkpointing import enable_grad_checkpointing
 from euclip_cli.train import distributed
 from euclip_cli.train.metrics import MetricsWriters
@@ -121,6 +122,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
     # user's first problem to hear about, before whatever the data folder lacks; the towers are built
     # only once the data is there (a large arch takes a while).
     check_buildable(cfg)
+    check_batch_fits(cfg, ranks.world)
     runs_dir = Path(run_dir).parent
     # The data and the model are checked before the run directory exists (this object only names it): a
     # corrected command must not be refused as "another configuration" by a directory its failed first
@@ -140,7 +142,27 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
             directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded,
                                                                            "init_from": model.started_from},
                             complete=lambda stored: C.to_dict(C.from_dict(stored)))
-        return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
+        try:
+            return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            raise RunError(f"out of memory on {device} with data.batch_size={cfg.data.batch_size} over {ranks.world} "
+                           f"process(es) and optim.accum_steps={cfg.optim.accum_steps}: in a new run (--name NEW), raise "
+                           f"optim.accum_steps, set train.grad_checkpointing=true or lower data.batch_size") from None
+
+
+def check_batch_fits(cfg: C.Config, processes: int) -> None:
+    """Refuse a batch whose images alone (uint8, at the tower's resolution, on one process) exceed the machine's
+    memory: the loader would grow until the machine runs out. Its activations need far more; this bound only
+    catches the impossible before a worker starts."""
+    size = archs.lookup(cfg.model.arch).image_size
+    need = cfg.data.batch_size // processes * 3 * size * size
+    have = host_memory_bytes()
+    if need > have:
+        raise UsageError(f"data.batch_size={cfg.data.batch_size}: one batch of {size}-px images alone needs "
+                         f"{need / 2 ** 30:,.0f} GiB per process, more than this machine's {have / 2 ** 30:,.0f} GiB; "
+                         f"lower it (or spread it over more processes)")
 
 
 def world_record(cfg: C.Config, download: str) -> Optional[dict]:
