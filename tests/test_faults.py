@@ -33,6 +33,7 @@ class Case:
     code: int
     culprit: list[str]  # fragments the single error line must contain
     setup: Callable[[Path, Path], None] = field(default=lambda tmp, world: None)
+    env: dict = field(default_factory=dict)  # environment variables set for the command
 
 
 def _write(rel: str, data: bytes | str) -> Callable[[Path, Path], None]:
@@ -269,6 +270,19 @@ CASES = [
          ["--seeds"]),
     Case("download world with a hundred thousand workers", ["download", "world", "--out", "{tmp}/w", "--workers",
                                                            "100000"], 2, ["--workers"]),
+    # Environment variables, checked where first read: named, never a traceback or a wait.
+    Case("train with a RANK that is not a number", TRAIN, 2, ["RANK='x'", "torchrun"],
+         env={"WORLD_SIZE": "2", "RANK": "x", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
+    Case("train with a WORLD_SIZE that is not a number", TRAIN, 2, ["WORLD_SIZE='two'"], env={"WORLD_SIZE": "two"}),
+    Case("train with a RANK outside WORLD_SIZE", TRAIN, 2, ["RANK='5'", "[0, 1]"],
+         env={"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
+    Case("train with WORLD_SIZE but no MASTER_ADDR", TRAIN, 2, ["MASTER_ADDR is not set"],
+         env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "29500"}),
+    Case("push with a token pasted with its line break", ["push", "{tmp}/runs/good", "me/model"], 2,
+         ["HF_TOKEN", "line break"], _checkpointed_run("runs/good"), env={"HF_TOKEN": "hf_abc\n"}),
+    Case("import from the Hub with an HF_ENDPOINT that is not a URL",
+         ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"], 2,
+         ["HF_ENDPOINT='not a url'"], env={"HF_ENDPOINT": "not a url"}),
     # A world is trusted only finished and whole.
     Case("train on the shared world folder whose generation was cut short",
          ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs"], 2,
@@ -421,6 +435,8 @@ def test_a_fault_is_one_line_naming_its_culprit_and_changes_nothing(case, world,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     case.setup(tmp_path, world)
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
     fill = lambda text: text.replace("{tmp}", str(tmp_path)).replace("{world}", str(world))
     for path in (p for p in tmp_path.rglob("*.toml") if p.is_file()):
         path.write_bytes(path.read_bytes().replace(b"{tmp}", str(tmp_path).encode()))

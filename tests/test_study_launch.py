@@ -293,3 +293,22 @@ def test_a_job_its_scheduler_never_reports_ends_rather_than_being_followed_for_e
                                  "--launcher", "slurm", "--poll", "0.1"])
     assert result.exit_code == 1 and "2 run(s) failed" in result.output, result.output
     assert "clip-seed0: failed: no output (see the scheduler's log) (job job-clip-seed0" in result.output
+
+
+def test_a_ray_address_nobody_answers_is_named_at_once(monkeypatch):
+    """RAY_ADDRESS naming a cluster that is not there: Ray itself would wait for minutes."""
+    import time
+
+    from euclip_cli.data.fetch import check_ray_address
+    from euclip_cli.errors import Failure, UsageError
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # the discard port: nothing listens
+    started = time.monotonic()
+    with pytest.raises(Failure, match=r"RAY_ADDRESS='127.0.0.1:9': nothing answers at 127.0.0.1:9"):
+        check_ray_address()
+    assert time.monotonic() - started < 10
+    monkeypatch.setenv("RAY_ADDRESS", "head-node:port")
+    with pytest.raises(UsageError, match="is not an address"):
+        check_ray_address()
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    check_ray_address()  # Ray's own keyword: Ray resolves it

@@ -67,8 +67,11 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         os.execv(sys.executable, command)
     run_dir = runs_dir / name
-    if int(os.environ.get("RANK", "0")) != 0:
-        from euclip_cli.train import distributed
+    from euclip_cli.train import distributed
+
+    with errors():
+        rank = distributed.launched_rank()
+    if rank != 0:
         from euclip_cli.train.loop import run
 
         with errors():

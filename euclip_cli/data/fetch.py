@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from euclip_cli.errors import Failure
+from euclip_cli.errors import Failure, UsageError
 
 HF_DATASETS = "https://huggingface.co/datasets"
 CHUNK = 1 << 20
@@ -170,6 +170,7 @@ def configure_hub_client() -> None:
     """
     from huggingface_hub import constants, get_session
 
+    check_hub_environment()
     if os.environ.get("HF_HUB_DISABLE_XET") is None:
         constants.HF_HUB_DISABLE_XET = True
     session = get_session()
@@ -177,6 +178,60 @@ def configure_hub_client() -> None:
     # hook (httpx's public event hooks) bounds what it left unbounded just before each request is sent.
     if _bounded_timeouts not in session.event_hooks["request"]:
         session.event_hooks = {**session.event_hooks, "request": [*session.event_hooks["request"], _bounded_timeouts]}
+
+
+def check_hub_environment() -> None:
+    """The Hugging Face variables euclip's Hub calls read, checked before any is used: a token holding a space
+    or a line break (pasted with its newline) would be sent as a malformed header, an endpoint that is not an
+    http(s) URL fails deep inside the client. Each is a usage error naming the variable."""
+    from urllib.parse import urlparse
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        token = os.environ.get(name)
+        if token is not None and (not token.strip() or any(c.isspace() or not c.isprintable() for c in token.strip())
+                                  or token != token.strip()):
+            what = "nothing" if not token.strip() else "a space, a line break or a control character"
+            raise UsageError(f"environment variable {name} holds {what}: set it to the token alone (hf_...), or "
+                             f"unset it")
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if endpoint is not None:
+        url = urlparse(endpoint.strip())
+        if url.scheme not in ("http", "https") or not url.hostname or endpoint != endpoint.strip():
+            raise UsageError(f"environment variable HF_ENDPOINT={endpoint!r} is not an http(s) URL such as "
+                             f"https://huggingface.co: set it to the Hub's URL, or unset it")
+
+
+def check_reachable(variable: str, address: str, default_port: int, seconds: float = 10.0) -> None:
+    """Connect to ``address`` (``[scheme://]host[:port]``, the value of environment variable ``variable``) within
+    ``seconds``, or raise a Failure naming the variable: a client that waits for an absent cluster would hang."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = url.hostname, url.port or default_port
+    except ValueError:  # a port that is not a number
+        host = port = None
+    if not host:
+        raise UsageError(f"environment variable {variable}={address!r} is not an address (host:port): fix it or unset it")
+    try:
+        with socket.create_connection((host, port), timeout=seconds):
+            pass
+    except OSError as err:
+        raise Failure(f"environment variable {variable}={address!r}: nothing answers at {host}:{port} "
+                      f"({err.strerror or type(err).__name__}); start the cluster there, or unset {variable}") from None
+
+
+# Ray's head node port (``ray start --head``), when RAY_ADDRESS names a host alone.
+RAY_PORT = 6379
+
+
+def check_ray_address() -> None:
+    """RAY_ADDRESS, where set to a cluster's address, must answer: Ray would wait for it for minutes. Its
+    keywords ("auto", "local") are Ray's to resolve."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address and address not in ("auto", "local"):
+        check_reachable("RAY_ADDRESS", address, RAY_PORT)
 
 
 def _bounded_timeouts(request) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from euclip_cli.data.fetch import FetchError, fetch_file, configure_hub_client, sha256_of
+from euclip_cli.data.fetch import FetchError, check_ray_address, configure_hub_client, fetch_file, sha256_of
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json
 
@@ -291,6 +291,7 @@ def _ray_cluster(options: ImageOptions):
         yield
         return
     if os.environ.get("RAY_ADDRESS"):
+        check_ray_address()
         ray.init(log_to_driver=False)
     else:
         ray.init(num_cpus=options.processes, include_dashboard=False, log_to_driver=False)

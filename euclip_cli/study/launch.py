@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from euclip_cli import config as C
+from euclip_cli.data.fetch import check_ray_address
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir, read_json, wait_until_free, write_text_atomic
 from euclip_cli.study.runner import LOGS, Child, RunPlan, done_commands, execute, is_done, last_line, run_log
@@ -198,6 +199,7 @@ class RayLauncher:
         self._ray = ray
         self._started = not ray.is_initialized()
         if self._started:
+            check_ray_address()
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
         self._refs: dict[str, object] = {}
 

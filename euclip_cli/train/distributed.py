@@ -23,6 +23,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from euclip_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -219,12 +221,46 @@ class GradientReducer:
         self.handles = []
 
 
+def environment_int(name: str, default: Optional[int], low: int, high: int) -> int:
+    """The integer environment variable ``name`` (``default`` when unset; None: it must be set), within
+    [low, high]; a usage error naming the variable and its value otherwise."""
+    text = os.environ.get(name)
+    if text is None:
+        if default is None:
+            raise UsageError(f"environment variable {name} is not set, but WORLD_SIZE is above 1: start the run "
+                             f"with torchrun (euclip train --nproc-per-node N), or unset WORLD_SIZE to run alone")
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise UsageError(f"environment variable {name}={text!r} is not an integer in [{low}, {high}]: torchrun sets it; "
+                         f"unset it (with WORLD_SIZE, RANK, LOCAL_RANK) to run alone")
+    return value
+
+
+# More ranks than any job runs; the bound keeps a variable's value a number a process group can take.
+MAX_RANKS = 1 << 20
+
+
+def launched_rank() -> int:
+    """This process's rank as torchrun sets it (RANK), 0 when run alone."""
+    return environment_int("RANK", 0, 0, MAX_RANKS - 1)
+
+
 def from_environment(device_type: str) -> Dist:
-    """Join the process group torchrun describes in the environment, or run alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    """Join the process group torchrun describes in the environment, or run alone. Its variables are
+    checked first (a malformed one is named, not a traceback or a wait for peers that never come)."""
+    world = environment_int("WORLD_SIZE", 1, 1, MAX_RANKS)
     if world == 1:
         return Dist()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank = environment_int("RANK", None, 0, world - 1)
+    local_rank = environment_int("LOCAL_RANK", 0, 0, world - 1)
+    environment_int("MASTER_PORT", None, 1, 65535)
+    if not os.environ.get("MASTER_ADDR", "").strip():
+        raise UsageError("environment variable MASTER_ADDR is not set, but WORLD_SIZE is above 1: start the run with "
+                         "torchrun, or unset WORLD_SIZE to run alone")
     timeout = datetime.timedelta(minutes=30)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)

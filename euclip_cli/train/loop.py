@@ -230,7 +230,7 @@ def host_threads(setting: int, device: torch.device, workers: int) -> Optional[i
         return setting
     if device.type != "cuda" or "OMP_NUM_THREADS" in os.environ:
         return None
-    cores = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cores = len(os.sched_getaffinity(0)) // distributed.environment_int("LOCAL_WORLD_SIZE", 1, 1, distributed.MAX_RANKS)
     return max(1, min(HOST_THREADS_ON_GPU, cores - workers))
 
 
