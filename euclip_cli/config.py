@@ -424,6 +424,18 @@ def recipe_text(path: Path) -> str:
                            f"must be UTF-8: re-save it as UTF-8"]) from None
 
 
+def recipe_table(path: Path) -> dict:
+    """A recipe file (a run's or a study's) as TOML, or a ConfigError naming the file and what is wrong."""
+    text = recipe_text(path)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError([f"{path.name}: not valid TOML ({err}); fix the file"]) from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError([f"{path.name}: nested too deeply to read as TOML; a recipe's tables are two levels "
+                           f"deep"]) from None
+
+
 def recipe_header(name_or_path: str) -> str:
     """The leading comment block of a recipe file (purpose, command, expected result)."""
     lines = []
@@ -432,6 +444,10 @@ def recipe_header(name_or_path: str) -> str:
             break
         lines.append(line[1:].strip())
     return "\n".join(lines)
+
+
+# Longer than any sensible chain of recipes, and short enough that reading one never nears Python's recursion limit.
+MAX_EXTENDS = 32
 
 
 def _read_recipe(name_or_path: str, problems: list[str], chain: tuple[str, ...]) -> list[tuple[str, dict]]:
@@ -443,13 +459,13 @@ def _read_recipe(name_or_path: str, problems: list[str], chain: tuple[str, ...])
     if path.resolve() in chain:
         problems.append(f"{path.name}: 'extends' forms a cycle")
         return []
+    if len(chain) >= MAX_EXTENDS:
+        problems.append(f"{path.name}: 'extends' chains more than {MAX_EXTENDS} recipes; flatten the chain")
+        return []
     try:
-        table = tomllib.loads(recipe_text(path))
+        table = recipe_table(path)
     except ConfigError as err:
         problems.extend(err.problems)
-        return []
-    except tomllib.TOMLDecodeError as err:
-        problems.append(f"{path.name}: not valid TOML ({err}); fix the file")
         return []
     parents: list[tuple[str, dict]] = []
     base = table.pop("extends", None)

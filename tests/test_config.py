@@ -31,7 +31,7 @@ def test_a_data_order_seed_that_is_not_an_integer_is_named_by_its_key():
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", ["data.order_seed=abc"])
     assert err.value.problems == ["override 'data.order_seed=abc': bad value 'abc' for 'data.order_seed': "
-                                  "expected an integer or none"]
+                                  "expected an integer within 64 bits or none"]
 
 
 def test_an_embedded_world_without_evaluation_images_is_refused_by_its_key():

@@ -270,6 +270,16 @@ CASES = [
          ["--seeds"]),
     Case("download world with a hundred thousand workers", ["download", "world", "--out", "{tmp}/w", "--workers",
                                                            "100000"], 2, ["--workers"]),
+    # Recipes that would exhaust Python's recursion.
+    Case("train with a recipe whose 'extends' chain is a hundred deep", ["train", "--recipe", "{tmp}/chain/r0.toml",
+                                                                         "--runs-dir", "{tmp}/runs"], 2,
+         ["'extends' chains more than 32 recipes"],
+         _both(*(_write(f"chain/r{i}.toml", f'extends = "{{tmp}}/chain/r{i + 1}.toml"\n') for i in range(100)),
+               _write("chain/r100.toml", 'extends = "tiny-clip"\n'))),
+    Case("train with a recipe nested thousands deep", ["train", "--recipe", "{tmp}/deep.toml"], 2,
+         ["deep.toml: nested too deeply"], _write("deep.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n")),
+    Case("a study recipe nested thousands deep", ["study", "--recipe", "{tmp}/study-deep.toml", "--plan"], 2,
+         ["study-deep.toml: nested too deeply"], _write("study-deep.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n")),
     # Environment variables, checked where first read: named, never a traceback or a wait.
     Case("train with a RANK that is not a number", TRAIN, 2, ["RANK='x'", "torchrun"],
          env={"WORLD_SIZE": "2", "RANK": "x", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),

@@ -366,7 +366,7 @@ def test_a_bad_study_recipe_lists_every_problem(tmp_path):
                     'overrides = ["optim.lr=fast"]\n[configs.b]\nrecipe = "tiny-clip"\n')
     result = runner.invoke(app, ["study", "--recipe", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    for text in ("seeds must be a positive integer", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr"):
+    for text in ("seeds must be an integer in [1, 10,000], not 0", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr"):
         assert text in result.output
 
 

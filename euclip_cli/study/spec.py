@@ -115,7 +115,7 @@ def resource_pairs(pairs: Sequence[str], problems: list[str]) -> dict:
             problems.append(f"--resource '{key}' is given more than once; give each key once")
         try:
             table[key] = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):  # not a TOML value: taken as the text itself
             table[key] = text
     return table
 
@@ -194,10 +194,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     path = C.recipe_path(name_or_path)
     if not path.exists():
         raise UsageError(f"study recipe '{name_or_path}' not found (run 'euclip recipes list' to see them)")
-    try:
-        table = tomllib.loads(C.recipe_text(path))
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path}: not a valid TOML file ({err}); fix the file") from None
+    table = C.recipe_table(path)
     problems: list[str] = []
     study = table.get("study", {})
     unknown = set(table) - {"study", "configs"} | set(study) - {"seeds", "tasks", "baseline", "interval", "overrides",
