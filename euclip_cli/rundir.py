@@ -181,10 +181,15 @@ def read_json(path: Path) -> Any:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    """Write through a temporary file and a rename, so a reader never sees half a file; a write that fails (a full
+    disk) removes its temporary file and leaves the old one in place."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # What every record of a run's JSON-lines file must hold, by file: the fields its readers index.

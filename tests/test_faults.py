@@ -474,3 +474,23 @@ def test_the_suite_covers_every_command():
     commands = set(get_command(app).commands)
     covered = {c.argv[0] for c in CASES}
     assert commands - covered <= {"bench"}, commands - covered  # bench's faults: tests/test_bench.py
+
+
+def test_a_write_the_disk_cannot_hold_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
+    import errno
+
+    from euclip_cli.rundir import write_text_atomic
+
+    target = tmp_path / "config.json"
+    target.write_text('{"old": true}')
+    real = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)  # half of it reached the disk
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError):
+        write_text_atomic(target, '{"new": "a longer text than the old one"}')
+    monkeypatch.undo()
+    assert target.read_text() == '{"old": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
