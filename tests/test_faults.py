@@ -141,13 +141,30 @@ def _copy_world(world: Path, tmp: Path) -> None:
 
 
 def _world_copy(rel: str, damage: str):
-    """A copy of the test world at ``rel`` with its first training shard (``cut-shard``) or its manifest
-    (``cut-manifest``) cut to half its size."""
+    """A copy of the test world at ``rel`` with its first training shard (``cut-shard``), its manifest
+    (``cut-manifest``) or the shapes task's shard (``cut-eval``) cut to half its size, or that shard's images
+    replaced by text (``text-as-image``)."""
     def setup(tmp: Path, world: Path) -> None:
+        import io
         import shutil
+        import tarfile
 
         shutil.copytree(world, tmp / rel)
-        path = tmp / rel / ("train/00000.tar" if damage == "cut-shard" else "manifest.json")
+        if damage == "text-as-image":  # every .jpg member of the shapes shard replaced by text
+            path = tmp / rel / "eval" / "shapes" / "test" / "0.tar"
+            members = []
+            with tarfile.open(path) as tar:
+                for m in tar.getmembers():
+                    data = tar.extractfile(m).read()
+                    members.append((m.name, b"not a picture" if m.name.endswith((".jpg", ".png", ".webp")) else data))
+            with tarfile.open(path, "w") as tar:
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            return
+        path = tmp / rel / {"cut-shard": "train/00000.tar", "cut-manifest": "manifest.json",
+                            "cut-eval": "eval/shapes/test/0.tar"}[damage]
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     return setup
 
@@ -293,6 +310,15 @@ CASES = [
     Case("import from the Hub with an HF_ENDPOINT that is not a URL",
          ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"], 2,
          ["HF_ENDPOINT='not a url'"], env={"HF_ENDPOINT": "not a url"}),
+    # Evaluation sets that cannot be read are named with their folder and the command that fetches them.
+    Case("eval on a world whose shapes shard was cut", ["eval", "{tmp}/runs/good", "--tasks", "world/shapes",
+                                                        "--world", "{tmp}/w"], 1,
+         ["world/shapes: its evaluation set in {tmp}/w/eval/shapes cannot be read", "euclip download world"],
+         _both(_checkpointed_run("runs/good"), _world_copy("w", "cut-eval"))),
+    Case("eval on a world whose shapes shard holds a member that is not an image",
+         ["eval", "{tmp}/runs/good", "--tasks", "world/shapes", "--world", "{tmp}/w"], 1,
+         ["world/shapes: its evaluation set in {tmp}/w/eval/shapes cannot be read"],
+         _both(_checkpointed_run("runs/good"), _world_copy("w", "text-as-image"))),
     # A world is trusted only finished and whole.
     Case("train on the shared world folder whose generation was cut short",
          ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs"], 2,

@@ -89,6 +89,23 @@ def fetch_command(tasks: list[Task]) -> str:
     return "' and '".join(commands)
 
 
+def read_set(batches, task: Task, data_dir: Path):
+    """The batches of ``task``'s evaluation set in ``data_dir``; what goes wrong while reading them (a shard cut
+    short, a member that is not an image) is the set's damage, named with its folder and the command that
+    fetches it again, not an internal error."""
+    found = iter(batches)
+    while True:
+        try:
+            batch = next(found)
+        except StopIteration:
+            return
+        except Exception as err:  # noqa: BLE001 (tarfile, PIL and webdataset raise many kinds)
+            what = (str(err).splitlines() or [""])[0][:160] or "no message"
+            raise EvalError(f"task {task.key}: its evaluation set in {data_dir} cannot be read ({type(err).__name__}: "
+                            f"{what}); fetch it again: '{fetch_command([task])}'") from None
+        yield batch
+
+
 def _require_data(task: Task, data_dir: Path) -> None:
     if not has_data(task, data_dir):
         raise EvalError(f"task {task.key}: no data in {data_dir}: run '{fetch_command([task])}'")
@@ -123,7 +140,8 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                            task="zeroshot_retrieval")
         loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
                                              batch_size=None, num_workers=0)
-        image_emb, captions = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images),
+        image_emb, captions = cache.get(task.features_key,
+                                        lambda: embed_images(model, read_set(loader, task, data_dir), device, on_images),
                                         per_world=task.suite == "world")
         texts = [c for caps in captions for c in caps]
         owner = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], device=device)
@@ -154,7 +172,8 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
     _, transform = transforms_for(model.clip, resize=task.resize)
     ds = build_dataset("wds/" + task.images_key, root=str(data_dir), transform=transform, split="test")
     loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-    image_emb, labels = cache.get(task.features_key, lambda: embed_images(model, loader, device, on_images),
+    image_emb, labels = cache.get(task.features_key,
+                                  lambda: embed_images(model, read_set(loader, task, data_dir), device, on_images),
                                   per_world=task.suite == "world")
     templates = list(task.templates) or ds.templates
     if task.classes and len(task.classes) != len(ds.classes):
@@ -177,7 +196,7 @@ def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch
     def features(split: str) -> tuple[torch.Tensor, list]:
         ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split=split)
         loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, num_workers=0)
-        return embed_image_trunks(model, loader, device, on_images)
+        return embed_image_trunks(model, read_set(loader, task, data_dir), device, on_images)
 
     splits = {split: cache.get(f"{task.key}-{split}", lambda split=split: features(split))
               for split in ("train", "val", "test") if (data_dir / split / "nshards.txt").exists()}
@@ -245,7 +264,7 @@ def evaluate_fairface(model: EuclipModel, cfg: C.Config, task: Task, data_dir: P
                 .to_tuple(IMAGE_KEYS, "npy").map_tuple(transform, lambda row: torch.as_tensor(row).reshape(-1).long())
                 .batched(batch_size))
     loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=0)
-    image_emb, rows = cache.get(task.key, lambda: embed_images(model, loader, device, on_images))
+    image_emb, rows = cache.get(task.key, lambda: embed_images(model, read_set(loader, task, data_dir), device, on_images))
     image_emb, metadata = image_emb.to(device), torch.tensor(rows)
     tokenizer = tokenizer_for(cfg.model.arch)
     predicted = {}
