@@ -403,6 +403,8 @@ CASES = [
                                             "--out", "{tmp}/dc"], 2, ["u.npy"], _write("u.npy", b"not numpy")),
     Case("a url list that does not exist", ["download", "urls", "--parquet", "{tmp}/l.parquet", "--out", "{tmp}/o"],
          2, ["l.parquet"]),
+    Case("a url list that is not parquet", ["download", "urls", "--parquet", "{tmp}/l.parquet", "--out", "{tmp}/o"],
+         2, ["--parquet {tmp}/l.parquet is not a readable parquet file"], _write("l.parquet", b"PAR1 cut short")),
     Case("DataComp shards into a file", ["download", "datacomp", "--scale", "small", "--out", "{tmp}/file"], 2,
          ["{tmp}/file is a file where a folder is needed"], _write("file", "x")),
     Case("the embedded world into a file", ["download", "world", "--out", "{tmp}/file"], 2,

@@ -202,3 +202,50 @@ def test_a_world_is_trusted_only_whole(world, tmp_path):
     (copy / "manifest.json").write_text('{"generator_version": 1, "se')
     with pytest.raises(Failure, match="manifest.json is not valid JSON"):
         world_files.recorded(copy)
+
+
+def test_a_generation_killed_outright_takes_its_workers_with_it(tmp_path):
+    """SIGTERM runs no cleanup in a command that does not catch it: its generator workers must not write on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "euclip_cli", "download", "world", "--out", str(tmp_path / "w"), "--samples",
+               "400000", "--workers", "2"]
+    parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children() -> list[int]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, NotADirectoryError, PermissionError):
+                continue
+            if int(fields[1]) == parent.pid and fields[0] != "Z":
+                found.append(int(entry))
+        return found
+
+    deadline = time.monotonic() + 60
+    while len(children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = children()
+    assert len(workers) >= 2, "the generator never started its workers"
+    time.sleep(1)  # the workers are writing
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if alive(pid)], "orphaned workers still running"
+    assert not (tmp_path / "w").exists()  # and nothing that looks like a world

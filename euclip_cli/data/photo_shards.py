@@ -164,12 +164,14 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PhotoShardsExistError(f"{out} exists and holds files that are not these shards (no manifest.json); "
                                     f"choose another --out or delete it")
+    from euclip_cli.data.world_files import die_with_parent
+
     counts = [min(SAMPLES_PER_SHARD, samples - s) for s in range(0, samples, SAMPLES_PER_SHARD)]
     start = time.time()
     # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
     with whole_folder(out, lambda pid: PhotoShardsExistError(
             f"{out} is being written by another process (pid {pid}): wait for it, or choose another --out")) as staging:
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(counts)))) as pool:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(counts))), initializer=die_with_parent) as pool:
             jobs = [pool.submit(_write_shard, str(staging), seed, i, n) for i, n in enumerate(counts)]
             for done, job in enumerate(jobs, 1):
                 job.result()

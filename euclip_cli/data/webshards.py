@@ -458,7 +458,11 @@ def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str,
 
     if not parquet.is_file():
         raise UsageError(f"--parquet {parquet} does not exist")
-    names = pq.ParquetFile(parquet).schema_arrow.names
+    try:
+        names = pq.ParquetFile(parquet).schema_arrow.names
+    except (pa.ArrowException, OSError) as err:  # a file that is not parquet, or one cut short
+        raise UsageError(f"--parquet {parquet} is not a readable parquet file ({str(err).splitlines()[0][:120]}); "
+                         f"give a parquet file of image URLs and captions") from None
     for option, column in (("--url-col", url_col), ("--caption-col", caption_col), ("--uid-col", uid_col)):
         if column is not None and column not in names:
             raise UsageError(f"{option} '{column}' is not a column of {parquet} (columns: {', '.join(names)})")

@@ -148,6 +148,17 @@ def check_world(out: Path, found: dict, settings: WorldSettings, remedy: str) ->
         raise WorldExistsError(f"{out} holds a world generated with other settings: {what}; {remedy}")
 
 
+def die_with_parent() -> None:
+    """A generator worker's first act: ask Linux to end it (SIGTERM) when the process that started it dies. A
+    ``download`` killed outright (SIGTERM, SIGKILL) runs no cleanup, and its workers would write on, orphaned."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _rng(*parts) -> random.Random:
     # A string seed hashes deterministically (unlike hash() of a tuple across processes).
     return random.Random("/".join(str(p) for p in parts))
@@ -274,7 +285,7 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
     counts = [min(SAMPLES_PER_SHARD, settings.samples - s) for s in range(0, settings.samples, SAMPLES_PER_SHARD)]
     total = len(counts) + len(WORLD_TASKS)
     start = time.time()
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, workers), initializer=die_with_parent) as pool:
         jobs = [pool.submit(_write_train_shard, str(out / "train"), settings, i, n) for i, n in enumerate(counts)]
         jobs += [pool.submit(_write_eval_task, str(out / "eval"), settings, i) for i in range(len(WORLD_TASKS))]
         for done, job in enumerate(jobs, 1):
