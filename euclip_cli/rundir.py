@@ -3,10 +3,10 @@
 ::
 
     RUN/config.json          the resolved config (every key), written once when the run starts
-    RUN/meta.json            git revision, package versions, seed, argv, host; the data's manifest
+    RUN/meta.json            the run's id, git revision, package versions, seed, argv, host; the data's manifest
     RUN/metrics.jsonl        one training record per logged step
     RUN/tensorboard/         the same records for TensorBoard
-    RUN/checkpoints/         step_N.pt (plain tensors + JSON-able metadata, the run's fingerprint), step_N.pt.sha256
+    RUN/checkpoints/         step_N.pt (plain tensors + JSON-able metadata, the run's id), step_N.pt.sha256
                              (its digest and size as written) and ``latest`` (a file naming one)
     RUN/eval.jsonl           one line per (task, checkpoint): DataComp's fields plus checkpoint, step, protocol
     RUN/eval_results.jsonl   DataComp's own results file for the latest evaluated checkpoint
@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import unicodedata
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -398,7 +399,7 @@ class RunDir:
         if self.exists():
             return False
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.meta_file, json.dumps(meta, indent=2))
+        write_text_atomic(self.meta_file, json.dumps({**meta, "run_id": uuid.uuid4().hex}, indent=2))
         # config.json last: a directory with it is a complete run directory.
         write_text_atomic(self.config_file, json.dumps(config, indent=2, sort_keys=True))
         return True
@@ -430,11 +431,10 @@ class RunDir:
         return path if path.is_file() else None
 
     def fingerprint(self) -> Optional[str]:
-        """A digest of the run's stored configuration, written into each of its checkpoints: a checkpoint
-        copied in from another run does not carry it. None before the run has a configuration."""
-        if not self.config_file.exists():
-            return None
-        return hashlib.sha256(json.dumps(self.config(), sort_keys=True).encode()).hexdigest()[:16]
+        """The run's identity, drawn when it was created (``meta.json``'s ``run_id``) and written into each of its
+        checkpoints: a checkpoint copied in from another run carries another. None for a run created before
+        runs had one."""
+        return self.meta().get("run_id") if self.meta_file.exists() else None
 
     def readable_checkpoint(self) -> tuple[Optional[Path], Optional[dict]]:
         """``(path, state)`` of the checkpoint ``latest`` names (without ``latest``, the newest), verified
@@ -483,8 +483,8 @@ class RunDir:
                           f"{remedy}") from None
         theirs = state.get("run_fingerprint") if isinstance(state, dict) else None
         if theirs is not None and theirs != self.fingerprint():
-            raise Failure(f"{path} belongs to another run (its configuration fingerprint is not {self.config_file}'s):"
-                          f" it was copied in; {remedy}")
+            raise Failure(f"{path} belongs to another run (its run id is not {self.meta_file}'s): it was copied in; "
+                          f"{remedy}")
         return state
 
     def save_checkpoint(self, state: dict, step: int, keep: int) -> Path:

@@ -272,7 +272,7 @@ CASES = [
     Case("analyze when one byte of the newest checkpoint changed", ["analyze", "isotropy", "{tmp}/runs/r"], 1,
          ["step_4.pt is damaged: its sha256"], _saved_run("runs/r", "flip")),
     Case("eval of a checkpoint copied in from another run", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
-         ["step_4.pt belongs to another run", "{tmp}/runs/r/config.json"], _saved_run("runs/r", "foreign")),
+         ["step_4.pt belongs to another run", "{tmp}/runs/r/meta.json"], _saved_run("runs/r", "foreign")),
     Case("train resuming from a checkpoint copied in from another run", [*TRAIN, "--name", "r"], 1,
          ["step_4.pt belongs to another run"], _saved_run("runs/r", "foreign")),
     Case("eval when 'latest' is not text", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
