@@ -103,6 +103,7 @@ def write(folder: Path, model: EuclipModel, config: dict, provenance: dict) -> d
     towers = {key: value.detach().contiguous().cpu() for key, value in model.clip.state_dict().items()}
     save_file(towers, str(folder / WEIGHTS), metadata={"format": FORMAT, "geometry": config["geometry"]["name"]})
     embed_dim = int(model.clip.text_projection.shape[-1])
+    problem = open_clip_problem(config)
     described = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "geometry": {"name": config["geometry"]["name"], "logit": model.geometry.logit,
@@ -110,11 +111,11 @@ def write(folder: Path, model: EuclipModel, config: dict, provenance: dict) -> d
         "scalars": scalars_of(model),
         "final_ln": config["model"]["final_ln"], "embed_dim": model.embed_dim,
         "tokenizer": tokenizer_facts(config), "preprocess": preprocessing(model),
-        "open_clip": open_clip_problem(config) or "loads with open_clip.create_model_and_transforms('local-dir:DIR')",
+        "open_clip": problem or "loads with open_clip.create_model_and_transforms('local-dir:DIR')",
         "provenance": provenance, "config": config,
     }
     (folder / CONFIG).write_text(json.dumps(described, indent=2) + "\n")
-    if open_clip_problem(config) is None:
+    if problem is None:
         pre = described["preprocess"]
         (folder / OPEN_CLIP_CONFIG).write_text(json.dumps(
             {"model_cfg": open_clip_model_config(config, embed_dim),
@@ -122,12 +123,9 @@ def write(folder: Path, model: EuclipModel, config: dict, provenance: dict) -> d
     return described
 
 
-def read(folder: Path) -> tuple[dict, dict]:
-    """``(euclip config as written, EuclipModel state dict)`` of an export folder; an ``ExportError`` names
-    the file that is missing or not what an export holds."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+def read_described(folder: Path) -> dict:
+    """The euclip config an export folder holds, checked (and its weights file there, unread); an ``ExportError``
+    names the file that is missing or not what an export holds."""
     config_file, weights_file = folder / CONFIG, folder / WEIGHTS
     for path in (config_file, weights_file):
         if not path.is_file():
@@ -145,6 +143,17 @@ def read(folder: Path) -> tuple[dict, dict]:
     for key in ("config", "scalars"):
         if not isinstance(described.get(key), dict):
             raise ExportError(f"{config_file}: no \"{key}\" object")
+    return described
+
+
+def read(folder: Path) -> tuple[dict, dict]:
+    """``(euclip config as written, EuclipModel state dict)`` of an export folder (``read_described``, then
+    the weights and the scalars)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    described = read_described(folder)
+    config_file, weights_file = folder / CONFIG, folder / WEIGHTS
     try:
         towers = load_file(str(weights_file))
     except (SafetensorError, OSError, ValueError) as err:

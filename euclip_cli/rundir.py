@@ -430,7 +430,7 @@ class RunDir:
         path = self.checkpoints_dir / pointer.read_text().strip()
         return path if path.is_file() else None
 
-    def fingerprint(self) -> Optional[str]:
+    def run_id(self) -> Optional[str]:
         """The run's identity, drawn when it was created (``meta.json``'s ``run_id``) and written into each of its
         checkpoints: a checkpoint copied in from another run carries another. None for a run created before
         runs had one."""
@@ -463,7 +463,7 @@ class RunDir:
 
     def verified_checkpoint(self, path: Path) -> dict:
         """The state of ``path``, once it is shown whole (the size and sha256 recorded when it was written),
-        readable, and this run's (its fingerprint); otherwise a Failure naming the file and the remedy."""
+        readable, and this run's (its run id); otherwise a Failure naming the file and the remedy."""
         older = [p.name for p in self.checkpoints() if checkpoint_step(p) < checkpoint_step(path)]
         remedy = (f"restore it, or delete it (and {self.checkpoints_dir / 'latest'}) to use the newest one before it"
                   f" ({older[-1] if older else 'there is none: the run starts over'})")
@@ -481,8 +481,8 @@ class RunDir:
         except Exception as err:  # truncated or corrupt: torch raises several kinds
             raise Failure(f"{path} does not load ({type(err).__name__}: {str(err).splitlines()[0][:80]}); "
                           f"{remedy}") from None
-        theirs = state.get("run_fingerprint") if isinstance(state, dict) else None
-        if theirs is not None and theirs != self.fingerprint():
+        theirs = state.get("run_id") if isinstance(state, dict) else None
+        if theirs is not None and theirs != self.run_id():
             raise Failure(f"{path} belongs to another run (its run id is not {self.meta_file}'s): it was copied in; "
                           f"{remedy}")
         return state
@@ -495,7 +495,7 @@ class RunDir:
         path = self.checkpoint_file(step)
         tmp = self.checkpoints_dir / f".{path.name}.tmp"
         digest = path.with_name(path.name + DIGEST_SUFFIX)
-        state = {**state, "run_fingerprint": self.fingerprint()}
+        state = {**state, "run_id": self.run_id()}
         try:
             # Through a Python file: torch's own writer reports a full disk as a RuntimeError that
             # names neither the file nor the cause; the file object raises the OSError itself. The

@@ -26,3 +26,14 @@ def aggregate(results: list[dict], suite: str) -> dict[str, Optional[float]]:
     out["tasks_done"] = sum(k in scores for k in everything)
     out["tasks_total"] = len(everything)
     return out
+
+
+def suite_line(results: list[dict], suite: str) -> Optional[str]:
+    """``suite``'s groups and average in one line ("world (10/10 tasks): main 0.4321, ..."), None when no task of
+    it is scored: what ``euclip eval`` prints and a model card lists."""
+    agg = aggregate(results, suite)
+    if not agg["tasks_done"]:
+        return None
+    parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()
+             if k in ("main", "shifts", "attributes", "retrieval", "average")]
+    return f"{suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): " + ", ".join(parts)

@@ -24,7 +24,7 @@ from euclip_cli.data import world_files
 from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, embed_texts, feature_cache,
                                load_model)
 from euclip_cli.errors import EuclipError, UsageError
-from euclip_cli.evaluate.aggregate import aggregate
+from euclip_cli.evaluate.aggregate import suite_line
 from euclip_cli.evaluate.hits import pack_hits
 from euclip_cli.evaluate.tasks import Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
@@ -330,14 +330,7 @@ class EvalOutcome:
 
     def suite_lines(self) -> list[str]:
         """Each suite with a task scored: its groups' and average's main metric."""
-        lines = []
-        for suite in ("world", "datacomp", "meru"):
-            agg = aggregate(self.results, suite)
-            if agg["tasks_done"]:
-                parts = [f"{k} {'missing' if v is None else f'{v:.4f}'}" for k, v in agg.items()
-                         if k in ("main", "shifts", "attributes", "retrieval", "average")]
-                lines.append(f"{suite} ({agg['tasks_done']}/{agg['tasks_total']} tasks): " + ", ".join(parts))
-        return lines
+        return [line for suite in ("world", "datacomp", "meru") if (line := suite_line(self.results, suite))]
 
 
 def task_status(line: Optional[dict]) -> str:
