@@ -312,3 +312,34 @@ def test_a_ray_address_nobody_answers_is_named_at_once(monkeypatch):
         check_ray_address()
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     check_ray_address()  # Ray's own keyword: Ray resolves it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how,group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "kill"])
+def test_a_stopped_local_study_starts_nothing_more_and_the_same_command_resumes_it(tmp_path, world, how, group):
+    """Ctrl-C reaches the terminal's whole process group, the study and its trainer alike; a ``kill``
+    reaches the study alone, which passes it on. Either way the trainer checkpoints, the study starts
+    nothing more, writes no tables, and says how to resume; the same command then resumes the stopped
+    run where it stopped and finishes the study (once: it is the same either way)."""
+    out, path = tmp_path / "out", study_file(tmp_path, world)
+    command = [sys.executable, "-m", "euclip_cli", "study", "--recipe", str(path), "--out", str(out),
+               "--world", str(world)]
+    study = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    clip = out / "runs" / "clip-seed0"
+    wait_for(lambda: last_step(clip) >= 3 or study.poll() is not None)
+    assert study.poll() is None, study.communicate()
+    (os.killpg if group else os.kill)(study.pid, how)
+    stdout, stderr = study.communicate(timeout=120)
+    assert study.returncode == 1, stdout + stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert "stopped" in stderr and "run the same command" in stderr, stderr
+    stopped_at = last_step(clip)
+    assert 3 <= stopped_at < 20 and (clip / "checkpoints" / f"step_{stopped_at}.pt").exists()
+    assert not (out / "runs" / "euclip-seed0").exists() and not (out / "study.md").exists()
+    if not group:
+        return
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (out / "study.md").exists() and last_step(clip) == 20
+    assert f"resumed from step_{stopped_at}.pt" in (out / "logs" / "clip-seed0.log").read_text()

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import socket
 import threading
 import time
@@ -96,10 +95,7 @@ class RunJob:
         finishes its step and checkpoints), then requeue this job, which resumes the run."""
         import submitit
 
-        self._child.stopping = True
-        process = self._child.process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        self._child.stop()
         deadline = time.monotonic() + LOCK_WAIT_S
         while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)

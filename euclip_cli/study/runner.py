@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
+import threading
 import subprocess
 import sys
 import time
@@ -118,12 +120,24 @@ _PARENT_DEATH = ("import ctypes, os, signal, sys\n"
                  "os.execv(sys.argv[2], sys.argv[2:])")
 
 
+# What stops a local study: its runs checkpoint, nothing more starts, and no tables are written.
+STUDY_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @dataclass
 class Child:
-    """The command a plan runs now, for a job that must stop it (``launch.RunJob``)."""
+    """The command a plan runs now, for a job or a study that must stop it."""
 
     process: Optional[subprocess.Popen] = None
     stopping: bool = False
+
+    def stop(self) -> None:
+        """Start nothing more; ask the running command, if any, to stop (the trainer finishes its step
+        and checkpoints)."""
+        self.stopping = True
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
 
 
 def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = None) -> Optional[str]:
@@ -241,28 +255,52 @@ def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], job
         f"{_count(len(plans), 'run')}; {len(plans) - len(todo)} already finished")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     failures, durations, started = [], [], time.time()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        pending: dict[Future, tuple[RunPlan, float]] = {}
-        queue = list(todo)
-        while queue or pending:
-            while queue and len(pending) < jobs:
-                p = queue.pop(0)
-                pending[pool.submit(execute, p, threads, out / LOGS)] = (p, time.time())
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                p, began = pending.pop(future)
-                error = future.result()
-                durations.append(time.time() - began)
-                done = len(durations)
-                left = (len(todo) - done) * (sum(durations) / done) / jobs
-                if error:
-                    failures.append(f"{p.name}: {error}")
-                    say(f"[{done}/{len(todo)}] {p.name} FAILED: {error}")
-                else:
-                    say(f"[{done}/{len(todo)}] {p.name} done in {_duration(durations[-1])}; "
-                        f"about {_duration(left)} left")
+    running: dict[Future, tuple[RunPlan, float, Child]] = {}
+    stopped_by: list[str] = []
+
+    def stop(signum, _frame):
+        # Ctrl-C reaches the trainers too (one process group); a SIGINT or SIGTERM sent to the study
+        # alone does not, so it is passed on. Either way the running runs checkpoint and nothing starts.
+        stopped_by.append(signal.Signals(signum).name)
+        for _plan, _began, child in list(running.values()):
+            child.stop()
+
+    # Handlers can only be installed from the main thread; elsewhere the caller owns signals.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, stop) for s in STUDY_STOP_SIGNALS} if in_main else {}
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            queue = list(todo)
+            while queue or running:
+                while queue and len(running) < jobs and not stopped_by:
+                    p, child = queue.pop(0), Child()
+                    running[pool.submit(execute, p, threads, out / LOGS, child)] = (p, time.time(), child)
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    p, began, _child = running.pop(future)
+                    error = future.result()
+                    durations.append(time.time() - began)
+                    done = len(durations)
+                    left = (len(todo) - done) * (sum(durations) / done) / jobs
+                    if stopped_by and error:
+                        say(f"[{done}/{len(todo)}] {p.name} stopped (its checkpoint is kept)")
+                    elif error:
+                        failures.append(f"{p.name}: {error}")
+                        say(f"[{done}/{len(todo)}] {p.name} FAILED: {error}")
+                    else:
+                        say(f"[{done}/{len(todo)}] {p.name} done in {_duration(durations[-1])}; "
+                            f"about {_duration(left)} left")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if todo:
         say(f"study wall time: {_duration(time.time() - started)} for {len(todo)} runs with {jobs} job(s)")
+    if stopped_by:
+        left = sum(not is_done(p) for p in plans)
+        raise Failure(f"study stopped by {stopped_by[0]}: {_count(left, 'run')} unfinished, their checkpoints kept, "
+                      f"no tables written; run the same command to resume", failures)
     if failures:
         raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:", failures)
     return summarize(study, plans, claims, world)
