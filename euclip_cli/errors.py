@@ -13,6 +13,7 @@ only, so the CLI can classify errors without importing torch.
 
 from __future__ import annotations
 
+import errno
 from typing import Sequence
 
 
@@ -40,3 +41,11 @@ class Failure(EuclipError):
     """The work could not be done (exit 1)."""
 
     exit_code = 1
+
+
+def out_of_file_descriptors(err: BaseException) -> bool:
+    """Whether ``err`` is this process running out of file descriptors: the operating system's EMFILE or
+    ENFILE, or torch's DataLoader saying so in its own RuntimeError (its workers pass each batch's
+    buffers as descriptors, so a low ``ulimit -n`` shows up there first)."""
+    return ((isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE))
+            or (isinstance(err, RuntimeError) and "Too many open files" in str(err)))

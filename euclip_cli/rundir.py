@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from euclip_cli.errors import Failure, UsageError
+from euclip_cli.errors import Failure, UsageError, out_of_file_descriptors
 
 RUNS_DIR = Path("results") / "runs"
 # Where `euclip study` keeps each study (its runs are run directories too).
@@ -508,7 +508,10 @@ class RunDir:
             tmp.unlink(missing_ok=True)  # a full disk must not keep a half-written file on it
             if isinstance(err, OSError):
                 previous = self.latest_checkpoint()
-                remedy = "free space" if err.errno == errno.ENOSPC else f"make {self.checkpoints_dir} writable"
+                remedy = ("free space" if err.errno == errno.ENOSPC
+                          else "raise the limit of open files (ulimit -n)" if out_of_file_descriptors(err)
+                          else f"make {self.checkpoints_dir} writable" if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                          else "fix the cause")
                 raise Failure(f"could not write the checkpoint {path} ({err.strerror or err}): {remedy} and rerun "
                               f"the same command; it resumes from "
                               f"{previous.name if previous else 'the start (no checkpoint yet)'}") from None

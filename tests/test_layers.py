@@ -76,7 +76,7 @@ def test_no_module_imports_from_a_higher_layer():
 CORE_FLOORS = (
     ("foundations", ("errors", "stats", "published", "data", "data.world", "data.decode", "geometry.facts",
                      "geometry.sphere", "geometry.euclidean", "geometry.lorentz")),
-    ("facilities", ("device", "rundir", "hierarchy", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks",
+    ("facilities", ("device", "workers", "rundir", "hierarchy", "data.fetch", "data.datacomp", "data.loader", "data.world_tasks",
                     "data.wordnet")),
     ("geometries", ("geometry", "geometry.registry")),
     ("config", ("config",)),

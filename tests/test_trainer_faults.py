@@ -437,3 +437,48 @@ def test_running_out_of_memory_is_said_as_such_with_the_settings_to_change(world
     monkeypatch.setattr(loop, "_train", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug of ours")))
     with pytest.raises(RuntimeError, match="a bug of ours"):  # anything else stays a bug, with its traceback
         loop.run(cfg, tmp_path / "run")
+
+
+def _with_open_files(limit: str, command: list[str]) -> list[str]:
+    """``command`` under ``ulimit -n LIMIT`` (``-S`` first for the soft limit alone)."""
+    import shlex
+
+    return ["bash", "-c", f"ulimit {limit} && exec {shlex.join(command)}"]
+
+
+@pytest.mark.slow
+def test_too_few_open_files_for_the_loader_workers_is_refused_before_they_start_or_raised_within_the_hard_limit(
+        world, tmp_path):
+    """Loader workers hand batches over as file descriptors; below what they need torch's workers print
+    tracebacks, or hang. A hard limit too low is one line naming data.workers before any worker starts;
+    a soft limit too low is raised within the hard one, and the run trains."""
+    import subprocess
+
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path),
+               "--name", "run", f"data.train_dir={world / 'train'}", "optim.samples=64", "data.workers=3", *TINY]
+    refused = subprocess.run(_with_open_files("-n 24", command), capture_output=True, text=True, timeout=120)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert len(errors) == 1 and "data.workers=3" in errors[0] and "ulimit -n" in errors[0], refused.stderr
+    assert not RunDir(tmp_path / "run").checkpoints()
+    trained = subprocess.run(_with_open_files("-S -n 24", command), capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0 and "Traceback" not in trained.stderr, trained.stderr
+
+
+@pytest.mark.slow
+def test_running_out_of_open_files_anywhere_is_one_line_and_resumable(world, tmp_path):
+    """The class beyond the workers' check: wherever a command runs out of descriptors (opening a shard, a
+    checkpoint's temporary file) it says which limit to raise, in one line, and keeps no partial file."""
+    import subprocess
+
+    outcomes = {}
+    for limit in (5, 6, 7, 8):
+        command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path),
+                   "--name", f"run{limit}", f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY]
+        result = subprocess.run(_with_open_files(f"-n {limit}", command), capture_output=True, text=True, timeout=120)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert "Traceback" not in result.stderr and result.returncode in (0, 1), result.stderr
+        assert result.returncode == 0 or (len(errors) == 1 and "ulimit -n" in errors[0]), result.stderr
+        assert not list((tmp_path / f"run{limit}").rglob("*.tmp"))
+        outcomes[limit] = result.returncode
+    assert 1 in outcomes.values() and outcomes[8] == 0, outcomes  # some limits are too low, and 8 is enough

@@ -28,7 +28,7 @@ class OneLineErrors(TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         from rich.markup import escape
 
-        from euclip_cli.cli.common import err_console
+        from euclip_cli.cli.common import environment_fault, err_console, one_line
 
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
@@ -43,6 +43,14 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             err_console.print("[bold red]error:[/] interrupted", highlight=False)
             sys.exit(1)
+        except (OSError, RuntimeError) as err:
+            # What a command's own error funnel (common.errors) would say of a fault of the machine,
+            # for one raised before the command reached it (a library's import out of open files).
+            fault = environment_fault(err)
+            if fault is None:
+                raise
+            err_console.print(f"[bold red]error:[/] {escape(one_line(fault[0]))}", highlight=False, soft_wrap=True)
+            sys.exit(fault[1])
         # A command's own return value is not an exit code; Exit(n) arrives here as the int n.
         sys.exit(code if isinstance(code, int) else 0)
 

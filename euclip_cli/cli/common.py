@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from euclip_cli.errors import EuclipError
+from euclip_cli.errors import EuclipError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
 
 console = Console()
@@ -72,10 +72,19 @@ NEW_RUNS_DIR_OPTION = typer.Option(RUNS_DIR, callback=writable_folder, help="Whe
 WORLD_OPTION = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on).")
 
 
-def environment_fault(err: OSError) -> Optional[tuple[str, int]]:
-    """``(message, exit code)`` for an OS error that the user or the machine caused (a file where a folder
-    goes, no permission, a full disk), or None for one that is a bug of ours. The path in the message is
-    the one the operating system named."""
+def environment_fault(err: Exception) -> Optional[tuple[str, int]]:
+    """``(message, exit code)`` for an error that the user or the machine caused (a file where a folder
+    goes, no permission, a full disk, too few file descriptors), or None for one that is a bug of ours.
+    The path in the message is the one the operating system named."""
+    if out_of_file_descriptors(err):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = max(4096, 4 * soft) if hard == resource.RLIM_INFINITY else hard
+        remedy = f"raise it (ulimit -n {room})" if room > soft else f"ask for a hard limit above {hard}"
+        return f"too many open files: this process may hold {soft} (ulimit -n); {remedy} and rerun the same command", 1
+    if not isinstance(err, OSError):
+        return None
     path = Path(err.filename) if err.filename else None
     if err.errno == errno.ENOSPC:
         return (f"disk full while writing {path or 'output'}: free space and rerun the same command "
@@ -113,7 +122,7 @@ def errors():
         fail("interrupted", 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         fault = environment_fault(err)
         if fault is None:
             raise

@@ -53,7 +53,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from euclip_cli.data.decode import (CropDecoder, DecodeOn, Decoder, Deferred, DeferredCrop, DeviceCrops,
                                    Normalization)
 from euclip_cli.device import is_out_of_memory
-from euclip_cli.errors import UsageError
+from euclip_cli.errors import UsageError, out_of_file_descriptors
+from euclip_cli.workers import make_room_for_workers
 
 IMAGE_KEYS = ("jpg", "png", "webp", "jpeg")
 
@@ -378,8 +379,8 @@ class TrainStream(IterableDataset):
                 pixels = self.decode(sample[image_key])
                 text = self.tokenizer(caption)[0]
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
-                if is_out_of_memory(err):
-                    raise  # the machine's state, not the sample's: the trainer says so
+                if is_out_of_memory(err) or out_of_file_descriptors(err):
+                    raise  # the machine's state, not the sample's: the trainer or the CLI says so
                 skips(err)
                 continue
             skips.good()
@@ -467,6 +468,7 @@ class TrainBatches:
         if workers == 0:
             self._iter = iter(dataset)
         else:
+            make_room_for_workers(workers, "data.workers")
             torch.multiprocessing.set_sharing_strategy(sharing)
             # No pin_memory: its thread would receive every batch beside the trainer's main thread
             # (the module's docstring); the trainer pins in its own feed.

@@ -164,9 +164,10 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PhotoShardsExistError(f"{out} exists and holds files that are not these shards (no manifest.json); "
                                     f"choose another --out or delete it")
-    from euclip_cli.data.world_files import die_with_parent
+    from euclip_cli.workers import die_with_parent, make_room_for_workers
 
     counts = [min(SAMPLES_PER_SHARD, samples - s) for s in range(0, samples, SAMPLES_PER_SHARD)]
+    make_room_for_workers(max(1, min(workers, len(counts))), "--workers")
     start = time.time()
     # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
     with whole_folder(out, lambda pid: PhotoShardsExistError(

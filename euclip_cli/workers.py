@@ -1,0 +1,48 @@
+"""What every pool of worker processes shares: their open files, and their end with the process that
+started them (the trainer's loader workers, the world generator's, the photo-shard writer's).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from euclip_cli.errors import UsageError
+
+# Open files a worker costs its pool, measured on the embedded world. The trainer held 6 before 3
+# loader workers started and 22 with them, each worker 18 to 26; the world generator held 5 before 4
+# workers and 20 with them, each worker 15 to 22. A worker inherits its parent's descriptors at fork,
+# with the pipes of the workers forked before it, and adds its own files (and, for the loader, the
+# batches it hands over as descriptors).
+DESCRIPTORS_PER_WORKER = 8
+DESCRIPTOR_MARGIN = 16
+
+
+def make_room_for_workers(workers: int, option: str) -> None:
+    """Raise this process's soft limit of open files, within its hard limit, to what ``workers`` workers
+    need (a soft limit is a default each process may raise, and a low one is common); a hard limit below
+    that is a UsageError naming ``option`` before any worker starts. Running out later is worse than
+    a refusal: a pool whose workers cannot all start hangs, and torch's loader workers print
+    tracebacks of their descriptor hand-over."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + DESCRIPTORS_PER_WORKER * workers + DESCRIPTOR_MARGIN
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise UsageError(f"{option}={workers} needs about {need} open files, more than this process may hold "
+                         f"({hard}, ulimit -n): lower {option}, or raise the limit (ulimit -n {max(4096, need)})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def die_with_parent() -> None:
+    """A pool worker's first act: ask Linux to end it (SIGTERM) when the process that started it dies. A
+    command killed outright (SIGTERM, SIGKILL) runs no cleanup, and its workers would write on, orphaned."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
