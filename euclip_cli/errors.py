@@ -43,6 +43,11 @@ class Failure(EuclipError):
     exit_code = 1
 
 
+class DamagedLines(UserWarning):
+    """Lines of a file euclip writes that a reader skipped (cut short by a crash): the command goes on with
+    the rest, and the CLI shows it as one ``warning:`` line."""
+
+
 def out_of_file_descriptors(err: BaseException) -> bool:
     """Whether ``err`` is this process running out of file descriptors: the operating system's EMFILE or
     ENFILE, or torch's DataLoader saying so in its own RuntimeError (its workers pass each batch's

@@ -28,11 +28,12 @@ import json
 import os
 import unicodedata
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from euclip_cli.errors import Failure, UsageError, out_of_file_descriptors
+from euclip_cli.errors import DamagedLines, Failure, UsageError, out_of_file_descriptors
 
 RUNS_DIR = Path("results") / "runs"
 # Where `euclip study` keeps each study (its runs are run directories too).
@@ -225,14 +226,22 @@ def parse_record(line: bytes, where: str, fields: dict[str, Any]) -> Optional[di
 
 def iter_jsonl(path: Path, fields: Optional[dict[str, Any]] = None) -> Iterator[dict]:
     """The records of a JSON-lines file, one at a time (a file of any length in constant memory), each checked
-    to hold ``fields`` (``parse_record``); a line cut short by a crash mid-write is skipped."""
+    to hold ``fields`` (``parse_record``). A line cut short by a crash mid-write is skipped: said once per file
+    and read (a ``DamagedLines`` warning) where a later line ended it, silently where it is the file's last,
+    which may be a record still being written."""
     if not path.exists():
         return
+    skipped = 0
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             record = parse_record(line, f"{path}, line {number}", fields or {})
             if record is not None:
                 yield record
+            elif line.strip() and line.endswith(b"\n"):
+                skipped += 1
+    if skipped:
+        warnings.warn(DamagedLines(f"{path}: skipped {skipped} line(s) cut short by a crash mid-write (their "
+                                   f"records are lost; the others were read)"), stacklevel=2)
 
 
 def read_jsonl(path: Path, fields: Optional[dict[str, Any]] = None) -> list[dict]:

@@ -412,6 +412,36 @@ damages = st.one_of(
                                                max_leaves=6)))
 
 
+@pytest.mark.parametrize("where", ["middle", "end"])
+def test_a_line_cut_by_a_crash_is_skipped_and_said_once_unless_it_may_be_still_written(tmp_path, where):
+    """A crash mid-write cuts a record short; the next append ends that line (``append_jsonl``), so a cut line
+    with a newline after it is damage: the command goes on with the other records and says so, once, naming
+    the file, however often it reads it. A cut last line may be a record being written now: skipped silently."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    for file, data in _run_files().items():
+        (run / file).write_bytes(data)
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    if where == "middle":
+        lines[1] = lines[1][:20] + b"\n"
+    else:
+        lines[-1] = lines[-1][:20]
+    (run / "metrics.jsonl").write_bytes(b"".join(lines))
+    result = subprocess.run([sys.executable, "-m", "euclip_cli", "report", "--table", "embedded", "--runs-dir",
+                             str(tmp_path / "runs"), "--out", str(tmp_path / "tables")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    warned = [line for line in " ".join(result.stderr.split("\n  ")).splitlines() if "warning" in line.lower()]
+    if where == "end":
+        assert warned == [], result.stderr
+    else:
+        assert len(warned) == 1 and warned[0].startswith("warning:"), result.stderr
+        assert str(run / "metrics.jsonl") in warned[0] and "skipped 1 line(s) cut short" in warned[0]
+
+
 @settings(max_examples=200 if LONG else 25)
 @given(name=st.sampled_from(RUN_FILES), damage=damages)
 def test_a_damaged_run_file_is_named_or_harmless(name, damage):

@@ -96,6 +96,9 @@ app.add_typer(bench.app, name="bench")
 def main() -> None:
     import warnings
 
+    from euclip_cli.cli.common import show_warning
+
+    warnings.showwarning = show_warning
     # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
     # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.
     warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle=\.\.\.\) is None")

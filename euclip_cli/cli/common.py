@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import unicodedata
+import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, Union
 
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from euclip_cli.errors import EuclipError, out_of_file_descriptors
+from euclip_cli.errors import DamagedLines, EuclipError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
 
 console = Console()
@@ -40,6 +41,18 @@ def fail(message: Union[str, list[str]], code: int = 2, details: Sequence[str] =
         for line in detail.splitlines():
             err_console.print(f"  {escape(one_line(line))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+_PYTHONS_SHOW_WARNING = warnings.showwarning
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` for the CLI: euclip's own warnings (``errors.DamagedLines``) as one
+    ``warning:`` line on stderr; a library's in Python's usual form."""
+    if issubclass(category, DamagedLines):
+        err_console.print(f"[yellow]warning:[/] {escape(one_line(str(message)))}", highlight=False, soft_wrap=True)
+    else:
+        _PYTHONS_SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
 def checked_path(ctx, param, value):
