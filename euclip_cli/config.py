@@ -563,11 +563,13 @@ def validate(cfg: Config) -> list[str]:
     if cfg.model.init_from is not None and not cfg.model.init_from.strip():
         problems.append("model.init_from: empty; name a run (a path or a name under the runs folder), or none")
     if not 0 < g.curvature_min <= g.curvature_init <= g.curvature_max:
-        problems.append("geometry.curvature_init: must lie in [curvature_min, curvature_max], all positive")
+        problems.append(f"geometry.curvature_init: {g.curvature_init} must lie in [geometry.curvature_min, "
+                        f"geometry.curvature_max] = [{g.curvature_min}, {g.curvature_max}], all positive")
     if g.logit_scale_max <= 0:
         problems.append("geometry.logit_scale_max: must be positive")
     elif g.logit_scale_min_log is not None and g.logit_scale_min_log > math.log(g.logit_scale_max):
-        problems.append("geometry.logit_scale_min_log: must not exceed ln(logit_scale_max)")
+        problems.append(f"geometry.logit_scale_min_log: {g.logit_scale_min_log} must not exceed "
+                        f"ln(geometry.logit_scale_max) = {math.log(g.logit_scale_max):.4g}")
     if g.alpha_max is not None and (g.alpha_max <= 0 or (facts and not facts.learned_scales)):
         problems.append(f"geometry.alpha_max: {g.alpha_max} bounds a learned embedding scale: set it positive, on a "
                         f"geometry that learns one (hyperbolic), or none")
@@ -594,7 +596,8 @@ def validate(cfg: Config) -> list[str]:
     if cfg.optim.accum_steps < 1:
         problems.append("optim.accum_steps: must be >= 1")
     if cfg.optim.samples < cfg.data.batch_size:
-        problems.append("optim.samples: the budget is smaller than one batch")
+        problems.append(f"optim.samples: the budget of {cfg.optim.samples:,} samples is smaller than one batch "
+                        f"(data.batch_size={cfg.data.batch_size:,}): raise optim.samples or lower data.batch_size")
     if not 0 <= cfg.data.max_skipped_fraction <= 1:
         problems.append("data.max_skipped_fraction: must be in [0, 1] (1 turns the limit off)")
     if cfg.data.decode == "device" and cfg.data.pipeline == "openclip":

@@ -54,6 +54,13 @@ NASTY = ["", " ", "-", "--", "--help", "-1", "0", "1", "2", "1e309", "-1e309", "
          "9" * 40, "true", "null", ",", ",,", "a,,b", "1,2", ".", "..", "/", "./..", "../outside", "~", "a\\b",
          "\n", "\t", "é", "🦆", "x" * 300, "{tmp}", "{tmp}/absent", "{tmp}/a-file", "{tmp}/a-file/below",
          "{tmp}/a-folder", "http://127.0.0.1:9/", "tiny", "auto", "cpu", "cuda:7", "md", "world", "datacomp"]
+# Numbers at the edges of the types a machine keeps them in: 32- and 64-bit integers, signed or not, one
+# past each, and doubles (the largest, the smallest subnormal and normal, negative zero).
+EDGE_INTEGERS = [2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1, 2 ** 63, -2 ** 63, -2 ** 63 - 1, 2 ** 64 - 1,
+                 2 ** 64, -2 ** 31 - 1]
+EDGE_FLOATS = ["1.7976931348623157e308", "-1.7976931348623157e308", "5e-324", "2.2250738585072014e-308", "-0.0"]
+EDGE_NUMBERS = [str(n) for n in EDGE_INTEGERS] + EDGE_FLOATS
+NASTY += EDGE_NUMBERS
 text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=24)
 values = st.one_of(st.sampled_from(NASTY), text, st.integers(-2 ** 70, 2 ** 70).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr))
@@ -78,10 +85,10 @@ def snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def invoke(argv: list[str], tmp: Path):
-    """``euclip ARGV`` under the time limit, with ``{tmp}`` filled in, checked against the rules; returns
-    the result and its errors, each whitespace-normalised (Rich wraps long lines) with the lines that
-    continue it."""
+def invoke(argv: list[str], tmp: Path, env: dict | None = None):
+    """``euclip ARGV`` under the time limit, with ``{tmp}`` filled in and ``env`` set (None: unset),
+    checked against the rules; returns the result and its errors, each whitespace-normalised (Rich wraps
+    long lines) with the lines that continue it."""
     argv = [a.replace("{tmp}", str(tmp)) for a in argv]
 
     def expired(signum, frame):
@@ -91,7 +98,7 @@ def invoke(argv: list[str], tmp: Path):
     signal.alarm(TIME_LIMIT_S)
     try:
         before = snapshot(tmp)
-        result = runner.invoke(app, argv)
+        result = runner.invoke(app, argv, env=env)
         after = snapshot(tmp)
     finally:
         signal.alarm(0)
@@ -156,6 +163,85 @@ def test_generated_overrides_are_taken_or_refused_by_name_before_anything_is_wri
         assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir()), items
 
 
+def default_of(key: str):
+    value = C.to_dict(C.Config())
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+NUMERIC_KEYS = [k for k in KEYS if isinstance(default_of(k), (int, float)) and not isinstance(default_of(k), bool)]
+
+
+@given(key=st.sampled_from(NUMERIC_KEYS), value=st.sampled_from(EDGE_NUMBERS))
+def test_a_number_at_the_edge_of_its_type_is_taken_or_refused_naming_its_key(key, value):
+    """Every numeric key of the schema given a number at an edge of a machine type: a usage error naming
+    the key, or (in its range) the failure naming the absent training folder; never an overflow."""
+    with folder() as tmp:
+        result, errors = invoke(["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", f"{key}={value}",
+                                 f"data.train_dir={ABSENT_TRAIN}"], tmp)
+        assert result.exit_code in (1, 2)
+        assert named(errors, key, str(tmp / "absent-world")), (key, value, errors)
+
+
+# ---- environment variables: each where a command first reads it
+
+TRAIN_ABSENT = ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", f"data.train_dir={ABSENT_TRAIN}"]
+HUB_IMPORT = ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"]
+# Each variable euclip or its Hub client reads, with a command that reads it before its stopper and the
+# variables set beside it (the others unset), so that a good value ends in the next refusal, never in a
+# run, a download or a wait for peers: alone, a WORLD_SIZE above 1 lacks RANK; beside WORLD_SIZE and RANK,
+# a good LOCAL_RANK or MASTER_PORT lacks MASTER_PORT or MASTER_ADDR; a good token goes to an endpoint
+# where nothing listens. (MASTER_ADDR and RAY_ADDRESS are addresses: the fault table and
+# test_study_launch.py test them, since a good one is waited on.)
+NOTHING_LISTENS = "http://127.0.0.1:9"
+ENVIRONMENT = {
+    "WORLD_SIZE": (TRAIN_ABSENT, {}),
+    "RANK": (TRAIN_ABSENT, {}),
+    "LOCAL_RANK": (TRAIN_ABSENT, {"WORLD_SIZE": "2", "RANK": "0"}),
+    "MASTER_PORT": (TRAIN_ABSENT, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}),
+}
+# The Hub client reads its variables once, when it is first imported: these are tried in a fresh
+# process each, as a user's command meets them (fewer examples: each starts Python).
+HUB_ENVIRONMENT = {
+    "HF_TOKEN": (HUB_IMPORT, {"HF_ENDPOINT": NOTHING_LISTENS}),
+    "HUGGING_FACE_HUB_TOKEN": (HUB_IMPORT, {"HF_ENDPOINT": NOTHING_LISTENS}),
+    "HF_ENDPOINT": (HUB_IMPORT, {}),
+}
+UNSET = dict.fromkeys(["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", *HUB_ENVIRONMENT])
+ENV_CULPRITS = (*UNSET, "absent-world", "127.0.0.1:9", "me/model")
+
+
+@given(variable=st.sampled_from(sorted(ENVIRONMENT)), value=values)
+def test_a_generated_environment_variable_is_taken_or_refused_naming_it(variable, value):
+    """Each variable given any value: refused where it is first read, naming it (exit 2), or taken and then
+    stopped by the next refusal or the stopper; no traceback, no wait."""
+    argv, beside = ENVIRONMENT[variable]
+    with folder() as tmp:
+        result, errors = invoke(argv, tmp, env=UNSET | beside | {variable: value})
+        assert result.exit_code in (1, 2)
+        assert named(errors, variable, *ENV_CULPRITS), (variable, value, errors)
+
+
+@settings(max_examples=100 if LONG else 4)
+@given(variable=st.sampled_from(sorted(HUB_ENVIRONMENT)), value=values)
+def test_a_generated_hub_variable_is_taken_or_refused_naming_it_in_a_fresh_process(variable, value):
+    import subprocess
+    import sys
+
+    argv, beside = HUB_ENVIRONMENT[variable]
+    with folder() as tmp:
+        env = {k: v for k, v in os.environ.items() if k not in UNSET} | beside | {variable: value}
+        result = subprocess.run([sys.executable, "-m", "euclip_cli", *(a.replace("{tmp}", str(tmp)) for a in argv)],
+                                capture_output=True, text=True, env=env, timeout=TIME_LIMIT_S)
+        context = (variable, value, result.stderr)
+        errors = [" ".join(line.split()) for line in " ".join(result.stderr.split("\n  ")).splitlines()
+                  if line.startswith("error:")]
+        assert result.returncode in (1, 2) and "Traceback" not in result.stderr and len(errors) == 1, context
+        assert named(errors, variable, *ENV_CULPRITS), context
+        assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir()), context
+
+
 # ---- names: what becomes a folder
 
 @given(name=st.one_of(st.sampled_from(NASTY), text))
@@ -192,7 +278,8 @@ def toml_value(value) -> str:
     return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
 
 
-scalars = st.one_of(st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), text, st.sampled_from(NASTY))
+scalars = st.one_of(st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.sampled_from(EDGE_INTEGERS), st.floats(), text,
+                    st.sampled_from(NASTY))
 toml_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                             st.dictionaries(text, inner, max_size=2)), max_leaves=4)
 sections = st.sampled_from(sorted({k.split(".")[0] for k in KEYS}) + ["nosuch", "extends"])
@@ -384,19 +471,20 @@ def test_a_generated_argument_is_taken_or_refused_naming_it(command, argument, v
                          "a-file", "recipe"), (argv, errors)
 
 
-# ---- damaged run files: cut, a byte flipped, bytes inserted, or another JSON value in the file's place
+# ---- damaged run files: cut, a byte flipped, bytes inserted, another JSON value in the file's place, or
+# a file of another run (of another recipe and step) in its place, under its own name or another's
 
 # What ``report --table embedded`` reads (metrics.jsonl: a fault-table case, through the figures' curves).
 RUN_FILES = ("config.json", "meta.json", "eval.jsonl")
 
 
-def _run_files() -> dict[str, bytes]:
+def _run_files(recipe: str = "tiny-clip", steps: int = 4) -> dict[str, bytes]:
     """A run's JSON files as euclip writes them (no checkpoint: ``report`` reads JSON alone)."""
-    config = C.to_dict(C.load_config("tiny-clip"))
-    evals = [{"key": key, "dataset": key, "checkpoint": "checkpoints/step_4.pt", "step": 4, "protocol": 2,
+    config = C.to_dict(C.load_config(recipe))
+    evals = [{"key": key, "dataset": key, "checkpoint": f"checkpoints/step_{steps}.pt", "step": steps, "protocol": 2,
               "metrics": {"acc1": 0.5, "main_metric": 0.5}} for key in ("world/shapes", "world/colour")]
     records = [{"step": step, "samples": 128 * step, "contrastive": 2.0 - 0.1 * step, "logit_scale": 14.3}
-               for step in range(1, 5)]
+               for step in range(1, steps + 1)]
     return {"config.json": json.dumps(config).encode(), "meta.json": json.dumps({"seed": 0}).encode(),
             "eval.jsonl": "".join(json.dumps(e) + "\n" for e in evals).encode(),
             "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in records).encode()}
@@ -409,7 +497,8 @@ damages = st.one_of(
     st.tuples(st.just("replace"), st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                                                lambda inner: st.lists(inner, max_size=3)
                                                | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                                               max_leaves=6)))
+                                               max_leaves=6)),
+    st.tuples(st.just("swap"), st.sampled_from(["tiny-euclip", "tiny-meru"]), st.sampled_from(list(_run_files()))))
 
 
 @pytest.mark.parametrize("where", ["middle", "end"])
@@ -452,11 +541,12 @@ def test_a_damaged_run_file_is_named_or_harmless(name, damage):
             (run / file).write_bytes(data)
         data = (run / name).read_bytes()
         kind, *how = damage
-        at = int(how[0] * len(data)) if kind != "replace" else 0
+        at = int(how[0] * len(data)) if kind not in ("replace", "swap") else 0
         damaged = {"cut": lambda: data[:at],
                    "flip": lambda: data[:at] + bytes([data[min(at, len(data) - 1)] ^ 0xA5]) + data[at + 1:],
                    "insert": lambda: data[:at] + how[-1] + data[at:],
-                   "replace": lambda: json.dumps(how[0]).encode()}[kind]()
+                   "replace": lambda: json.dumps(how[0]).encode(),
+                   "swap": lambda: _run_files(how[0], steps=8)[how[-1]]}[kind]()
         (run / name).write_bytes(damaged)
         result, errors = invoke(["report", "--table", "embedded", "--runs-dir", "{tmp}/runs", "--out", "{tmp}/tables"],
                                 tmp)

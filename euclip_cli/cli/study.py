@@ -67,7 +67,7 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     from euclip_cli.report.figures import hierarchy_figure, study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR
     from euclip_cli.study import launch
-    from euclip_cli.study.runner import plan, publish as publish_tables, run_study
+    from euclip_cli.study.runner import plan, publish as publish_tables
     from euclip_cli.study.spec import load_claims, load_study
     from euclip_cli.study.tables import to_markdown, write_tables
 
@@ -89,7 +89,7 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
                     say(line)
                 return
             launch.check_budget(rows, max_gpu_hours)
-        summary = run_study(spec, folder, jobs, world, say, launcher, wait, poll)
+        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll)
         if summary is None:
             say("the runs above are not finished: run the same command to follow them (it submits only what is "
                 "neither finished nor queued); the study is summarised once all are finished")

@@ -27,12 +27,12 @@ from typing import Callable, Iterable, Optional
 
 from euclip_cli import config as C
 from euclip_cli import stats
-from euclip_cli.errors import Failure, UsageError
+from euclip_cli.errors import Failure
 from euclip_cli.evaluate.aggregate import aggregate
 from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.rundir import TRAINING_RECORD, RunDir, folder_lock, iter_jsonl, read_json, write_text_atomic
+from euclip_cli.rundir import TRAINING_RECORD, RunDir, iter_jsonl, read_json, write_text_atomic
 from euclip_cli.hierarchy import world_hierarchy_tasks
-from euclip_cli.study.spec import Claim, Study, load_claims
+from euclip_cli.study.spec import Claim, Study
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
 
@@ -211,42 +211,9 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
     return written
 
 
-def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
-              say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
-              poll_s: float = 60.0) -> Optional[dict]:
-    """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
-    cluster launcher (``launch``); returns the tables' rows, or None while a cluster's runs are
-    unfinished and the command does not ``wait`` for them."""
-    from euclip_cli.study.launch import run_on_cluster
-
-    claims = load_claims()
-    plans = plan(study, out, claims, world)
-    # The study folder first, held for this process: an unusable --out, or a second study on the same
-    # folder (whose trainers would race this one's), fails here, before minutes of world generation.
-    with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
-                                                 f"it to finish, or pass --out NEW for a separate study")):
-        check_configurations(plans, out)
-        if launcher == "local":
-            return _run(study, out, plans, claims, jobs, world, say)
-        if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say):
-            return None
-        return summarize(study, plans, claims, world)
-
-
-def check_configurations(plans: list[RunPlan], out: Path) -> None:
-    """Refuse a study folder holding runs trained with another configuration than the study's recipes
-    now give (a recipe edited since): they would be counted as finished, or fail one by one."""
-    complete = lambda stored: C.to_dict(C.from_dict(stored))  # noqa: E731  (older runs, as the trainer reads them)
-    changed = [(p.name, keys) for p in plans if (keys := RunDir(p.run_dir).difference(p.resolved, complete))]
-    if changed:
-        shown = "; ".join(f"{name} differs in {', '.join(keys[:3])}" for name, keys in changed[:3])
-        raise UsageError(f"{out} holds {len(changed)} run(s) trained with another configuration than the study's "
-                         f"recipes now give ({shown}): a recipe changed since; pass --out NEW for a new study, "
-                         f"or move {out} away (nothing was run)")
-
-
-def _run(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], jobs: int, world: Optional[Path],
-         say: Callable[[str], None]) -> dict:
+def run_here(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], jobs: int, world: Optional[Path],
+             say: Callable[[str], None]) -> dict:
+    """Every unfinished run of ``plans`` as child processes of this one, ``jobs`` at a time; the tables' rows."""
     todo = [p for p in plans if not is_done(p)]
     (out / LOGS).mkdir(parents=True, exist_ok=True)
     if todo:
