@@ -59,6 +59,7 @@ def hub_hosts() -> set[str]:
 def open_url(url: str, start: int = 0):
     from urllib.parse import urlparse
 
+    check_hub_environment()  # the token may go into a header, and the endpoint decides where
     headers = {"Range": f"bytes={start}-"} if start else {}
     request = urllib.request.Request(url, headers=headers)
     if os.environ.get("HF_TOKEN") and urlparse(url).hostname in hub_hosts():
@@ -181,16 +182,18 @@ def configure_hub_client() -> None:
 
 
 def check_hub_environment() -> None:
-    """The Hugging Face variables euclip's Hub calls read, checked before any is used: a token holding a space
-    or a line break (pasted with its newline) would be sent as a malformed header, an endpoint that is not an
+    """The Hugging Face variables euclip's Hub calls read, checked before any is used: a token holding a space,
+    a line break (pasted with its newline) or a character that is not ASCII would be sent as a malformed header, an endpoint that is not an
     http(s) URL fails deep inside the client. Each is a usage error naming the variable."""
     from urllib.parse import urlparse
 
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         token = os.environ.get(name)
-        if token is not None and (not token.strip() or any(c.isspace() or not c.isprintable() for c in token.strip())
-                                  or token != token.strip()):
-            what = "nothing" if not token.strip() else "a space, a line break or a control character"
+        # A token is printable ASCII: anything else cannot go into an HTTP header.
+        if token is not None and (not token.strip() or not all(c.isascii() and c.isprintable() and not c.isspace()
+                                                                for c in token)):
+            what = ("nothing" if not token.strip()
+                    else "a space, a line break, a control character or a character that is not ASCII")
             raise UsageError(f"environment variable {name} holds {what}: set it to the token alone (hf_...), or "
                              f"unset it")
     endpoint = os.environ.get("HF_ENDPOINT")

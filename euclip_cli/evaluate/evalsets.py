@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
-from euclip_cli.data.fetch import HF_DATASETS, FetchError, fetch_lfs, fetch_text
+from euclip_cli.data.fetch import HF_DATASETS, FetchError, check_hub_environment, fetch_lfs, fetch_text
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import Task
 
@@ -91,6 +91,7 @@ def download_task(task: Task, folder: Path, base_url: str = HF_DATASETS,
 def download(task: Task, folder: Path, base_url: str = HF_DATASETS,
              on_progress: OnProgress = lambda name, n, total: None) -> dict:
     """Fetch ``task`` into ``folder`` in the layout the evaluator reads; returns what was done."""
+    check_hub_environment()  # before any folder is made: a token that cannot be sent is the user's to fix
     if task.kind == "winogavil":
         return download_winogavil(folder, base_url, on_progress)
     if task.key in RETRIEVAL_REPOS:
