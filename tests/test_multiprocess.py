@@ -55,12 +55,23 @@ def wait_for_records(metrics: Path, count: int, timeout: float = 180) -> None:
 
 def slurm_stand_ins(tmp_path: Path) -> dict:
     """Stand-ins for SLURM's commands (this machine is the job's only node); the environment to run
-    the example script in. ``scontrol requeue`` is recorded in ``tmp_path/requeued``."""
+    the example script in. ``scontrol requeue`` is recorded in ``tmp_path/requeued``. ``srun`` runs its
+    step's task in a session of its own and, as a real srun does when it is sent SIGTERM ("srun: forcing
+    job termination"), kills every process of the step outright; ``scancel --signal=SIG JOB.0`` signals the step's tasks."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> {tmp_path / "requeued"}; '
                                       f'else echo 127.0.0.1; fi\n')
-    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    step_file = tmp_path / "step"
+    (bin_dir / "srun").write_text(
+        '#!/bin/bash\nwhile [ "${1#--}" != "$1" ]; do shift; done\n'
+        f'setsid "$@" &\nstep=$!\necho $step > {step_file}\n'
+        'tree() { for c in $(pgrep -P $1); do tree $c; done; echo $1; }\n'  # SLURM ends every process of the step
+        'trap \'echo "srun: forcing job termination" >&2; kill -KILL $(tree $step)\' TERM INT\n'
+        'while :; do code=0; wait $step || code=$?; kill -0 $step 2>/dev/null || break; done\nexit $code\n')
+    (bin_dir / "scancel").write_text(
+        '#!/bin/bash\nsig=${1#--signal=}\n'
+        f'case "$2" in *.0) kill -"$sig" -- -"$(cat {step_file})";; *) echo "stand-in: steps only" >&2; exit 1;; esac\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -93,7 +104,7 @@ def test_slurm_time_limit_warning_checkpoints_then_requeues_and_the_requeued_job
     job.send_signal(signal.SIGUSR1)
     output, _ = job.communicate(timeout=300)
     assert (tmp_path / "requeued").read_text().split() == ["requeue", "7"], output[-2000:]
-    assert "requeueing job 7" in output
+    assert "requeueing job 7" in output and "stopped at step" in output, output[-2000:]  # checkpointed as it stopped
     stopped = load_checkpoint(RunDir(run).latest_checkpoint())["step"]
     assert 2 <= stopped < 16
     env["EUCLIP_RDZV_PORT"] = str(free_port())
