@@ -77,6 +77,15 @@ def test_the_plan_is_samples_over_throughput_per_gpu_by_hand(tmp_path, world):
     assert f"{total:,.1f} GPU hours" in lines[-3] and "clip-seed0, clip-seed1 need more jobs" in lines[-1]
 
 
+def test_a_budget_of_minutes_is_refused_with_the_minutes_it_needs():
+    """A micro study's plan is minutes of GPU time: the refusal says how many, not "0.0 GPU hours"."""
+    row = launch.Cost("clip-seed0", "tiny-vit-c16", samples=64, gpus=1, samples_per_s=2.0, source="given",
+                      limit_hours=1.0, retries=0)  # 32 s: 0.0089 GPU hours
+    with pytest.raises(launch.UsageError, match=r"needs 0\.0089 GPU hours by its plan, above --max-gpu-hours 0\.001"):
+        launch.check_budget([row], 0.001)
+    assert "0.0089 GPU hours" in launch.cost_lines([row])[-2]
+
+
 def test_the_published_throughput_is_openclips_gpu_hours_over_its_samples():
     rate, source = openclip_throughput()["ViT-B-32"]
     assert rate == pytest.approx(12.8e9 / (4600 * 3600)) and "4,600 A100-40GB hours" in source

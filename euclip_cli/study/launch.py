@@ -476,6 +476,12 @@ def costs(study: Study, plans: list[RunPlan], known: dict[str, tuple[float, str]
     return rows
 
 
+def hours_text(hours: float) -> str:
+    """Hours as a total is read: one decimal from an hour up, two significant digits below (a plan of
+    minutes is not "0.0 hours")."""
+    return f"{hours:,.1f}" if hours >= 1 else f"{hours:.2g}"
+
+
 def cost_lines(rows: list[Cost]) -> list[str]:
     """The plan as a user reads it: one line per run, the sources, and the totals."""
     lines = [f"{'run':<28} {'arch':<14} {'samples':>13} {'GPUs':>4} {'samples/s/device':>16} {'hours':>8} "
@@ -484,8 +490,8 @@ def cost_lines(rows: list[Cost]) -> list[str]:
         lines.append(f"{r.run:<28} {r.arch:<14} {r.samples:>13,} {r.gpus:>4} {r.samples_per_s:>16,.1f} "
                      f"{r.hours:>8.2f} {r.gpu_hours:>10.1f} {r.jobs:>4}")
     total_gpu, total_hours = sum(r.gpu_hours for r in rows), sum(r.hours for r in rows)
-    lines.append(f"total: {len(rows)} runs, {sum(r.samples for r in rows):,} samples, {total_hours:,.1f} job hours, "
-                 f"{total_gpu:,.1f} GPU hours (training only; evaluation and queueing not counted)")
+    lines.append(f"total: {len(rows)} runs, {sum(r.samples for r in rows):,} samples, {hours_text(total_hours)} job hours, "
+                 f"{hours_text(total_gpu)} GPU hours (training only; evaluation and queueing not counted)")
     lines += [f"throughput of {arch}: {source}" for arch, source in sorted({(r.arch, r.source) for r in rows})]
     short = sorted({r.run for r in rows if r.jobs > r.retries + 1})
     if short:
@@ -497,6 +503,6 @@ def cost_lines(rows: list[Cost]) -> list[str]:
 def check_budget(rows: list[Cost], max_gpu_hours: Optional[float]) -> None:
     total = sum(r.gpu_hours for r in rows)
     if max_gpu_hours is not None and total > max_gpu_hours:
-        raise UsageError(f"the study needs {total:,.1f} GPU hours by its plan, above --max-gpu-hours "
+        raise UsageError(f"the study needs {hours_text(total)} GPU hours by its plan, above --max-gpu-hours "
                          f"{max_gpu_hours:g}: nothing was submitted (fewer seeds or configurations, or a larger "
                          f"budget)")
