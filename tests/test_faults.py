@@ -295,6 +295,12 @@ CASES = [
                _write("chain/r100.toml", 'extends = "tiny-clip"\n'))),
     Case("train with a recipe nested thousands deep", ["train", "--recipe", "{tmp}/deep.toml"], 2,
          ["deep.toml: nested too deeply"], _write("deep.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n")),
+    Case("study --status of a folder that records no study, without --recipe",
+         ["study", "--out", "{tmp}/a-folder", "--status"], 2, ["--recipe is missing", "study.json"],
+         _write("a-folder/note.txt", "not a study\n")),
+    Case("study --status when the folder's record of its options is damaged",
+         ["study", "--out", "{tmp}/s", "--status"], 2, ["{tmp}/s/study.json", "--recipe"],
+         _write("s/study.json", '{"recipe": 7}')),
     Case("a study recipe nested thousands deep", ["study", "--recipe", "{tmp}/study-deep.toml", "--plan"], 2,
          ["study-deep.toml: nested too deeply"], _write("study-deep.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n")),
     # Environment variables, checked where first read: named, never a traceback or a wait.

@@ -184,6 +184,9 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
     assert third.exit_code == 1 and [line.split()[1] for line in submitted] == ["broken-seed0"], third.output
     status = runner.invoke(app, [*args, "--status"])
     assert status.exit_code == 0 and f"clip-seed0: finished (job {jobs['clip-seed0']['job_id']}; log" in status.output
+    # The folder alone: the study recorded its recipe, world and options when it was started.
+    alone = runner.invoke(app, ["study", "--out", str(out), "--status"])
+    assert alone.exit_code == 0 and alone.output.splitlines()[1:] == status.output.splitlines(), alone.output
 
     done = runner.invoke(app, [*args, "--configs", "clip,euclip"])
     assert done.exit_code == 0 and "0 submitted now" in done.output and (out / "study.md").exists(), done.output

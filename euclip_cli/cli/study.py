@@ -10,7 +10,9 @@ import typer
 from euclip_cli.cli.common import checked_path, console, errors, writable_folder
 
 
-def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe (recipes/study-*.toml)."),
+def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
+                                              help="A study recipe (recipes/study-*.toml); without it, the "
+                                                   "recipe and options --out's study was last started with."),
           overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides for every "
                                                                       "configuration, after its own (e.g. "
                                                                       "optim.samples=131072 for 4x the budget).",
@@ -68,14 +70,25 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
     from euclip_cli.rundir import STUDIES_DIR
     from euclip_cli.study import launch
     from euclip_cli.study.runner import plan, publish as publish_tables
-    from euclip_cli.study.spec import load_claims, load_study
+    from euclip_cli.study.spec import OPTIONS_FILE, StudyOptions, load_claims, load_study
     from euclip_cli.study.tables import to_markdown, write_tables
 
     say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     with errors():
         if launcher not in launch.LAUNCHERS:
             raise UsageError(f"--launcher '{launcher}': not one of {', '.join(launch.LAUNCHERS)}")
-        spec = load_study(recipe, seeds, overrides or [], configs.split(",") if configs else None, resource or [])
+        if recipe is None:
+            given = StudyOptions.read(out) if out is not None else None
+            if given is None:
+                raise UsageError(f"--recipe is missing: name a study recipe, or give --out with the folder of a study "
+                                 f"started before ({OPTIONS_FILE} there records its recipe and options)")
+            say(f"the study in {out}: --recipe {given.recipe}, as it was last started")
+        else:
+            given = StudyOptions(recipe, seeds, tuple(overrides or ()), configs, tuple(resource or ()),
+                                 str(world.resolve()) if world else None)
+        world = Path(given.world) if given.world else None
+        spec = load_study(given.recipe, given.seeds, list(given.overrides),
+                          given.configs.split(",") if given.configs else None, list(given.resources))
         folder = out or STUDIES_DIR / spec.name
         if show_plan or show_status or max_gpu_hours is not None:
             plans = plan(spec, folder, load_claims(), world)
@@ -89,7 +102,7 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
                     say(line)
                 return
             launch.check_budget(rows, max_gpu_hours)
-        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll)
+        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll, options=given)
         if summary is None:
             say("the runs above are not finished: run the same command to follow them (it submits only what is "
                 "neither finished nor queued); the study is summarised once all are finished")
@@ -103,8 +116,8 @@ def study(recipe: str = typer.Option(..., "--recipe", "-r", help="A study recipe
             written += hierarchy_figure(summary["rows"], list(spec.configs), world_guessing()["tie"],
                                         folder / "study_hierarchy")
         if publish is not None:
-            command = " ".join(["euclip study --recipe", recipe, *([f"--seeds {seeds}"] if seeds else []),
-                                *([f"--configs {configs}"] if configs else []), *(overrides or [])])
+            command = " ".join(["euclip study --recipe", given.recipe, *([f"--seeds {given.seeds}"] if given.seeds else []),
+                                *([f"--configs {given.configs}"] if given.configs else []), *given.overrides])
             written += publish_tables(plan(spec, folder, load_claims(), world), folder, publish, command)
     console.print(to_markdown(spec, summary), highlight=False, markup=False)
     console.print("written: " + ", ".join(str(p) for p in written))

@@ -33,7 +33,7 @@ from euclip_cli.errors import Failure, UsageError
 from euclip_cli.rundir import RunDir, folder_lock, read_json, wait_until_free, write_text_atomic
 from euclip_cli.study.runner import (LOGS, Child, RunPlan, done_commands, execute, is_done, last_line, plan, run_here,
                                      run_log, summarize)
-from euclip_cli.study.spec import Resources, Study, load_claims
+from euclip_cli.study.spec import Resources, Study, StudyOptions, load_claims
 
 LAUNCHERS = ("local", "submitit-local", "slurm", "ray")
 JOBS_FILE = "jobs.json"
@@ -105,10 +105,11 @@ class RunJob:
 
 def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
               say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
-              poll_s: float = 60.0) -> Optional[dict]:
+              poll_s: float = 60.0, options: Optional[StudyOptions] = None) -> Optional[dict]:
     """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
     cluster launcher (``launch``); returns the tables' rows, or None while a cluster's runs are
-    unfinished and the command does not ``wait`` for them."""
+    unfinished and the command does not ``wait`` for them. ``options``: what the command was given,
+    recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun that name only it."""
     claims = load_claims()
     plans = plan(study, out, claims, world)
     # The study folder first, held for this process: an unusable --out, or a second study on the same
@@ -116,6 +117,8 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
                                                  f"it to finish, or pass --out NEW for a separate study")):
         check_configurations(plans, out)
+        if options is not None:
+            options.write(out)  # held by this process: a rerun or --status reads what it was started with
         if launcher == "local":
             return run_here(study, out, plans, claims, jobs, world, say)
         if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say):

@@ -24,6 +24,7 @@ for is ``[study.resources]`` (every configuration), ``[configs.NAME.resources]``
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from euclip_cli import config as C
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.tasks import select
 from euclip_cli.published import sun_li_labels
-from euclip_cli.rundir import plain_name
+from euclip_cli.rundir import plain_name, read_json, write_text_atomic
 from euclip_cli.stats import INTERVALS, MIN_BOOTSTRAP_SEEDS
 
 CLAIMS_FILE = Path(__file__).with_name("claims.toml")
@@ -182,6 +183,45 @@ def _strings(value, where: str, problems: list[str]) -> tuple[str, ...]:
 
 # More seeds than any study trains (each is a run per configuration), and few enough that a plan's sums stay exact.
 MAX_SEEDS = 10_000
+
+
+# The options a study was last started with, kept in its folder, so that ``--status`` and a rerun need
+# only ``--out``: recomputed from other options, finished runs would read as failed, or be submitted again.
+OPTIONS_FILE = "study.json"
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """What ``euclip study`` was given to name its runs: the recipe and what varies it."""
+
+    recipe: str
+    seeds: Optional[int] = None
+    overrides: tuple[str, ...] = ()
+    configs: Optional[str] = None
+    resources: tuple[str, ...] = ()
+    world: Optional[str] = None  # an absolute path
+
+    def write(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / OPTIONS_FILE, json.dumps({f.name: getattr(self, f.name) for f in fields(self)},
+                                                            indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> Optional["StudyOptions"]:
+        """The options recorded in ``folder``, None where there are none; a damaged record is an error
+        naming it."""
+        path = folder / OPTIONS_FILE
+        if not path.exists():
+            return None
+        stored = read_json(path)
+        kinds = {"recipe": (str,), "seeds": (int, type(None)), "overrides": (list,), "configs": (str, type(None)),
+                 "resources": (list,), "world": (str, type(None))}
+        if (not isinstance(stored, dict) or "recipe" not in stored or set(stored) - set(kinds)
+                or any(not isinstance(v, kinds[k]) or isinstance(v, bool) for k, v in stored.items())
+                or any(not isinstance(item, str) for k in ("overrides", "resources") for item in stored.get(k, []))):
+            raise UsageError(f"{path} is not a study's record of its options: repair it, or give --recipe and "
+                             f"the study's options again")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
 
 
 def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequence[str] = (),
