@@ -86,6 +86,21 @@ def test_a_budget_of_minutes_is_refused_with_the_minutes_it_needs():
     assert "0.0089 GPU hours" in launch.cost_lines([row])[-2]
 
 
+def test_a_queued_job_of_a_run_that_trained_before_says_it_resumes(tmp_path):
+    """After a requeue SLURM reports the job PENDING for a while: its line says the run resumes where it was."""
+    from euclip_cli import config as C
+    from euclip_cli.study.runner import RunPlan
+
+    resolved = C.to_dict(C.load_config("tiny-clip", ["optim.samples=640", "data.batch_size=32"]))  # 20 steps
+    p = RunPlan("clip", 0, tmp_path / "clip-seed0", (("train",),), resolved)
+    job = {"job_id": "42"}
+    assert launch.run_state(p, job, launch.QUEUED, tmp_path / "log").line().startswith("clip-seed0: queued (job 42")
+    p.run_dir.mkdir()
+    (p.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 3}) + "\n")
+    assert launch.run_state(p, job, launch.QUEUED, tmp_path / "log").line().startswith(
+        "clip-seed0: queued to resume at step 3/20 (job 42")
+
+
 def test_the_published_throughput_is_openclips_gpu_hours_over_its_samples():
     rate, source = openclip_throughput()["ViT-B-32"]
     assert rate == pytest.approx(12.8e9 / (4600 * 3600)) and "4,600 A100-40GB hours" in source

@@ -315,6 +315,10 @@ def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path) -> Run
         return RunState(p.name, "running", progress, job_id, str(log))
     if job_state == REQUEUED:
         return RunState(p.name, "preempted, requeued", progress, job_id, str(log))
+    if job_state == QUEUED and progress.startswith("at step"):
+        # A queued job whose run has trained before: requeued (SLURM holds one a while as PENDING) or
+        # submitted again after a failure; either way it resumes from its checkpoint.
+        return RunState(p.name, QUEUED, f"to resume {progress}", job_id, str(log))
     return RunState(p.name, job_state, progress, job_id, str(log))
 
 
