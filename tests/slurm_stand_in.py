@@ -1,4 +1,5 @@
-"""A stand-in for the SLURM commands submitit calls (sbatch, sacct, scancel, scontrol, srun), on one node.
+"""A stand-in for the SLURM commands euclip and submitit call (sbatch, sacct, scancel, scontrol, srun, sinfo),
+on one node.
 
 Installed under those names (``install(bin_dir, state_dir)``), it runs each submitted batch script at
 once as a detached process, keeps each job's state in ``state_dir/ID.json`` as sacct reports it, signals
@@ -116,6 +117,16 @@ def scancel(args: list[str]) -> int:
     return 0
 
 
+def sinfo(args: list[str]) -> int:
+    """This machine as the one node of partition ``debug`` (the default), without GPUs or a time limit, in
+    the format asked for (``--format=%P|%c|%m|%G|%l``, the fields the study reads)."""
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
+    fields = {"%P": "debug*", "%c": str(os.cpu_count()), "%m": str(memory_mb), "%G": "(null)", "%l": "infinite"}
+    layout = next(a.split("=", 1)[1] for a in args if a.startswith("--format="))
+    print(re.sub(r"%\w", lambda m: fields[m.group()], layout))
+    return 0
+
+
 def scontrol(args: list[str]) -> int:
     if args[:1] == ["requeue"]:
         _write(args[1], requeue=True)
@@ -126,7 +137,7 @@ def install(bin_dir: Path, state_dir: Path) -> dict:
     """The commands in ``bin_dir``; returns the environment that finds them."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("sbatch", "sacct", "scancel", "scontrol", "srun"):
+    for name in ("sbatch", "sacct", "scancel", "scontrol", "srun", "sinfo"):
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\nexec {sys.executable} {__file__} {name} \"$@\"\n")
         path.chmod(0o755)
@@ -135,5 +146,5 @@ def install(bin_dir: Path, state_dir: Path) -> dict:
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit({"sbatch": sbatch, "sacct": sacct, "scancel": scancel, "scontrol": scontrol, "srun": srun,
+    sys.exit({"sbatch": sbatch, "sacct": sacct, "scancel": scancel, "scontrol": scontrol, "srun": srun, "sinfo": sinfo,
               "_run": lambda a: _run(a[0])}[command](rest))

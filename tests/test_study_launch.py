@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,55 @@ def test_a_queued_job_of_a_run_that_trained_before_says_it_resumes(tmp_path):
     (p.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 3}) + "\n")
     assert launch.run_state(p, job, launch.QUEUED, tmp_path / "log").line().startswith(
         "clip-seed0: queued to resume at step 3/20 (job 42")
+
+
+# sinfo --noheader --format="%P|%c|%m|%G|%l" on a cluster with two kinds of GPU node, a CPU partition
+# without a time limit and a short debug partition (SLURM prints "+" after a count that varies).
+SINFO = """gpu*|64|512000|gpu:a100:8(S:0-1)|2-00:00:00
+gpu*|128|256000|gpu:2|2-00:00:00
+cpu|128|1024000|(null)|infinite
+debug|8|32000+|(null)|30:00
+"""
+
+
+def test_slurm_time_limits_in_every_form_are_read_in_hours():
+    assert launch.slurm_hours("2-00:00:00") == 48 and launch.slurm_hours("1-12") == 36
+    assert launch.slurm_hours("4:00:00") == 4 and launch.slurm_hours("30:00") == 0.5
+    assert launch.slurm_hours("90") == 1.5 and launch.slurm_hours("infinite") == math.inf
+    assert launch.slurm_hours("UNLIMITED") == math.inf
+
+
+def test_a_job_no_node_of_its_partition_can_hold_is_named_with_the_partitions_most():
+    kinds = launch.parse_sinfo(SINFO)
+    assert [(k.partition, k.default, k.cpus, k.mem_mb, k.gpus) for k in kinds][:2] == [
+        ("gpu", True, 64, 512000, 8), ("gpu", True, 128, 256000, 2)]
+    fits = Resources(gpus=8, cpus=64, mem_gb=400, hours=24)
+    assert launch.partition_problem(fits, kinds) is None
+    assert launch.partition_problem(replace(fits, gpus=16), kinds) == (
+        "--resource gpus=16 (its most: 8) is more than the default partition (gpu) has: lower it, or choose another "
+        "partition")
+    assert "hours=4 (its most: 0.5)" in launch.partition_problem(Resources(partition="debug", cpus=8, mem_gb=8), kinds)
+    assert "mem_gb=100 (its most: 31.25)" in launch.partition_problem(Resources(partition="debug", mem_gb=100,
+                                                                                hours=0.5), kinds)
+    # Each alone is within some node, but no node has 8 GPUs and 100 CPUs.
+    assert "no node of the default partition (gpu) has them together" in launch.partition_problem(
+        replace(fits, cpus=100), kinds)
+    assert launch.partition_problem(Resources(partition="cpu", cpus=128, hours=1000), kinds) is None
+    assert "no such partition (sinfo lists cpu, debug, gpu)" in launch.partition_problem(Resources(partition="a100"),
+                                                                                         kinds)
+
+
+def test_a_slurm_study_asking_more_than_its_partition_has_is_refused_before_anything_is_written(tmp_path, world,
+                                                                                                 monkeypatch):
+    for key, value in slurm_stand_in.install(tmp_path / "bin", tmp_path / "slurm").items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "out"
+    refused = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out),
+                                  "--launcher", "slurm", "--resource", "cpus=100000"])
+    assert refused.exit_code == 2, refused.output
+    assert f"--resource cpus=100000 (its most: {os.cpu_count()}) is more than the default partition (debug)" in \
+        " ".join(refused.output.split())
+    assert not (tmp_path / "slurm" / "submitted").exists() and not out.exists()
 
 
 def test_the_published_throughput_is_openclips_gpu_hours_over_its_samples():
@@ -294,16 +344,13 @@ def test_a_slurm_launch_without_slurm_is_refused_before_anything_is_generated(tm
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(tmp_path / "o"),
                                  "--launcher", "slurm"])
-    assert result.exit_code == 2 and "sbatch and srun not found on PATH" in result.output, result.output
+    assert result.exit_code == 2 and "sbatch, srun, sinfo not found on PATH" in result.output, result.output
     assert not (tmp_path / "o" / "jobs.json").exists() and not (tmp_path / "o" / "runs").exists()
 
 
 def test_a_job_its_scheduler_never_reports_ends_rather_than_being_followed_for_ever(tmp_path, world, monkeypatch):
     class Silent:
         """A scheduler that takes jobs and never reports them (sacct without them)."""
-
-        def check(self):
-            pass
 
         def submit(self, job, res):
             return f"job-{job.plan.name}"
@@ -315,6 +362,7 @@ def test_a_job_its_scheduler_never_reports_ends_rather_than_being_followed_for_e
             pass
 
     monkeypatch.setattr(launch, "launcher_for", lambda name, out: Silent())
+    monkeypatch.setattr(launch, "check_slurm", lambda resources: None)
     monkeypatch.setattr(launch, "LOST_AFTER_S", 0.3)
     result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(tmp_path / "o"),
                                  "--launcher", "slurm", "--poll", "0.1"])

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -112,6 +113,8 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
     recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun that name only it."""
     claims = load_claims()
     plans = plan(study, out, claims, world)
+    if launcher == "slurm":
+        check_slurm([study.configs[p.config].resources for p in plans])
     # The study folder first, held for this process: an unusable --out, or a second study on the same
     # folder (whose trainers would race this one's), fails here, before minutes of world generation.
     with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
@@ -142,6 +145,99 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
+# ------------------------------------------------------------------ a SLURM partition's nodes
+
+@dataclass(frozen=True)
+class NodeKind:
+    """One kind of node of a SLURM partition, as ``sinfo`` lists it (a line per distinct configuration)."""
+
+    partition: str
+    default: bool
+    cpus: int
+    mem_mb: int
+    gpus: int
+    limit_hours: float  # the partition's time limit; inf for none
+
+
+# sinfo's fields, one line per partition and node configuration: partition (the default one marked
+# "*"), CPUs a node, memory a node (MB), generic resources (gpu:[TYPE:]N, ...) and the time limit.
+SINFO_FORMAT = "%P|%c|%m|%G|%l"
+
+
+def slurm_hours(text: str) -> float:
+    """A SLURM time limit (``days-hours:minutes:seconds``, ``hours:minutes:seconds``, ``minutes:seconds``,
+    ``minutes``, ``infinite``/``UNLIMITED``) in hours."""
+    if text.strip().lower() in ("infinite", "unlimited", "n/a", ""):
+        return math.inf
+    days, _, clock = text.strip().rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = parts + [0] * (3 - len(parts))
+    else:  # minutes, minutes:seconds, hours:minutes:seconds
+        hours, minutes, seconds = [0] * (3 - len(parts)) + parts if len(parts) > 1 else [0, parts[0], 0]
+    return int(days or 0) * 24 + hours + minutes / 60 + seconds / 3600
+
+
+def parse_sinfo(text: str) -> list[NodeKind]:
+    """``sinfo --noheader --format=SINFO_FORMAT``'s lines as node kinds ("+" after a count: at least it)."""
+    import re
+
+    kinds = []
+    for line in text.splitlines():
+        fields_ = line.strip().split("|")
+        if len(fields_) != 5:
+            continue
+        name, cpus, mem, gres, limit = fields_
+        gpus = sum(int(n) for n in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres))
+        try:
+            kinds.append(NodeKind(name.rstrip("*"), name.endswith("*"), int(cpus.rstrip("+")),
+                                  int(mem.rstrip("+")), gpus, slurm_hours(limit)))
+        except ValueError:  # a line of another form (a SLURM version's): no limit read from it
+            continue
+    return kinds
+
+
+def partition_problem(res: Resources, kinds: list[NodeKind]) -> Optional[str]:
+    """Why a job asking ``res`` can never run on its partition (``res.partition``, or the default one)
+    of ``kinds``, or None. SLURM by default (EnforcePartLimits=NO) queues such a job for ever."""
+    named = res.partition or next((k.partition for k in kinds if k.default), "")
+    where = f"partition {named}" if res.partition else f"the default partition ({named})"
+    nodes = [k for k in kinds if k.partition == named]
+    if not nodes:
+        known = ", ".join(sorted({k.partition for k in kinds})) or "none"
+        return f"--resource partition={named}: no such partition (sinfo lists {known})"
+    largest = {"cpus": max(k.cpus for k in nodes), "mem_gb": max(k.mem_mb for k in nodes) / 1024,
+               "gpus": max(k.gpus for k in nodes), "hours": max(k.limit_hours for k in nodes)}
+    asked = {"cpus": res.cpus, "mem_gb": res.mem_gb, "gpus": res.gpus, "hours": res.hours}
+    over = [f"{key}={asked[key]:g} (its most: {largest[key]:g})" for key in asked if asked[key] > largest[key]]
+    if over:
+        return f"--resource {'; '.join(over)} is more than {where} has: lower it, or choose another partition"
+    if not any(k.cpus >= res.cpus and k.mem_mb >= res.mem_gb * 1024 and k.gpus >= res.gpus for k in nodes):
+        return (f"--resource cpus={res.cpus}, mem_gb={res.mem_gb:g}, gpus={res.gpus}: no node of {where} has them "
+                f"together: lower one, or choose another partition")
+    return None
+
+
+def check_slurm(resources: list[Resources]) -> None:
+    """Refuse, before anything is written, generated or submitted, a SLURM launch where SLURM is absent, or
+    jobs whose resources no node of their partition has (``partition_problem``)."""
+    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
+    if missing:
+        raise UsageError(f"--launcher slurm: {', '.join(missing)} not found on PATH (no SLURM here): run "
+                         f"from a cluster's login node, or try the jobs here with --launcher submitit-local")
+    try:
+        listed = subprocess.run(["sinfo", "--noheader", f"--format={SINFO_FORMAT}"], capture_output=True,
+                                text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise Failure("--launcher slurm: sinfo did not answer within 60 s: is slurmctld up?") from None
+    if listed.returncode != 0:
+        raise Failure(f"--launcher slurm: sinfo failed: {listed.stderr.strip() or listed.returncode}")
+    kinds = parse_sinfo(listed.stdout)
+    problems = {problem for res in resources if (problem := partition_problem(res, kinds))}
+    if problems:
+        raise UsageError(sorted(problems)[0] + " (nothing was submitted)")
+
+
 # ------------------------------------------------------------------ launchers
 
 class SubmititLauncher:
@@ -150,13 +246,6 @@ class SubmititLauncher:
     def __init__(self, out: Path, cluster: str):
         self.out, self.cluster = out, cluster
         self._jobs: dict[str, object] = {}  # job id -> submitit's Job, for the jobs this process submitted
-
-    def check(self) -> None:
-        """Refuse, before anything is generated or submitted, a SLURM launch where SLURM is absent."""
-        missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None] if self.cluster == "slurm" else []
-        if missing:
-            raise UsageError(f"--launcher slurm: {' and '.join(missing)} not found on PATH (no SLURM here): run "
-                             f"from a cluster's login node, or try the jobs here with --launcher submitit-local")
 
     def submit(self, job: RunJob, res: Resources) -> str:
         import submitit
@@ -234,9 +323,6 @@ class RayLauncher:
             check_ray_address()
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
         self._refs: dict[str, object] = {}
-
-    def check(self) -> None:
-        pass
 
     def submit(self, job: RunJob, res: Resources) -> str:
         remote = self._ray.remote(_ray_run).options(
@@ -346,7 +432,6 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
 
     launcher = launcher_for(launcher_name, out)
     try:
-        launcher.check()
         jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}
         by_id = launcher.states([job["job_id"] for job in jobs.values()])
         todo = [p for p in plans if not is_done(p)]
