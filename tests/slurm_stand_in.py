@@ -1,5 +1,5 @@
-"""A stand-in for the SLURM commands euclip and submitit call (sbatch, sacct, scancel, scontrol, srun, sinfo),
-on one node.
+"""A stand-in for the SLURM commands euclip and submitit call (sbatch, sacct, scancel, scontrol, srun, sinfo,
+squeue), on one node; ``SLURM_STAND_IN_ACCOUNTING=0`` answers sacct as a SLURM without accounting does.
 
 Installed under those names (``install(bin_dir, state_dir)``), it runs each submitted batch script at
 once as a detached process, keeps each job's state in ``state_dir/ID.json`` as sacct reports it, signals
@@ -97,11 +97,24 @@ def srun(args: list[str]) -> int:
 
 
 def sacct(args: list[str]) -> int:
+    if os.environ.get("SLURM_STAND_IN_ACCOUNTING") == "0":  # as SLURM without slurmdbd answers
+        print("sacct: error: Slurm accounting storage is disabled", file=sys.stderr)
+        return 1
     ids = [args[i + 1] for i, a in enumerate(args) if a == "-j"]
     print("JobID|State|NodeList")
     for job_id in ids:
         if _job(job_id).exists():
             print(f"{job_id}|{_read(job_id)['state']}|localhost")
+    return 0
+
+
+def squeue(args: list[str]) -> int:
+    """The jobs the node still holds (pending, running, requeued), in the format asked for (%i|%T)."""
+    layout = next(a.split("=", 1)[1] for a in args if a.startswith("--format="))
+    for path in sorted(STATE.glob("*.json")):
+        state = json.loads(path.read_text())["state"]
+        if state in ("PENDING", "RUNNING", "REQUEUED"):
+            print(layout.replace("%i", path.stem).replace("%T", state))
     return 0
 
 
@@ -137,7 +150,7 @@ def install(bin_dir: Path, state_dir: Path) -> dict:
     """The commands in ``bin_dir``; returns the environment that finds them."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("sbatch", "sacct", "scancel", "scontrol", "srun", "sinfo"):
+    for name in ("sbatch", "sacct", "scancel", "scontrol", "srun", "sinfo", "squeue"):
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\nexec {sys.executable} {__file__} {name} \"$@\"\n")
         path.chmod(0o755)
@@ -146,5 +159,5 @@ def install(bin_dir: Path, state_dir: Path) -> dict:
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit({"sbatch": sbatch, "sacct": sacct, "scancel": scancel, "scontrol": scontrol, "srun": srun, "sinfo": sinfo,
+    sys.exit({"sbatch": sbatch, "sacct": sacct, "scancel": scancel, "scontrol": scontrol, "srun": srun, "sinfo": sinfo, "squeue": squeue,
               "_run": lambda a: _run(a[0])}[command](rest))

@@ -257,6 +257,22 @@ def test_a_slurm_study_is_requeued_at_its_time_limit_resumes_and_a_rerun_submits
     assert done.exit_code == 0 and "0 submitted now" in done.output and (out / "study.md").exists(), done.output
 
 
+@pytest.mark.slow
+def test_a_slurm_study_without_accounting_follows_its_jobs_through_squeue(tmp_path, world, monkeypatch):
+    """Where sacct answers "accounting storage is disabled", a job sacct never reports must not be taken for
+    one that ended once LOST_AFTER_S has passed: squeue still lists it while it is queued or running."""
+    for key, value in slurm_stand_in.install(tmp_path / "bin", tmp_path / "slurm").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_STAND_IN_ACCOUNTING", "0")
+    monkeypatch.setattr(launch, "LOST_AFTER_S", 1.0)  # far shorter than clip's training
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out),
+                                 "--world", str(world), "--launcher", "slurm", "--poll", "0.5"])
+    assert result.exit_code == 0 and (out / "study.md").exists(), result.output
+    assert "clip-seed0: finished" in result.output and "failed" not in result.output
+    assert "Bypassing sacct error" not in result.output  # submitit's warning at every look: squeue answers
+
+
 def quick_study(tmp_path: Path, world: Path, launcher: str) -> Path:
     """``study_file``'s study with two training steps a run (the launcher is what is tested), through
     ``launcher`` until it is summarised; returns the study folder."""

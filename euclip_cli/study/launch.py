@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import os
 import shutil
@@ -238,6 +239,33 @@ def check_slurm(resources: list[Resources]) -> None:
         raise UsageError(sorted(problems)[0] + " (nothing was submitted)")
 
 
+def _sacct_worked(record: logging.LogRecord) -> bool:
+    """submitit warns, at every look, that sacct failed and its states may be inaccurate: squeue_states
+    reads the jobs SLURM holds instead, and the study's own lines say how each run stands."""
+    return "Bypassing sacct error" not in record.getMessage()
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, str]:
+    """The state of each of ``job_ids`` that SLURM still holds, from ``squeue``, which needs no accounting
+    database: where sacct knows nothing (accounting disabled, or not yet written), a pending or running
+    job must not pass for one that ended."""
+    import getpass
+
+    if not job_ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        listed = subprocess.run(["squeue", "--noheader", f"--user={getpass.getuser()}", "--format=%i|%T"],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
+    states = {}
+    for line in listed.stdout.splitlines():
+        job_id, _, state = line.strip().partition("|")
+        if job_id in job_ids and state:
+            states[job_id] = _SLURM_STATES.get(state.split()[0], ENDED)
+    return states
+
+
 # ------------------------------------------------------------------ launchers
 
 class SubmititLauncher:
@@ -279,13 +307,17 @@ class SubmititLauncher:
         import submitit
 
         if self.cluster == "slurm":
+            logger = logging.getLogger("submitit")
+            if _sacct_worked not in logger.filters:
+                logger.addFilter(_sacct_worked)
             watcher = submitit.SlurmJob.watcher
             for job_id in job_ids:
                 watcher.register_job(job_id)
             watcher.update()
             found = {j: watcher.get_info(j, mode="cache").get("State") for j in job_ids}
             # "CANCELLED by 1000": the state is the first word; a job sacct does not know (yet) is unknown.
-            return {j: _SLURM_STATES.get(s.split()[0], ENDED) if s else UNKNOWN for j, s in found.items()}
+            states = {j: _SLURM_STATES.get(s.split()[0], ENDED) if s else UNKNOWN for j, s in found.items()}
+            return states | squeue_states([j for j, state in states.items() if state == UNKNOWN])
         out = {}
         for job_id in job_ids:
             job = self._jobs.get(job_id)
