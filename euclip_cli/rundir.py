@@ -519,8 +519,8 @@ class RunDir:
                 previous = self.latest_checkpoint()
                 remedy = ("free space" if err.errno == errno.ENOSPC
                           else "raise the limit of open files (ulimit -n)" if out_of_file_descriptors(err)
-                          else f"make {self.checkpoints_dir} writable" if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                          else "fix the cause")
+                          else f"make {self.checkpoints_dir} writable"
+                          if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "fix the cause")
                 raise Failure(f"could not write the checkpoint {path} ({err.strerror or err}): {remedy} and rerun "
                               f"the same command; it resumes from "
                               f"{previous.name if previous else 'the start (no checkpoint yet)'}") from None

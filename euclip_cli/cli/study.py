@@ -116,7 +116,8 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
             written += hierarchy_figure(summary["rows"], list(spec.configs), world_guessing()["tie"],
                                         folder / "study_hierarchy")
         if publish is not None:
-            command = " ".join(["euclip study --recipe", given.recipe, *([f"--seeds {given.seeds}"] if given.seeds else []),
+            command = " ".join(["euclip study --recipe", given.recipe,
+                                *([f"--seeds {given.seeds}"] if given.seeds else []),
                                 *([f"--configs {given.configs}"] if given.configs else []), *given.overrides])
             written += publish_tables(plan(spec, folder, load_claims(), world), folder, publish, command)
     console.print(to_markdown(spec, summary), highlight=False, markup=False)

@@ -183,8 +183,9 @@ def configure_hub_client() -> None:
 
 def check_hub_environment() -> None:
     """The Hugging Face variables euclip's Hub calls read, checked before any is used: a token holding a space,
-    a line break (pasted with its newline) or a character that is not ASCII would be sent as a malformed header, an endpoint that is not an
-    http(s) URL fails deep inside the client. Each is a usage error naming the variable."""
+    a line break (pasted with its newline) or a character that is not ASCII would be sent as a malformed
+    header, an endpoint that is not an http(s) URL fails deep inside the client. Each is a usage error
+    naming the variable."""
     from urllib.parse import urlparse
 
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):

@@ -614,8 +614,8 @@ def cost_lines(rows: list[Cost]) -> list[str]:
         lines.append(f"{r.run:<28} {r.arch:<14} {r.samples:>13,} {r.gpus:>4} {r.samples_per_s:>16,.1f} "
                      f"{r.hours:>8.2f} {r.gpu_hours:>10.1f} {r.jobs:>4}")
     total_gpu, total_hours = sum(r.gpu_hours for r in rows), sum(r.hours for r in rows)
-    lines.append(f"total: {len(rows)} runs, {sum(r.samples for r in rows):,} samples, {hours_text(total_hours)} job hours, "
-                 f"{hours_text(total_gpu)} GPU hours (training only; evaluation and queueing not counted)")
+    lines.append(f"total: {len(rows)} runs, {sum(r.samples for r in rows):,} samples, {hours_text(total_hours)} "
+                 f"job hours, {hours_text(total_gpu)} GPU hours (training only; evaluation and queueing not counted)")
     lines += [f"throughput of {arch}: {source}" for arch, source in sorted({(r.arch, r.source) for r in rows})]
     short = sorted({r.run for r in rows if r.jobs > r.retries + 1})
     if short:
