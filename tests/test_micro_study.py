@@ -35,11 +35,11 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     path, out = micro_study(tmp_path, world), tmp_path / "out"
     real, executed = R.execute, []
 
-    def interrupted_after_two(p, threads, log_dir):
+    def interrupted_after_two(p, threads, log_dir, child=None):
         if len(executed) == 2:
             raise KeyboardInterrupt  # Ctrl-C while the third run starts
         executed.append(p.name)
-        return real(p, threads, log_dir)
+        return real(p, threads, log_dir, child)
 
     monkeypatch.setattr(R, "execute", interrupted_after_two)
     # Two jobs, as `make study` runs: the third run is interrupted while the second may still run.
@@ -48,7 +48,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert first.exit_code == 1 and sorted(executed) == ["clip-seed0", "euclip-seed0"]
     assert re.search(r"\[1/6\] (clip|euclip)-seed0 done", first.output) and "left" in first.output
 
-    monkeypatch.setattr(R, "execute", lambda p, t, d: (executed.append(p.name), real(p, t, d))[1])
+    monkeypatch.setattr(R, "execute", lambda p, t, d, c=None: (executed.append(p.name), real(p, t, d, c))[1])
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
     # The finished runs were not trained again.
