@@ -265,6 +265,11 @@ def test_a_slurm_study_without_accounting_follows_its_jobs_through_squeue(tmp_pa
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("SLURM_STAND_IN_ACCOUNTING", "0")
     monkeypatch.setattr(launch, "LOST_AFTER_S", 1.0)  # far shorter than clip's training
+    # submitit's sacct cache is one per process, and the stand-in numbers jobs from 1000 in every test: an
+    # earlier test's job 1000 must not answer for this one's (on a cluster, job ids are not reused).
+    import submitit.slurm.slurm
+
+    monkeypatch.setattr(submitit.SlurmJob, "watcher", submitit.slurm.slurm.SlurmInfoWatcher(delay_s=600))
     out = tmp_path / "out"
     result = runner.invoke(app, ["study", "--recipe", str(study_file(tmp_path, world)), "--out", str(out),
                                  "--world", str(world), "--launcher", "slurm", "--poll", "0.5"])
