@@ -34,6 +34,7 @@ import numpy as np
 
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, whole_folder
+from euclip_cli.workers import die_with_parent, make_room_for_workers
 
 GENERATOR_VERSION = 1
 LONGEST_SIDE = 512  # DataComp's img2dataset image_size
@@ -164,8 +165,6 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PhotoShardsExistError(f"{out} exists and holds files that are not these shards (no manifest.json); "
                                     f"choose another --out or delete it")
-    from euclip_cli.workers import die_with_parent, make_room_for_workers
-
     counts = [min(SAMPLES_PER_SHARD, samples - s) for s in range(0, samples, SAMPLES_PER_SHARD)]
     make_room_for_workers(max(1, min(workers, len(counts))), "--workers")
     start = time.time()
