@@ -176,12 +176,36 @@ def test_power_matches_a_simulation_with_known_truth():
         assert stats.power(n, effect, sd, level) == pytest.approx(excluded, abs=0.01), (n, effect, sd)
 
 
+@pytest.mark.parametrize("n, ratio, level", [(2, 20.0, 0.95), (3, 5.0, 1 - 0.05 / 14), (4, 5.0, 1 - 0.05 / 14),
+                                             (6, 5.0, 1 - 0.05 / 14), (2, 80.0, 1 - 0.05 / 14), (5, 0.2, 0.95)])
+def test_power_holds_at_noncentralities_where_scipys_noncentral_t_gives_nan(n, ratio, level):
+    """``ratio``: the effect over its seed-to-seed sd."""
+    import numpy as np
+    from scipy.stats import nct
+    from scipy.stats import t as student
+
+    critical = student.ppf(0.5 + level / 2, n - 1)
+    shift = ratio * math.sqrt(n)
+    scipy_says = nct.sf(critical, n - 1, shift) + nct.cdf(-critical, n - 1, shift)
+    assert math.isnan(scipy_says) or shift < 1  # the cases SciPy 1.17 cannot compute, and one it can
+    sd = 3.0
+    effect = ratio * sd
+    draws = np.random.default_rng(n).normal(effect, sd, size=(400_000, n))
+    half = critical * draws.std(axis=1, ddof=1) / math.sqrt(n)
+    excluded = np.mean(np.abs(draws.mean(axis=1)) > half)
+    tolerance = 4 * math.sqrt(max(excluded * (1 - excluded), 1e-6) / len(draws))
+    assert stats.power(n, effect, sd, level) == pytest.approx(excluded, abs=tolerance)
+    assert 0.0 <= stats.power(n, effect, sd, level) <= 1.0
+
+
 def test_seeds_needed_give_eighty_percent_power_and_no_fewer_do():
     for sd, effect, level in ((4.0, 6.75, 0.95), (4.0, 6.75, 0.995), (1.0, 1.0, 0.95), (2.5, -1.48, 0.99)):
         n = stats.seeds_needed(sd, effect, level)
         assert stats.power(n, effect, sd, level) >= 0.8 > stats.power(n - 1, effect, sd, level) if n > 2 else True
     # At 50% power the old yardstick (a half width as wide as the effect) needed 4 seeds for these numbers.
     assert stats.seeds_needed(4.0, 6.75) == 5
+    # Where SciPy's noncentral t gave NaN for every n from 5 on, the search read on to 7.
+    assert stats.seeds_needed(1.0, 5.0, 1 - 0.05 / 14) == 5
     assert stats.seeds_needed(0.0, 1.0) == 2  # no spread: the fewest seeds with an interval at all
     assert stats.seeds_needed(None, 1.0) is None and stats.seeds_needed(1.0, 0.0) is None
     assert stats.seeds_needed(100.0, 0.1, most=50) is None  # more seeds than anyone would run
