@@ -6,8 +6,9 @@ quantity whose interval decides a claim.
 
 Intervals are two-sided 95% by default, either Student's t over the seeds (``"t"``) or a
 percentile bootstrap of the mean (``"bootstrap"``, resampling seeds with a fixed generator, and
-only from ``MIN_BOOTSTRAP_SEEDS`` seeds). A study decides its claims together, from intervals at
-the Bonferroni level ``family_level`` so that the chance of any wrong verdict stays at most 5%.
+only from ``MIN_BOOTSTRAP_SEEDS`` seeds). A study decides each family of claims together (its
+primary claims, declared before it runs, and the rest), from intervals at Holm's levels
+(``holm_levels``) so that the chance of any wrong verdict in a family stays at most 5%.
 """
 
 from __future__ import annotations
@@ -109,6 +110,41 @@ def family_level(level: float, claims: int) -> float:
     return 1 - (1 - level) / max(1, claims)
 
 
+def t_test_p(values: Sequence[float]) -> Optional[float]:
+    """The two-sided p-value of Student's t test that the mean of ``values`` (one per seed) is 0:
+    the level 1 - p is the widest t interval that still excludes 0. 0 when the values agree on a
+    nonzero mean, 1 when all are 0; None from fewer than two values."""
+    from scipy.stats import t
+
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        return None
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    if sd == 0:
+        return 0.0 if mean != 0 else 1.0
+    return float(2 * t.sf(abs(mean) / (sd / math.sqrt(len(values))), len(values) - 1))
+
+
+def holm_levels(p_values: dict[str, float], level: float = 0.95) -> dict[str, float]:
+    """Holm's step-down procedure as interval levels: the level of the interval each of a family's
+    tests is read from, so that the family's chance of any wrong rejection stays at most 1 - ``level``.
+
+    The claims are taken from the smallest p-value up; the k-th of m (from 0) is read at
+    1 - (1 - level) / (m - k), the Bonferroni level over the claims not yet decided, while each
+    interval so far excluded 0. The first that does not, and every claim after it, is read at that
+    claim's level: their p-values are no smaller, so none of their intervals excludes 0 there either.
+    Holm rejects every claim Bonferroni does, and more where several effects are clear.
+    """
+    order = sorted(p_values, key=lambda k: p_values[k])
+    alpha, m = 1 - level, len(order)
+    levels, stopped = {}, None
+    for k, key in enumerate(order):
+        if stopped is None and p_values[key] > alpha / (m - k):
+            stopped = 1 - alpha / (m - k)
+        levels[key] = stopped if stopped is not None else 1 - alpha / (m - k)
+    return levels
+
+
 def power(n: int, effect: float, sd: float, level: float = 0.95) -> float:
     """The chance that a two-sided ``level`` t interval over ``n`` paired seeds excludes 0, when the
     true mean difference is ``effect`` and its seed-to-seed standard deviation ``sd``.
@@ -174,7 +210,9 @@ def seeds_needed(sd: Optional[float], effect: float, level: float = 0.95, target
 
 REPRODUCED, NONINFERIOR, OPPOSITE = "reproduced", "non-inferior", "opposite"
 EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD = "excludes the paper's effect", "inconclusive", "no spread"
-VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD)
+# "reproduced" of a claim with no published counterpart (euclip's own measure): nothing to reproduce.
+HOLDS = "holds"
+VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD, HOLDS)
 
 
 def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[float] = None,
@@ -182,10 +220,11 @@ def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[flo
     """What an interval of an effect says about a claim that expects its sign ``expected_sign`` (+1
     or -1), in this order:
 
-    ``no spread`` when every seed gave the same effect to within half the ``resolution`` the claim is
-    read at (its standard deviation below that: the interval prints with no width), as a measure does
-    that sits at a bound of its range in every run; a t interval around that much spread says how
-    far apart the seeds' last digits fell, not how sure the effect is;
+    ``no spread`` when every seed gave no effect, to within half the ``resolution`` the claim is read
+    at, as a measure does that sits at a bound of its range with and without the cause; where every
+    seed gave the same nonzero effect (its standard deviation below that resolution: a t interval
+    around it says how far apart the seeds' last digits fell), the seeds' unanimous effect is read as
+    an interval of no width, so that the same evidence gets the same word at every budget;
     ``reproduced`` when the interval excludes 0 on the expected side; ``non-inferior`` (a claim
     of "matches or beats", with ``margin``) when it excludes a deficit as large as ``margin``;
     ``opposite`` when it excludes 0 on the other side; ``excludes the paper's effect`` when it
@@ -194,16 +233,20 @@ def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[flo
     """
     if effect is None or effect.low is None:
         return INCONCLUSIVE
+    low, high = effect.low, effect.high
     if effect.sd < resolution / 2 or effect.sd == 0:
-        return NO_SPREAD
-    low, high = sorted((expected_sign * effect.low, expected_sign * effect.high))
+        if abs(effect.mean) < resolution / 2 or effect.mean == 0:
+            return NO_SPREAD
+        low = high = effect.mean
+    interval = (low, high)
+    low, high = sorted((expected_sign * low, expected_sign * high))
     if low > 0:
         return REPRODUCED
     if margin is not None and low > -margin:
         return NONINFERIOR
     if high < 0:
         return OPPOSITE
-    if paper_effect is not None and not effect.low <= paper_effect <= effect.high:
+    if paper_effect is not None and not interval[0] <= paper_effect <= interval[1]:
         return EXCLUDES_PAPER
     return INCONCLUSIVE
 
@@ -212,9 +255,9 @@ def claim_digits(metric: str) -> int:
     """Decimals an effect on ``metric`` is shown with: points of accuracy 1, β and tree edges 2,
     probabilities, AUCs and curvature 3."""
     if metric in ("text_nearer_root", "curvature_fall", "shapes_jaccard", "shapes_h_precision",
-                  "family_similarity_auc", "family_cone_auc"):
+                  "family_similarity_auc", "family_cone_auc", "caption_root_order_auc", "caption_cone_order_auc"):
         return 3
-    return 2 if metric in ("temperature_final", "shapes_tie") else 1
+    return 2 if metric in ("temperature_final", "shapes_tie", "shapes_mistake_tie") else 1
 
 
 def paper_cell(effect: Optional[float], source: str) -> str:
@@ -249,6 +292,7 @@ def claim_cells(c: dict) -> tuple[str, ...]:
     verdict = c["verdict"] + (f" (margin {c['margin']:g})" if _given(c.get("margin")) else "")
     seeds = c["seeds_for_80pct_power"]
     return (f"{c['statement']} ({c['metric']})", effect, family, verdict,
-            paper_cell(c["paper_effect"], c["paper_source"]) if isinstance(c["read_against"], str) and c["read_against"] else "–",
+            paper_cell(c["paper_effect"], c["paper_source"]) if isinstance(c["read_against"], str) and c["read_against"]
+            else "none: euclip's own measure" if c.get("own") is True else "–",
             c["beside"] if isinstance(c["beside"], str) and c["beside"] else "–",
             "–" if not _given(seeds) else "more than 1,000" if seeds == math.inf else str(int(seeds)))

@@ -3,6 +3,7 @@ figures, and the study's own checks (the micro study through the CLI: tests/test
 
 import json
 import math
+import random
 import statistics
 
 import pytest
@@ -164,6 +165,37 @@ def test_the_bonferroni_level_by_hand():
     assert wide.high - wide.mean == pytest.approx(14.089 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3), rel=1e-3)
 
 
+def test_the_t_tests_p_value_is_the_level_whose_interval_touches_zero():
+    for values in ([1.0, 2.0, 4.0], [-3.0, 0.5, -1.0, -2.5], [0.2, -0.1]):
+        p = stats.t_test_p(values)
+        touching = stats.estimate(values, "t", level=1 - p)
+        assert min(abs(touching.low), abs(touching.high)) == pytest.approx(0.0, abs=1e-9)
+    assert stats.t_test_p([2.0, 2.0, 2.0]) == 0.0 and stats.t_test_p([0.0, 0.0]) == 1.0
+    assert stats.t_test_p([1.0]) is None
+
+
+def test_holms_levels_by_hand_and_against_its_adjusted_p_values():
+    levels = stats.holm_levels({"a": 0.01, "b": 0.02, "c": 0.04})
+    # Bonferroni would reject a alone (0.05 / 3 = 0.0167); Holm steps down to 0.025 for b and 0.05 for c.
+    assert levels == pytest.approx({"a": 1 - 0.05 / 3, "b": 1 - 0.05 / 2, "c": 0.95})
+    levels = stats.holm_levels({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    # d (0.005 <= 0.0125) and a (0.01 <= 0.0167) fall; c (0.03 > 0.025) stops the steps: b is read there too.
+    assert levels == pytest.approx({"d": 1 - 0.05 / 4, "a": 1 - 0.05 / 3, "c": 1 - 0.05 / 2, "b": 1 - 0.05 / 2})
+    assert stats.holm_levels({}) == {} and stats.holm_levels({"a": 0.3}) == {"a": 0.95}
+    # Holm's rejections as its adjusted p-values state them (the running maximum of (m - k) p_(k)).
+    rng = random.Random(0)
+    for _ in range(500):
+        m = rng.randint(1, 12)
+        p = {str(i): rng.random() ** rng.choice([1, 3, 6]) for i in range(m)}
+        order = sorted(p, key=p.get)
+        adjusted, running = {}, 0.0
+        for k, key in enumerate(order):
+            running = max(running, min(1.0, (m - k) * p[key]))
+            adjusted[key] = running
+        levels = stats.holm_levels(p)
+        assert {k for k in p if p[k] < 1 - levels[k]} == {k for k in p if adjusted[k] < 0.05}
+
+
 def test_power_matches_a_simulation_with_known_truth():
     import numpy as np
     from scipy.stats import t as student
@@ -229,12 +261,18 @@ def test_verdicts(low, high, sign, margin, paper, expected):
     assert stats.verdict(stats.Estimate(1, 1.0, None, None, None), +1) == "inconclusive"
 
 
-def test_a_measure_with_no_spread_is_never_reproduced():
+def test_no_spread_is_said_only_of_no_effect_and_unanimous_seeds_read_by_their_sign():
     assert stats.verdict(stats.estimate([0.0, 0.0, 0.0]), +1) == "no spread"
-    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1) == "no spread"  # every seed the same, off zero too
-    # Agreeing to within half the resolution the claim is read at is no spread either; a real spread is read.
+    # Every seed the same nonzero effect: the 2,048-step [ROOT] case, once "no spread" where 512 steps'
+    # weaker evidence read "reproduced"; the same evidence now gets the same word.
+    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1) == "reproduced"
+    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), -1) == "opposite"
+    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1, paper_effect=-2.0) == "reproduced"
+    assert stats.verdict(stats.estimate([-0.5, -0.5]), +1, margin=1.0) == "non-inferior"
+    # Agreeing to within half the resolution the claim is read at: on 0, no spread; off it, its sign.
+    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0004]), +1, resolution=1e-3) == "no spread"
     nearly = stats.estimate([1.0, 1.0, 0.999996])
-    assert stats.verdict(nearly, +1, resolution=1e-3) == "no spread"
+    assert stats.verdict(nearly, +1, resolution=1e-3) == "reproduced"
     assert stats.verdict(nearly, +1) == "reproduced"  # read at full precision, the interval has a width
     assert stats.verdict(stats.estimate([0.9, 1.0, 0.95]), +1, resolution=1e-3) == "reproduced"
 
@@ -302,21 +340,42 @@ def test_a_short_study_reads_euclip_against_clip_in_table_8s_direction():
     assert small["family_size"] == 1 and small["family_level"] == pytest.approx(0.95)
 
 
-def test_the_family_widens_every_interval_of_the_study():
+def test_holm_adjusts_the_declared_primary_claims_among_themselves_and_the_rest_apart():
+    from dataclasses import replace
+
     study = load_study("study-geometries")
+    assert study.primary == ("euclip-beats-clip", "entailment-helps-euclidean", "no-final-ln-helps-euclip")
     values = {"euclip": [30.0, 34.0, 38.0], "euclip-ln": [30.0, 30.0, 30.0], "clip": [40.0, 41.0, 45.0],
               "meru": [20.0, 26.0, 21.0]}
     by_config = {c: {seed: {"main": v} for seed, v in enumerate(vs)} for c, vs in values.items()}
-    rows = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]}
-    assert set(rows) == {"no-final-ln-helps-euclip", "euclip-beats-clip", "euclip-beats-meru"}
-    diffs = [0.0, 4.0, 8.0]
-    row = rows["no-final-ln-helps-euclip"]
-    assert row["family_size"] == 3 and row["family_level"] == pytest.approx(1 - 0.05 / 3)
-    half = student_quantile(1 - 0.05 / 6, 2) * statistics.stdev(diffs) / math.sqrt(3)
-    assert (row["fw_low"], row["fw_high"]) == pytest.approx((4.0 - half, 4.0 + half))
-    assert row["ci_high"] - row["ci_low"] < row["fw_high"] - row["fw_low"]
+    out = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    # The primary family first, in its declared order.
+    assert [r["claim"] for r in out] == ["euclip-beats-clip", "no-final-ln-helps-euclip", "euclip-beats-meru"]
+    rows = {r["claim"]: r for r in out}
+    ln, clip, meru = rows["no-final-ln-helps-euclip"], rows["euclip-beats-clip"], rows["euclip-beats-meru"]
+    assert ln["family"] == clip["family"] == "primary" and meru["family"] == "secondary"
+    assert ln["family_size"] == clip["family_size"] == 2 and meru["family_size"] == 1
+    # EuCLIP - CLIP: -10, -7, -7 (p = 0.015 < 0.05 / 2), read first at 97.5%; the final LN: 0, 4, 8 (p = 0.23),
+    # the last step, at 95%. Alone in its family, MERU's claim is read at 95% too.
+    t_statistic = 8.0 / (statistics.stdev([-10.0, -7.0, -7.0]) / math.sqrt(3))
+    assert clip["p_value"] == pytest.approx(2 * student_sf(t_statistic, 2), rel=1e-6)
+    assert clip["family_level"] == pytest.approx(1 - 0.05 / 2)
+    assert ln["family_level"] == pytest.approx(0.95) and meru["family_level"] == pytest.approx(0.95)
+    half = student_quantile(1 - 0.05 / 4, 2) * statistics.stdev([-10.0, -7.0, -7.0]) / math.sqrt(3)
+    assert (clip["fw_low"], clip["fw_high"]) == pytest.approx((-8.0 - half, -8.0 + half))
+    assert (ln["fw_low"], ln["fw_high"]) == pytest.approx((ln["ci_low"], ln["ci_high"]))
     # Table 5 (medium) is the only table with this ablation: read there, its +6.75 lies in the interval.
-    assert row["read_against"] == "Table 5 (medium)" and row["verdict"] == "inconclusive"
+    assert ln["read_against"] == "Table 5 (medium)" and ln["verdict"] == "inconclusive"
+    # A study that declares no primary claims decides all of them as one family.
+    single = {r["claim"]: r for r in V.evaluate_claims(replace(study, primary=()), load_claims(), by_config, "small")
+              if r["n_seeds"]}
+    assert {r["family"] for r in single.values()} == {"all"} and single["euclip-beats-meru"]["family_size"] == 3
+
+
+def student_sf(x, df):
+    from scipy.stats import t
+
+    return float(t.sf(x, df))
 
 
 def student_quantile(p, df):
@@ -341,12 +400,12 @@ def test_a_measured_property_is_credited_only_with_what_training_changed_beyond_
     assert row["verdict"] == "no spread" and row["effect"] == 0.0
     # The 2,048-step study's case: the measure stays at 1 with entailment and falls to 0 without it, one
     # seed's control at 4e-6 (one comparison of many): the effect sits at its bound, the seeds agree to far
-    # finer than the 0.001 it is read at, and a t interval over that spread would print as [1.000, 1.000].
+    # finer than the 0.001 it is read at, and every seed shows all of it: reproduced, as weaker evidence is.
     control = {0: 0.0, 1: 0.0, 2: 4e-6}
     at_bound = {"euclip": {s: {key: 1.0, init: 1.0} for s in range(3)},
                 "euclidean-d2-l0": {s: {key: control[s], init: 1.0} for s in range(3)}}
     (row,) = [r for r in V.evaluate_claims(study, load_claims(), at_bound, "small") if r["n_seeds"]]
-    assert row["verdict"] == "no spread" and row["effect"] == pytest.approx(1.0, abs=1e-5)
+    assert row["verdict"] == "reproduced" and row["effect"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
@@ -386,12 +445,19 @@ def test_an_unusable_study_folder_is_refused_before_any_world_is_generated(tmp_p
 
 def test_a_bad_study_recipe_lists_every_problem(tmp_path):
     path = tmp_path / "study-bad.toml"
-    path.write_text('[study]\nseeds = 0\nbaseline = "nope"\ninterval = "z"\ntasks = "world/colr"\n[configs.a]\nrecipe = "tiny-clip"\n'
+    path.write_text('[study]\nseeds = 0\nbaseline = "nope"\ninterval = "z"\ntasks = "world/colr"\n'
+                    'primary = ["euclip-beats-clip", "no-such-claim", "euclip-beats-clip"]\n[configs.a]\nrecipe = "tiny-clip"\n'
                     'overrides = ["optim.lr=fast"]\n[configs.b]\nrecipe = "tiny-clip"\n')
     result = runner.invoke(app, ["study", "--recipe", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    for text in ("seeds must be an integer in [1, 10,000], not 0", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr"):
-        assert text in result.output
+    for text in ("seeds must be an integer in [1, 10,000], not 0", "baseline 'nope'", "interval 'z'", "optim.lr", "world/colr",
+                 "study.primary: 'no-such-claim' is not a claim of euclip_cli/study/claims.toml",
+                 "study.primary: claim 'euclip-beats-clip' compares euclip, clip, but the study has no configuration "
+                 "euclip, clip", "study.primary: a claim is named more than once"):
+        assert text in " ".join(result.output.split()), text
+    path.write_text('[study]\nprimary = "euclip-beats-clip"\n[configs.a]\nrecipe = "tiny-clip"\n[configs.b]\nrecipe = "tiny-clip"\n')
+    result = runner.invoke(app, ["study", "--recipe", str(path)])
+    assert result.exit_code == 2 and "study.primary: must be a list of claim ids" in result.output
 
 
 def test_the_study_figures_legend_hides_no_configuration():
@@ -450,6 +516,7 @@ def test_a_configuration_naming_an_unknown_published_row_is_refused(tmp_path):
 def test_a_study_varied_from_the_command_line_keeps_the_configurations_asked_for(tmp_path):
     study = load_study("study-geometries", overrides=["optim.samples=131072"], only=["clip", "euclip"])
     assert list(study.configs) == ["clip", "euclip"]
+    assert study.primary == ("euclip-beats-clip",)  # the primary claims these configurations still test
     assert study.overrides("euclip", 1)[-3:] == ["optim.samples=131072", "train.seed=1", "eval.tasks=world"]
     assert V.regime(study, {})["steps"] == 1024
     result = runner.invoke(app, ["study", "--recipe", "study-geometries", "--configs", "clip,nope",
@@ -591,14 +658,20 @@ def test_every_claims_metric_is_one_a_runs_values_can_hold():
 def test_a_hierarchy_claim_is_the_paired_difference_of_the_runs_tree_errors():
     """Lower is better for the tree-induced error: the claim's ``higher`` is the control (no entailment)."""
     claim = next(c for c in load_claims() if c.id == "entailment-nearer-mistakes-euclidean")
-    by_config = {"euclidean-d2-l0": {0: {"shapes_tie": 2.5}, 1: {"shapes_tie": 2.0}, 2: {"shapes_tie": 2.2}},
-                 "euclip": {0: {"shapes_tie": 2.1}, 1: {"shapes_tie": 1.9}, 2: {"shapes_tie": 1.7}}}
+    by_config = {"euclidean-d2-l0": {0: {"shapes_mistake_tie": 2.5}, 1: {"shapes_mistake_tie": 2.0},
+                                     2: {"shapes_mistake_tie": 2.2}},
+                 "euclip": {0: {"shapes_mistake_tie": 2.1}, 1: {"shapes_mistake_tie": 1.9}, 2: {"shapes_mistake_tie": 1.7}}}
     per_seed, _ = V.claim_values(claim, by_config)
     assert per_seed == pytest.approx({0: 0.4, 1: 0.1, 2: 0.5})
     study = load_study("study-geometries")
     row = next(r for r in V.evaluate_claims(study, [claim], by_config, "small") if r["claim"] == claim.id)
     assert row["effect"] == pytest.approx(1 / 3) and row["paper_effect"] is None and row["family_size"] == 1
-    assert row["verdict"] == stats.verdict(stats.estimate([0.4, 0.1, 0.5], "t"), +1)
+    assert row["verdict"] == stats.verdict(stats.estimate([0.4, 0.1, 0.5], "t"), +1) == "inconclusive"
+    # euclip's own measure: with no published counterpart it holds, it is not "reproduced".
+    clear = {"euclidean-d2-l0": {s: {"shapes_mistake_tie": 2.5 + 0.1 * s} for s in range(3)},
+             "euclip": {s: {"shapes_mistake_tie": 1.5 + 0.05 * s} for s in range(3)}}
+    row = next(r for r in V.evaluate_claims(study, [claim], clear, "small") if r["claim"] == claim.id)
+    assert row["verdict"] == "holds" and stats.claim_cells(row)[4] == "none: euclip's own measure"
 
 
 def test_the_hierarchy_figure_draws_every_configuration_beside_guessing_and_chance():

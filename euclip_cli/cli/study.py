@@ -67,9 +67,9 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
     from euclip_cli.evaluate.tasks import SUITE_COLUMNS
     from euclip_cli.hierarchy import world_guessing
     from euclip_cli.report.figures import hierarchy_figure, study_figure, temperature_figure
-    from euclip_cli.rundir import STUDIES_DIR
+    from euclip_cli.rundir import STUDIES_DIR, read_json
     from euclip_cli.study import launch
-    from euclip_cli.study.runner import plan, publish as publish_tables
+    from euclip_cli.study.runner import PROVENANCE, plan, publish as publish_tables
     from euclip_cli.study.spec import OPTIONS_FILE, StudyOptions, load_claims, load_study
     from euclip_cli.study.tables import to_markdown, write_tables
 
@@ -120,5 +120,9 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
                                 *([f"--seeds {given.seeds}"] if given.seeds else []),
                                 *([f"--configs {given.configs}"] if given.configs else []), *given.overrides])
             written += publish_tables(plan(spec, folder, load_claims(), world), folder, publish, command)
+            dirty = read_json(publish / PROVENANCE)["runs_from_uncommitted_changes"]
+            if dirty:
+                say(f"warning: {dirty} of the published runs were trained from uncommitted changes, so no commit "
+                    f"reproduces them: commit, delete those runs' folders and run the study again before citing it")
     console.print(to_markdown(spec, summary), highlight=False, markup=False)
     console.print("written: " + ", ".join(str(p) for p in written))

@@ -11,6 +11,7 @@ Every number in the tables comes from the runs' own files (``eval.jsonl``, ``met
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -328,6 +329,17 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     return values
 
 
+def seed_rows(p: RunPlan, values: dict[str, float], tasks: list[str]) -> list[dict]:
+    """One run's values as seeds.csv rows (config, seed, metric, value), every number the study's
+    tables are computed from; a task's row carries a digest of its per-example outcomes as the eval
+    line keeps them (``evaluate.hits``), so that a rerun can be checked against the same images' answers."""
+    hits = {line["key"]: line["hits"] for line in RunDir(p.run_dir).latest_results()
+            if line["key"] in tasks and "hits" in line}
+    return [{"config": p.config, "seed": p.seed, "metric": metric, "value": value,
+             "outcomes_sha256": hashlib.sha256(json.dumps(hits[metric], sort_keys=True).encode()).hexdigest()[:16]
+             if metric in hits else ""} for metric, value in sorted(values.items())]
+
+
 def converged_step(points: Iterable[tuple[int, float]], final: float, within: float = CONVERGED_WITHIN) -> int:
     """The first logged step from which the values of ``(step, value)`` ``points`` stay within ``within``
     (relative) of ``final``, the value they end at; read once, in constant memory.
@@ -496,15 +508,18 @@ def evaluation_size_curve(study: Study, plans: list[RunPlan]) -> list[dict]:
 
 def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
     """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...],
+    "per_seed": seeds.csv rows,
     "temperature": temperature_curves(...)}``."""
     tasks = [t.key for t in select(study.tasks)]
     by_config: dict[str, dict[int, dict[str, float]]] = {}
     errors: dict[str, list[float]] = {}
     paired_errors: dict[str, list[float]] = {}
     baseline = {p.seed: p for p in plans if p.config == study.baseline and p.run_dir.exists()}
+    per_seed = []
     for p in plans:
         if p.run_dir.exists():
             by_config.setdefault(p.config, {})[p.seed] = run_values(p, tasks)
+            per_seed += seed_rows(p, by_config[p.config][p.seed], tasks)
             for metric, se in sampling_errors(p, tasks, world).items():
                 errors.setdefault(metric, []).append(se)
             if p.config != study.baseline and p.seed in baseline:
@@ -531,7 +546,7 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
             rows.append(row)
     reading = regime(study, by_config)
     return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
-            "seeds": list(study.seeds), "regime": reading,
+            "seeds": list(study.seeds), "per_seed": per_seed, "regime": reading,
             "noise": noise_floor(rows, metrics, errors, paired_errors, ceilings(plans, tasks, world)),
             "eval_size": evaluation_size_curve(study, plans),
             "temperature": temperature_curves(study, plans)}
@@ -608,6 +623,9 @@ def publish(plans: list[RunPlan], folder: Path, dest: Path, command: str) -> lis
                   "precisions": sorted({m["precision"] for m in metas}),
                   "cpus": sorted({m["cpu"] for m in metas if "cpu" in m}) or [cpu_name()],
                   "torch": sorted({m["packages"]["torch"] for m in metas}),
+                  # A published number names the commit that made it: a run trained from uncommitted
+                  # changes cannot be traced to one.
+                  "runs_from_uncommitted_changes": sum(1 for m in metas if m.get("git_dirty")),
                   "last_run_started": max((m["started"] for m in metas), default=None)}
     write_text_atomic(dest / PROVENANCE, json.dumps(provenance, indent=2) + "\n")
     return written + [dest / PROVENANCE]

@@ -9,6 +9,7 @@ overrides, and the seeds, tasks, baseline and interval of the comparison::
     baseline = "clip"         # the configuration every other one is compared with, paired by seed
     interval = "t"            # t or bootstrap (over seeds), 95%
     overrides = []            # applied to every configuration, before its own
+    primary = ["euclip-beats-clip"]   # claims (ids in claims.toml) declared primary before it runs
 
     [configs.clip]
     recipe = "tiny-clip"
@@ -140,6 +141,9 @@ class Study:
     tasks: str
     baseline: str
     interval: str = "t"
+    # The claims the study was run to decide (ids in claims.toml), declared before it runs: they form
+    # the primary family, whose verdicts are adjusted among themselves; the others are secondary.
+    primary: tuple[str, ...] = ()
 
     def run_name(self, config: str, seed: int) -> str:
         return f"{config}-seed{seed}"
@@ -166,6 +170,8 @@ class Claim:
     measure: Optional[str] = None
     # A measure's control: the same configuration without the cause the claim names (lambda = 0).
     control: Optional[str] = None
+    # euclip's own measure, with no published counterpart: it can hold, not be reproduced.
+    own: bool = False
 
     @property
     def configs(self) -> tuple[str, ...]:
@@ -238,10 +244,10 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     problems: list[str] = []
     study = table.get("study", {})
     unknown = set(table) - {"study", "configs"} | set(study) - {"seeds", "tasks", "baseline", "interval", "overrides",
-                                                                "resources"}
+                                                                "resources", "primary"}
     if unknown:
         problems.append(f"{path.name}: unknown key(s) {', '.join(sorted(unknown))} (a study has [study] with seeds, "
-                        f"tasks, baseline, interval, overrides, resources, and [configs.NAME] tables)")
+                        f"tasks, baseline, interval, overrides, resources, primary, and [configs.NAME] tables)")
     shared = resources_from(study.get("resources", {}), f"{path.name}: study.resources", Resources(), problems)
     given = resource_pairs(resources, problems)
     resources_from(given, "--resource", Resources(), problems)  # the command line's problems, once
@@ -275,6 +281,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         needs = resources_from(given, "--resource", needs, [])
         configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own, overrides)), paper,
                                     needs)
+    primary = _primary_claims(study.get("primary", []), configs, f"{path.name}: study.primary", problems)
     if only is not None:
         unknown_configs = [n for n in only if n not in configs]
         if unknown_configs:
@@ -301,7 +308,9 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         plain_name(name, f"{path.name}: the study's name (its file name after '{C.STUDY_PREFIX}')")
     except UsageError as err:
         problems.append(str(err))
-    result = Study(name, path, configs, tuple(range(count)), tasks, baseline, interval)
+    # A study cut to some configurations (--configs) decides the primary claims it still has.
+    primary = tuple(c for c in primary if all(n in configs for n in _claims_by_id()[c].configs))
+    result = Study(name, path, configs, tuple(range(count)), tasks, baseline, interval, primary)
     for name, cfg in configs.items():
         try:
             C.load_config(cfg.recipe, result.overrides(name, 0))
@@ -310,6 +319,27 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     if problems:
         raise C.ConfigError(problems)
     return result
+
+
+def _claims_by_id() -> dict[str, Claim]:
+    return {c.id: c for c in load_claims()}
+
+
+def _primary_claims(value: Any, configs: dict[str, StudyConfig], where: str, problems: list[str]) -> tuple[str, ...]:
+    """The declared primary claims, each a claim of claims.toml that the study's configurations test."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f"{where}: must be a list of claim ids (those of euclip_cli/study/claims.toml)")
+        return ()
+    known = _claims_by_id()
+    for claim_id in value:
+        if claim_id not in known:
+            problems.append(f"{where}: '{claim_id}' is not a claim of euclip_cli/study/claims.toml")
+        elif missing := [n for n in known[claim_id].configs if n not in configs]:
+            problems.append(f"{where}: claim '{claim_id}' compares {', '.join(known[claim_id].configs)}, but the "
+                            f"study has no configuration {', '.join(missing)}")
+    if len(set(value)) < len(value):
+        problems.append(f"{where}: a claim is named more than once; name each once")
+    return tuple(dict.fromkeys(v for v in value if v in known))
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:

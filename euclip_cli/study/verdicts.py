@@ -1,5 +1,6 @@
 """A study's claims decided: each read against the published table of the study's own regime, with
-controls for measured properties and a family-wise adjustment over the claims the study tests.
+controls for measured properties and a family-wise adjustment (Holm's) within the primary claims
+and within the rest.
 
 Pure functions of the runs' values (``runner.run_values``): no training, no files written.
 """
@@ -130,18 +131,42 @@ def claim_values(claim: Claim, by_config: dict[str, dict[int, dict[str, float]]]
     return {s: (cause[s][0] - cause[s][1]) - (control[s][0] - control[s][1]) for s in seeds}, parts
 
 
+PRIMARY, SECONDARY, ALL = "primary", "secondary", "all"
+
+
+def _worded(claim: Claim, verdict: str) -> str:
+    return stats.HOLDS if claim.own and verdict == stats.REPRODUCED else verdict
+
+
+def families(study: Study, tested: list[Claim]) -> dict[str, str]:
+    """Each tested claim's family: ``primary`` (declared in the study recipe before it ran) or
+    ``secondary``; ``all`` where the study declares none."""
+    if not study.primary:
+        return {c.id: ALL for c in tested}
+    return {c.id: PRIMARY if c.id in study.primary else SECONDARY for c in tested}
+
+
 def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
                     scale: str) -> list[dict]:
     """One row per claim the study tests: the effect with its raw 95% interval and its interval at
-    the Bonferroni level over every claim tested with an interval, the verdict read from the latter
-    against the published result of ``scale`` (the study's regime), and the seeds 80% power needs."""
+    Holm's level within its family (``families``: the claims with an interval, primary and secondary
+    apart), the verdict read from the latter against the published result of ``scale`` (the study's
+    regime), and the seeds 80% power needs (at the Bonferroni level of its family: Holm's level for
+    the claim decided first, and a bound on the others')."""
     tested = [c for c in claims if all(name in study.configs for name in c.configs)]
     values = {c.id: claim_values(c, by_config) for c in tested}
-    family = sum(1 for c in tested if len(values[c.id][0]) >= 2)
-    adjusted = stats.family_level(LEVEL, family)
+    family_of = families(study, tested)
+    levels, sizes = {}, {}
+    for family in dict.fromkeys(family_of.values()):
+        p_values = {c.id: stats.t_test_p(list(values[c.id][0].values())) for c in tested if family_of[c.id] == family}
+        p_values = {k: p for k, p in p_values.items() if p is not None}
+        levels.update(stats.holm_levels(p_values, LEVEL))
+        sizes[family] = len(p_values)
     out = []
     for claim in tested:
         per_seed, parts = values[claim.id]
+        family = family_of[claim.id]
+        adjusted = levels.get(claim.id, stats.family_level(LEVEL, sizes[family]))
         raw = stats.estimate(list(per_seed.values()), study.interval, LEVEL) if per_seed else None
         wide = stats.estimate(list(per_seed.values()), study.interval, adjusted) if per_seed else None
         primary, beside = read_against(paper_effects(claim), scale)
@@ -150,7 +175,8 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         # that table shows is the claim read here, and "matches" has no margin to grant.
         sign = -1 if published is not None and published < 0 else +1
         margin = claim.margin if sign > 0 else None
-        seeds = stats.seeds_needed(raw.sd if raw else None, published, adjusted) if published else None
+        planning = stats.family_level(LEVEL, sizes[family])
+        seeds = stats.seeds_needed(raw.sd if raw else None, published, planning) if published else None
         if seeds is None and published and raw and raw.sd:
             seeds = math.inf  # more than stats.seeds_needed looks at
         metric = claim.metric if claim.kind == "compare" else claim.measure
@@ -159,15 +185,19 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
                     f"{claim.config} (control {claim.control})",
                     "n_seeds": len(per_seed), "effect": raw.mean if raw else None,
                     "ci_low": raw.low if raw else None, "ci_high": raw.high if raw else None,
-                    "family_size": family, "family_level": adjusted, "fw_low": wide.low if wide else None,
+                    "p_value": stats.t_test_p(list(per_seed.values())), "family": family,
+                    "family_size": sizes[family], "family_level": adjusted, "fw_low": wide.low if wide else None,
                     "fw_high": wide.high if wide else None, "margin": margin,
-                    "verdict": stats.verdict(wide, sign, margin, published,
-                                             resolution=10.0 ** -stats.claim_digits(metric)),
+                    "verdict": _worded(claim, stats.verdict(wide, sign, margin, published,
+                                                            resolution=10.0 ** -stats.claim_digits(metric))),
+                    "own": claim.own,
                     "read_against": primary.table if primary else "", "paper_effect": published,
                     "paper_source": primary.source if primary else "",
                     "beside": "; ".join(stats.paper_cell(e.effect, e.source) for e in beside),
                     "seeds_for_80pct_power": seeds, "interval": study.interval, **parts})
-    return out
+    # The primary family first, as declared; then the rest in the claims file's order.
+    rank = {c: i for i, c in enumerate(study.primary)}
+    return sorted(out, key=lambda r: rank.get(r["claim"], len(rank)))
 
 
 # ------------------------------------------------------------------ how the claims read
