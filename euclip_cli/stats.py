@@ -213,6 +213,9 @@ EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD = "excludes the paper's effect", "inconc
 # "reproduced" of a claim with no published counterpart (euclip's own measure): nothing to reproduce.
 HOLDS = "holds"
 VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD, HOLDS)
+# A study's families of claims: those its recipe declares primary, the rest, or one family of all
+# where it declares none; each is decided apart (``holm_levels``).
+PRIMARY, SECONDARY, ALL = "primary", "secondary", "all"
 
 
 def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[float] = None,
@@ -296,3 +299,41 @@ def claim_cells(c: dict) -> tuple[str, ...]:
             else "none: euclip's own measure" if c.get("own") is True else "–",
             c["beside"] if isinstance(c["beside"], str) and c["beside"] else "–",
             "–" if not _given(seeds) else "more than 1,000" if seeds == math.inf else str(int(seeds)))
+
+
+def claim_sentence(c: dict) -> str:
+    """One claims.csv row as a sentence that says no more than its family-wise interval: the verdict,
+    the effect with that interval, and, where the claim is undetermined, whether more seeds would
+    settle it at the paper's effect (the power the spread measured here gives)."""
+    digits = claim_digits(c["metric"])
+    n = int(c["n_seeds"]) if _given(c.get("n_seeds")) else 0
+    if not n or not _given(c.get("fw_low")):
+        return f"**{c['statement']}**: undetermined ({n} seed{'s' if n != 1 else ''}, no interval)."
+    where = (f"{c['effect']:+.{digits}f} [{c['fw_low']:.{digits}f}, {c['fw_high']:.{digits}f}] "
+             f"({c['metric']}, {n} seeds, {100 * c['family_level']:.2f}% within its family)")
+    paper = (f"; the paper's {c['read_against']}: {c['paper_effect']:+.2f}" if _given(c.get("paper_effect"))
+             and isinstance(c.get("read_against"), str) and c["read_against"] else "")
+    words = {REPRODUCED: "reproduced: the interval excludes 0 in the paper's direction",
+             HOLDS: "holds: the interval excludes 0 in the claim's direction (euclip's own measure)",
+             NONINFERIOR: "non-inferior: the interval excludes a deficit as large as its margin"
+                          + (f", {c['margin']:g}" if _given(c.get("margin")) else ""),
+             OPPOSITE: "the opposite: the interval excludes 0 the other way",
+             EXCLUDES_PAPER: "undetermined in sign, but the interval excludes the paper's effect",
+             NO_SPREAD: "no effect in any seed (a measure saturated with and without the cause)",
+             INCONCLUSIVE: "undetermined: the interval includes 0"}
+    sentence = f"**{c['statement']}**: {words[c['verdict']]}; {where}{paper}"
+    if c["verdict"] == INCONCLUSIVE:
+        sentence += _power_clause(c.get("seeds_for_80pct_power"), n, "the paper's effect")
+        sentence += _power_clause(c.get("seeds_for_80pct_power_here"), n, "an effect as large as this one")
+    return sentence + "."
+
+
+def _power_clause(seeds, n: int, what: str) -> str:
+    """How many seeds would find ``what`` 80% of the time, at the spread measured."""
+    if not _given(seeds):
+        return ""
+    if seeds == math.inf:
+        return f"; more than 1,000 seeds would be needed to find {what}"
+    if int(seeds) <= n:
+        return f"; {n} seeds find {what} 80% of the time ({int(seeds)} would), so the true effect is likely smaller"
+    return f"; {int(seeds)} seeds would find {what} 80% of the time"

@@ -52,6 +52,28 @@ def test_a_readme_edited_by_hand_or_a_changed_table_fails_the_check(tmp_path):
         update_readme(page, check=True)
 
 
+def test_a_study_with_primary_claims_shows_them_in_words_and_counts_the_rest(tmp_path):
+    import pandas as pd
+
+    (block,) = [b for b in BLOCK.finditer(README.read_text())][:1]
+    folder = tmp_path / "study"
+    shutil.copytree(ROOT / block["folder"], folder)
+    claims = pd.read_csv(folder / "claims.csv")
+    claims["family"] = ["primary" if c in ("euclip-beats-clip", "no-final-ln-helps-euclip") else "secondary"
+                        for c in claims["claim"]]
+    claims.loc[claims["claim"] == "euclip-beats-meru", "verdict"] = "reproduced"
+    claims.to_csv(folder / "claims.csv", index=False)
+    page = tmp_path / "README.md"
+    page.write_text("<!-- results study -->\n<!-- /results -->\n")
+    update_readme(page)
+    text = page.read_text()
+    assert "- **EuCLIP matches or beats CLIP**: undetermined: the interval includes 0;" in text
+    assert "- **Removing the final LayerNorm helps Euclidean d2 with entailment**: undetermined" in text
+    assert "12 secondary claims, adjusted among themselves, are in [study/study.md](study/study.md): 2 decided " \
+           "(euclip-beats-meru, euclip-text-nearer-root)." in text
+    assert "| EuCLIP beats MERU" not in text  # no claims table: the secondary claims are linked
+
+
 def test_a_readme_without_a_block_or_files_is_refused_in_one_line(tmp_path):
     page = tmp_path / "README.md"
     page.write_text("# nothing here\n")

@@ -279,6 +279,31 @@ def test_no_spread_is_said_only_of_no_effect_and_unanimous_seeds_read_by_their_s
 
 # ---------------------------------------------------------------- recipes and claims
 
+def test_a_claims_sentence_says_its_verdict_its_family_wise_interval_and_what_more_seeds_would_do():
+    row = {"statement": "EuCLIP matches or beats CLIP", "metric": "main", "n_seeds": 6, "effect": -3.04,
+           "fw_low": -7.9, "fw_high": 1.81, "family_level": 1 - 0.05 / 3, "verdict": "inconclusive",
+           "read_against": "Table 8 (small)", "paper_effect": -1.48, "margin": None,
+           "seeds_for_80pct_power": 40, "seeds_for_80pct_power_here": 12}
+    assert stats.claim_sentence(row) == (
+        "**EuCLIP matches or beats CLIP**: undetermined: the interval includes 0; -3.0 [-7.9, 1.8] (main, 6 seeds, "
+        "98.33% within its family); the paper's Table 8 (small): -1.48; 40 seeds would find the paper's effect 80% "
+        "of the time; 12 seeds would find an effect as large as this one 80% of the time.")
+    row.update(seeds_for_80pct_power=math.inf, seeds_for_80pct_power_here=4)
+    assert ("more than 1,000 seeds would be needed to find the paper's effect; 6 seeds find an effect as large as "
+            "this one 80% of the time (4 would), so the true effect is likely smaller.") in stats.claim_sentence(row)
+    row.update(verdict="excludes the paper's effect", paper_effect=6.75, read_against="Table 5 (medium)")
+    assert stats.claim_sentence(row).startswith("**EuCLIP matches or beats CLIP**: undetermined in sign, but the "
+                                                "interval excludes the paper's effect; -3.0 [-7.9, 1.8]")
+    assert "seeds would" not in stats.claim_sentence(row)  # decided: no power to plan
+    row.update(verdict="non-inferior", margin=1.0)
+    assert "non-inferior: the interval excludes a deficit as large as its margin, 1; -3.0" in stats.claim_sentence(row)
+    row.update(verdict="holds", read_against="", paper_effect=None)
+    assert "holds: the interval excludes 0 in the claim's direction (euclip's own measure); -3.0" in \
+        stats.claim_sentence(row) and "the paper's" not in stats.claim_sentence(row).split("(euclip's own")[1]
+    row.update(n_seeds=1, fw_low=None)
+    assert stats.claim_sentence(row) == "**EuCLIP matches or beats CLIP**: undetermined (1 seed, no interval)."
+
+
 def test_every_claim_names_configurations_of_a_shipped_study():
     studies = [load_study(name) for name in list_recipes() if is_study_recipe(name)]
     assert studies, "no study recipe is shipped"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, write_text_atomic
-from euclip_cli.stats import FROZEN_BELOW
+from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
 BLOCK = re.compile(r"(<!-- (?P<kind>results|curve) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
 
@@ -23,6 +23,8 @@ def results_block(folder: Path, name: str) -> str:
     """The results of one published study (in ``folder``, named ``name`` on the page): its
     provenance and regime, the configurations' table and the claims with their verdicts (the
     tables ``euclip report`` prints)."""
+    import pandas as pd
+
     from euclip_cli.report.tables import render, study_tables
 
     for needed in ("study.csv", "claims.csv", "regime.json", "provenance.json"):
@@ -41,9 +43,22 @@ def results_block(folder: Path, name: str) -> str:
              f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
              f"(its table of that scale where the paper has one); frozen (moved < {FROZEN_BELOW:.0%}): "
              f"{', '.join(frozen) if frozen else 'none'}.", "",
-             render(results, "md").rstrip("\n"), "",
-             render(claims, "md").rstrip("\n") if not claims.empty else
-             "No claim is tested: no claim of `euclip_cli/study/claims.toml` names these configurations.", ""]
+             render(results, "md").rstrip("\n"), ""]
+    rows = pd.read_csv(folder / "claims.csv").to_dict("records") if (folder / "claims.csv").stat().st_size else []
+    primary = [c for c in rows if c.get("family") == PRIMARY]
+    if primary:
+        # The claims the study was run to decide, in words that follow their intervals; the rest are
+        # in its study.md.
+        secondary = [c for c in rows if c.get("family") == SECONDARY]
+        decided = [c["claim"] for c in secondary if c["verdict"] not in (INCONCLUSIVE, NO_SPREAD)]
+        lines += [f"- {claim_sentence(c)}" for c in primary]
+        lines += ["", f"{len(secondary)} secondary claims, adjusted among themselves, are in "
+                      f"[{name}/study.md]({name}/study.md): "
+                      + (f"{len(decided)} decided ({', '.join(decided)})." if decided else "none decided."), ""]
+    elif not claims.empty:
+        lines += [render(claims, "md").rstrip("\n"), ""]
+    else:
+        lines += ["No claim is tested: no claim of `euclip_cli/study/claims.toml` names these configurations.", ""]
     return "\n".join(lines)
 
 

@@ -12,9 +12,9 @@ from typing import Optional
 from euclip_cli import config as C
 from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
-from euclip_cli.stats import CLAIMS_HEADER, claim_cells
+from euclip_cli.stats import ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence
 from euclip_cli.study.spec import Study
-from euclip_cli.study.verdicts import ALL, PRIMARY, SECONDARY, regime_lines
+from euclip_cli.study.verdicts import regime_lines
 
 GROUP_METRICS = (*GROUPS, "average")
 # What a study writes, in the order it writes them; ``--publish`` copies them.
@@ -69,6 +69,9 @@ def to_markdown(study: Study, summary: dict) -> str:
               "the change training made relative to its control's. The last column: the seeds needed to exclude 0 "
               "with 80% chance at the family's Bonferroni level if the true effect were the paper's, at the paired "
               "spread measured here (a yardstick: the paper's effects are ImageNet points at DataComp scale)."]
+    primary = [c for c in summary["claims"] if c.get("family") == PRIMARY]
+    if primary:
+        lines += ["", "### Decisions", "", *(f"- {claim_sentence(c)}" for c in primary)]
     for family, title in ((PRIMARY, "Primary claims"), (SECONDARY, "Secondary claims"), (ALL, None)):
         chosen = [c for c in summary["claims"] if c.get("family", ALL) == family]
         if not chosen:

@@ -131,9 +131,6 @@ def claim_values(claim: Claim, by_config: dict[str, dict[int, dict[str, float]]]
     return {s: (cause[s][0] - cause[s][1]) - (control[s][0] - control[s][1]) for s in seeds}, parts
 
 
-PRIMARY, SECONDARY, ALL = "primary", "secondary", "all"
-
-
 def _worded(claim: Claim, verdict: str) -> str:
     return stats.HOLDS if claim.own and verdict == stats.REPRODUCED else verdict
 
@@ -142,8 +139,8 @@ def families(study: Study, tested: list[Claim]) -> dict[str, str]:
     """Each tested claim's family: ``primary`` (declared in the study recipe before it ran) or
     ``secondary``; ``all`` where the study declares none."""
     if not study.primary:
-        return {c.id: ALL for c in tested}
-    return {c.id: PRIMARY if c.id in study.primary else SECONDARY for c in tested}
+        return {c.id: stats.ALL for c in tested}
+    return {c.id: stats.PRIMARY if c.id in study.primary else stats.SECONDARY for c in tested}
 
 
 def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
@@ -151,8 +148,9 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
     """One row per claim the study tests: the effect with its raw 95% interval and its interval at
     Holm's level within its family (``families``: the claims with an interval, primary and secondary
     apart), the verdict read from the latter against the published result of ``scale`` (the study's
-    regime), and the seeds 80% power needs (at the Bonferroni level of its family: Holm's level for
-    the claim decided first, and a bound on the others')."""
+    regime), and the seeds 80% power needs if the true effect were the paper's, and if it were the
+    one measured here (each at the Bonferroni level of its family: Holm's level for the claim
+    decided first, and a bound on the others')."""
     tested = [c for c in claims if all(name in study.configs for name in c.configs)]
     values = {c.id: claim_values(c, by_config) for c in tested}
     family_of = families(study, tested)
@@ -179,6 +177,10 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         seeds = stats.seeds_needed(raw.sd if raw else None, published, planning) if published else None
         if seeds is None and published and raw and raw.sd:
             seeds = math.inf  # more than stats.seeds_needed looks at
+        # The same at the effect measured here: what a rerun with more seeds would need to settle it.
+        here = stats.seeds_needed(raw.sd, raw.mean, planning) if raw and raw.sd is not None else None
+        if here is None and raw and raw.sd:
+            here = math.inf
         metric = claim.metric if claim.kind == "compare" else claim.measure
         out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
                     "configs": " vs ".join(claim.configs) if claim.kind == "compare" else
@@ -194,7 +196,8 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
                     "read_against": primary.table if primary else "", "paper_effect": published,
                     "paper_source": primary.source if primary else "",
                     "beside": "; ".join(stats.paper_cell(e.effect, e.source) for e in beside),
-                    "seeds_for_80pct_power": seeds, "interval": study.interval, **parts})
+                    "seeds_for_80pct_power": seeds, "seeds_for_80pct_power_here": here,
+                    "interval": study.interval, **parts})
     # The primary family first, as declared; then the rest in the claims file's order.
     rank = {c: i for i, c in enumerate(study.primary)}
     return sorted(out, key=lambda r: rank.get(r["claim"], len(rank)))
