@@ -1,4 +1,5 @@
-"""Statistics over seeds: means with intervals, paired differences, power, and claim verdicts.
+"""Statistics over seeds: means with intervals, paired differences, power, claim verdicts, and
+power laws fitted across budgets.
 
 A study trains every configuration with the same seeds; a seed fixes both the initialisation and
 the data order, so two configurations' runs of one seed are paired, and their difference is the
@@ -337,3 +338,41 @@ def _power_clause(seeds, n: int, what: str) -> str:
     if int(seeds) <= n:
         return f"; {n} seeds find {what} 80% of the time ({int(seeds)} would), so the true effect is likely smaller"
     return f"; {int(seeds)} seeds would find {what} 80% of the time"
+
+
+# ------------------------------------------------------------------ curves across budgets
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """A shortfall from a ceiling that falls as a power of the samples seen: ``scale * samples ** -exponent``
+    (the form scaling-law comparisons fit to each training procedure's error)."""
+
+    scale: float
+    exponent: float
+
+    def at(self, samples: float) -> float:
+        return self.scale * samples ** -self.exponent
+
+
+def fit_power_law(samples: Sequence[float], shortfalls: Sequence[float]) -> PowerLaw:
+    """The least-squares line through (log samples, log shortfall): at least two distinct budgets,
+    every shortfall positive."""
+    if len(set(samples)) < 2 or len(samples) != len(shortfalls):
+        raise ValueError("a power law needs shortfalls at two budgets or more")
+    if min(shortfalls) <= 0:
+        raise ValueError(f"shortfall {min(shortfalls)}: a power law's shortfall is positive")
+    x = [math.log(s) for s in samples]
+    y = [math.log(e) for e in shortfalls]
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    return PowerLaw(math.exp(my - slope * mx), -slope)
+
+
+def crossing(a: PowerLaw, b: PowerLaw) -> Optional[float]:
+    """The samples at which two power laws' shortfalls are equal; None where they never are (equal
+    exponents: parallel in log-log)."""
+    if a.exponent == b.exponent:
+        return None
+    log_samples = (math.log(a.scale) - math.log(b.scale)) / (a.exponent - b.exponent)
+    # Nearly parallel laws meet beyond any float (exp overflows past 709): as good as never, but met.
+    return math.exp(log_samples) if log_samples < 709 else math.inf

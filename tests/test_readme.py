@@ -142,3 +142,60 @@ def test_a_curve_over_budgets_with_different_baselines_is_refused(tmp_path):
     page.write_text("<!-- curve one,two -->\n<!-- /curve -->\n")
     result = CliRunner().invoke(app, ["report", "--readme", str(page)])
     assert result.exit_code == 2 and "different baselines (x, y)" in result.output
+
+
+def test_a_power_law_is_recovered_exactly_and_two_cross_where_their_shortfalls_meet():
+    from euclip_cli import stats
+
+    samples = [32_768, 65_536, 131_072, 262_144]
+    law = stats.fit_power_law(samples, [40.0 * s ** -0.7 for s in samples])
+    assert (law.scale, law.exponent) == pytest.approx((40.0, 0.7))
+    a, b = stats.PowerLaw(100.0, 0.5), stats.PowerLaw(50.0, 0.3)
+    # 100 s^-0.5 = 50 s^-0.3 where s^0.2 = 2: s = 32.
+    assert stats.crossing(a, b) == pytest.approx(32.0) and a.at(32.0) == pytest.approx(b.at(32.0))
+    assert stats.crossing(a, stats.PowerLaw(7.0, 0.5)) is None
+    with pytest.raises(ValueError):
+        stats.fit_power_law([1.0, 1.0], [2.0, 3.0])
+    with pytest.raises(ValueError):
+        stats.fit_power_law([1.0, 2.0], [2.0, 0.0])
+
+
+def _fitted_budget(folder: Path, steps: int, scores: dict) -> None:
+    """A study at ``steps`` steps of 128 whose runs scored ``scores[config][seed]`` on the main group."""
+    folder.mkdir()
+    (folder / "seeds.csv").write_text("config,seed,metric,value,outcomes_sha256\n" + "".join(
+        f"{c},{s},main,{v},\n" for c, by_seed in scores.items() for s, v in by_seed.items()))
+    (folder / "study.csv").write_text("config,metric,n_seeds,mean,sd,diff_mean\nclip,main,3,0,0,\n"
+                                      + "".join(f"{c},main,3,0,0,1.0\n" for c in scores if c != "clip"))
+    (folder / "noise.csv").write_text("metric,ceiling\nmain,100\n")
+    (folder / "regime.json").write_text(f'{{"steps": {steps}, "samples": {steps * 128}, "batch_size": 128}}')
+    (folder / "provenance.json").write_text("{}")
+
+
+def test_the_budget_fit_places_a_crossing_only_where_the_resampled_seeds_agree(tmp_path):
+    """Known truth: CLIP's shortfall 40 (s/s0)^-0.5 and EuCLIP's 60 (s/s0)^-1.0 meet at s = 2.25 s0, within
+    the budgets 1-8 s0; a third configuration parallel to CLIP never meets it."""
+    steps = [256, 512, 1024, 2048]
+    folders = []
+    jitter = {0: -0.2, 1: 0.0, 2: 0.2}  # the same small seed noise at every budget
+    for k in steps:
+        ratio = k / 256
+        scores = {"clip": {s: 100 - 40 * ratio ** -0.5 + j for s, j in jitter.items()},
+                  "euclip": {s: 100 - 60 * ratio ** -1.0 + j for s, j in jitter.items()},
+                  "parallel": {s: 100 - 50 * ratio ** -0.5 + j for s, j in jitter.items()}}
+        _fitted_budget(tmp_path / f"b{k}", k, scores)
+        folders.append(f"b{k}")
+    page = tmp_path / "budget.md"
+    page.write_text(f"<!-- fit {','.join(folders)} -->\n<!-- /fit -->\n")
+    update_readme(page)
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("|")[1:-1]]
+                                          for line in page.read_text().splitlines() if line.startswith("| "))}
+    clip, euclip, parallel = rows["clip"], rows["euclip"], rows["parallel"]
+    assert (clip[1], euclip[1], parallel[1]) == ("0.500", "1.000", "0.500")
+    assert clip[2] == "40.0 / 14.1" and clip[3:] == ["baseline"] * 3  # 40 x 8^-0.5 at 2,048 steps
+    assert euclip[3].startswith("+0.500 [") and euclip[3].endswith("falls faster")
+    assert euclip[4].startswith("576 [") and euclip[5] == "within the budgets measured (100% of resamples)"  # 2.25 x 256
+    assert parallel[3].endswith("undetermined") and parallel[5].startswith("undetermined")
+    (tmp_path / "b512" / "seeds.csv").unlink()
+    result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+    assert result.exit_code == 2 and "b512/seeds.csv is missing" in " ".join(result.output.split())

@@ -2,7 +2,8 @@
 --publish``), so that every number on the front page comes from a file in the repository.
 
 A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->``, or, for one
-study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->``;
+study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->`` (its
+table) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the power laws fitted to it);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
 the README equal to that rendering.
 """
@@ -16,7 +17,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|curve) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>results|curve|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
 
 
 def results_block(folder: Path, name: str) -> str:
@@ -64,7 +65,7 @@ def results_block(folder: Path, name: str) -> str:
 
 def block_folders(match: re.Match) -> list[str]:
     """The folders a block renders from (a curve's, comma-separated), relative to its page."""
-    return match["folder"].split(",") if match["kind"] == "curve" else [match["folder"]]
+    return match["folder"].split(",") if match["kind"] in ("curve", "fit") else [match["folder"]]
 
 
 def curve_block(folders: list[Path]) -> str:
@@ -80,6 +81,13 @@ def curve_block(folders: list[Path]) -> str:
     return budget_curve(folders).to_markdown(index=False, disable_numparse=True) + "\n"
 
 
+def fit_block(folders: list[Path]) -> str:
+    """One study at several budgets, as power laws fitted to each configuration (``tables.budget_fit``)."""
+    from euclip_cli.report.tables import budget_fit
+
+    return budget_fit(folders).to_markdown(index=False, disable_numparse=True) + "\n"
+
+
 def update_readme(readme: Path, check: bool = False) -> list[str]:
     """Rewrite every results block of ``readme`` from its folder (relative to the README's own);
     returns the folders rendered. With ``check``, raise UsageError instead where a block differs."""
@@ -92,6 +100,8 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
         folders.append(match["folder"])
         if match["kind"] == "curve":
             body = curve_block([readme.parent / name for name in block_folders(match)])
+        elif match["kind"] == "fit":
+            body = fit_block([readme.parent / name for name in block_folders(match)])
         else:
             body = results_block(readme.parent / match["folder"], match["folder"])
         if check and body != match["body"]:

@@ -8,6 +8,7 @@ A paper row without a run of ours stays in the table, marked missing.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -521,6 +522,106 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
             row["paired sampling error"] = f"{floor['paired_sampling_se_median']:.2f}"
             table.append(row)
     return pd.DataFrame(table)
+
+
+# A mean at its ceiling has no shortfall left and no logarithm: it is fitted as this many points short,
+# below the sampling error of any world task (1,000 images: 0.3 points at 99%).
+SHORTFALL_FLOOR = 0.1
+FIT_RESAMPLES = 2000
+# A fitted crossing is placed (before, within or beyond the measured budgets, or never) only where
+# this share of the seed resamples agree; otherwise it is undetermined.
+FIT_AGREEMENT = 0.95
+
+
+def _published_seeds(folder: Path) -> pd.DataFrame:
+    path = folder / "seeds.csv"
+    if not path.exists():
+        raise UsageError(f"{path} is missing: a curve fit resamples seeds, which a study publishes from euclip's "
+                         f"seeds.csv on: publish the study again (euclip study --recipe NAME ... --publish {folder})")
+    return pd.read_csv(path)
+
+
+def _where(cross: Optional[float], low: float, high: float) -> str:
+    if cross is None:
+        return "never"
+    return "before" if cross < low else "beyond" if cross > high else "within"
+
+
+def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_RESAMPLES,
+               seed: int = 0) -> pd.DataFrame:
+    """One study published at several budgets, as fitted curves: each configuration's shortfall from
+    the metric's ceiling (the mean over seeds) fitted as a power law of the samples seen
+    (``stats.fit_power_law``), and, for each configuration against the baseline, the difference of
+    their exponents and the samples at which the fitted curves cross, with 95% intervals from
+    resampling the seeds of every budget (paired: a resample draws the same seeds for every
+    configuration). A change is named (``falls faster``/``slower``) only where the exponent
+    difference's interval excludes 0, and the crossing placed (before, within or beyond the budgets
+    measured, or never) only where 95% of the resamples agree."""
+    import random
+
+    from euclip_cli.stats import crossing, fit_power_law
+
+    budgets = []
+    for folder in folders:
+        regime = read_json(folder / "regime.json")
+        seeds = _published_seeds(folder)
+        seeds = seeds[seeds["metric"] == metric].pivot(index="seed", columns="config", values="value")
+        rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
+        (baseline,) = [c for c in dict.fromkeys(rows.index.get_level_values("config"))
+                       if pd.isna(rows.loc[(c, "main"), "diff_mean"])]
+        ceiling = pd.read_csv(folder / "noise.csv").set_index("metric").loc[metric, "ceiling"]
+        budgets.append((regime["samples"], seeds.dropna(), baseline, ceiling))
+    if len({b[2] for b in budgets}) != 1:
+        raise UsageError(f"the budgets have different baselines ({', '.join(sorted({b[2] for b in budgets}))}): "
+                         f"a fit compares one")
+    if len({b[0] for b in budgets}) < 2:
+        raise UsageError("a curve fit needs the study at two budgets or more")
+    budgets.sort(key=lambda b: b[0])
+    baseline = budgets[0][2]
+    configs = [c for c in budgets[0][1].columns if all(c in b[1].columns for b in budgets)]
+    lowest, highest = budgets[0][0], budgets[-1][0]
+
+    def fits(draws: list[list[int]]) -> dict[str, object]:
+        out = {}
+        for config in configs:
+            short = [max(SHORTFALL_FLOOR, ceiling - values.loc[draw, config].mean())
+                     for (_, values, _, ceiling), draw in zip(budgets, draws)]
+            out[config] = fit_power_law([b[0] for b in budgets], short)
+        return out
+
+    whole = fits([list(b[1].index) for b in budgets])
+    rng = random.Random(seed)
+    again = [fits([rng.choices(list(b[1].index), k=len(b[1].index)) for b in budgets]) for _ in range(resamples)]
+    batch = read_json(folders[0] / "regime.json")["batch_size"]
+    table = []
+    for config in configs:
+        law = whole[config]
+        row = {"config": config, f"exponent [{metric}]": f"{law.exponent:.3f}",
+               f"fitted shortfall at {lowest // batch:,} / {highest // batch:,} steps":
+                   f"{law.at(lowest):.1f} / {law.at(highest):.1f}"}
+        if config != baseline:
+            diffs = sorted(f[config].exponent - f[baseline].exponent for f in again)
+            low, high = diffs[int(0.025 * (resamples - 1))], diffs[int(math.ceil(0.975 * (resamples - 1)))]
+            trend = ("falls faster" if low > 0 else "falls slower" if high < 0 else "undetermined")
+            row[f"exponent − {baseline}'s [95%]"] = (f"{law.exponent - whole[baseline].exponent:+.3f} "
+                                                     f"[{low:+.3f}, {high:+.3f}]: {trend}")
+            places = [_where(crossing(f[config], f[baseline]), lowest, highest) for f in again]
+            place, share = max(((p, places.count(p)) for p in set(places)), key=lambda x: x[1])
+            at = crossing(law, whole[baseline])
+            crossings = sorted(math.inf if c is None else c for c in (crossing(f[config], f[baseline]) for f in again))
+            c_low, c_high = crossings[int(0.025 * (resamples - 1))], crossings[int(math.ceil(0.975 * (resamples - 1)))]
+
+            def steps(samples: float) -> str:
+                return "∞" if samples == math.inf else f"{samples / batch:,.0f}"
+
+            row["curves cross at (steps) [95%]"] = ("never (parallel)" if at is None else
+                                                    f"{steps(at)} [{steps(c_low)}, {steps(c_high)}]")
+            row["where"] = (f"{place} the budgets measured ({share / resamples:.0%} of resamples)"
+                            if share >= FIT_AGREEMENT * resamples and place != "never" else
+                            f"never ({share / resamples:.0%} of resamples)" if share >= FIT_AGREEMENT * resamples
+                            else f"undetermined (most often {place}: {share / resamples:.0%})")
+        table.append(row)
+    return pd.DataFrame(table).fillna("baseline")
 
 
 def noise_table(folder: Path) -> Optional[pd.DataFrame]:
