@@ -205,13 +205,12 @@ class TrainConfig:
     checkpoints: int = 8
     keep_checkpoints: int = 2
     log_every: int = 10
-    # CPU only: the math attention kernel is ~1.4x faster than the fused one on this CPU (bf16).
-    # GPUs always use PyTorch's fused kernels (flash / memory-efficient attention).
+    # CPU only: the math attention kernel was measured faster than the fused one in bf16 and no slower
+    # in fp32 (docs/speed.md). GPUs always use PyTorch's fused kernels (flash / memory-efficient).
     sdpa_math: bool = True
-    # torch.compile both encoders in place (checkpoints keep their keys). On one of the project's CPUs
-    # it made the bench model's bf16 steps ~1.3x faster after ~2.5 minutes of compiling; on another
-    # (Intel Xeon without AMX flags), torch 2.14.1's compiled bf16 backward of a 6-layer ViT gave
-    # non-finite gradients where eager mode did not, so it stays off by default.
+    # torch.compile both encoders in place (checkpoints keep their keys). Off by default: its gain was
+    # within the measured spread after minutes of compiling, and on some CPUs the compiled bf16
+    # backward gives non-finite gradients where eager mode does not (docs/speed.md).
     compile: bool = False
     # Activation checkpointing of both towers (towers.checkpointing): each block keeps only its input
     # and is computed again in the backward pass, the same loss and gradients for about a third more

@@ -44,7 +44,7 @@ def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> torch.devi
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 in hardware: a GPU that supports bf16, or a CPU with AMX tiles
     or AVX-512 BF16 instructions. Elsewhere oneDNN emulates bf16 through fp32 and is slower than fp32
-    itself (tiny-clip on a 2-core Xeon with AVX-512 but neither: 178 samples/s in bf16, 310 in fp32)."""
+    itself (measured: docs/speed.md)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()

@@ -103,7 +103,7 @@ def test_fp16_overflow_on_one_rank_skips_that_step_on_every_rank(world, tmp_path
 
 
 def test_compiled_towers_train_under_two_ranks_with_identical_weights(world, tmp_path):
-    # fp32: the compiled bf16 backward is not finite on some CPUs with torch 2.14.1 (docs/training.md).
+    # fp32: the compiled bf16 backward is not finite on some CPUs with torch 2.14.1 (docs/speed.md).
     ranks, records = two_ranks(world, tmp_path, ["train.compile=true", "train.precision=fp32"])
     assert [r["compiled"] for r in ranks] == [True, True]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["nonfinite_steps"] == 0 for r in records)

@@ -1,7 +1,7 @@
 """A training image from its stored bytes: decoded, randomly cropped and resized.
 
 This is the loader's work per sample, and on DataComp's 512-px JPEGs the bulk of a GPU node's host
-time (``euclip bench decode`` measures its parts; docs/training.md). Two choices make it cheaper
+time (``euclip bench decode`` measures its parts; docs/speed.md). Two choices make it cheaper
 than OpenCLIP's path without changing what the model sees:
 
 - **The crop leaves the worker as bytes.** open_clip's training transform ends by turning the crop

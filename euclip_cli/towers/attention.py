@@ -16,7 +16,7 @@ class PackedSelfAttention(nn.Module):
     torch's module splits its packed q, k, v projection with three ``select``s, and the backward of
     each fills a zero tensor the size of all three before adding its part; those fills and the layout
     copies around them are a visible share of a CPU training step (``euclip bench profile``;
-    docs/training.md has the measurement). Here the projection is split by ``unbind``, whose
+    docs/measurements/2026-11-22-training-speed has the measurement). Here the projection is split by ``unbind``, whose
     backward stacks the three gradients in one copy. Parameters keep their names
     (``in_proj_weight``, ``in_proj_bias``, ``out_proj``), so checkpoints load either way; the
     result equals torch's within float rounding (``tests/test_model.py`` checks it in fp64).

@@ -36,7 +36,7 @@ TRIM_MULTIPLE = 8
 # ``model.text_groups`` unset, by the kind of device the towers are on. A CPU is bound by arithmetic,
 # so every length gets its own group (0); a GPU running towers of these sizes is bound by launching
 # kernels, and each group launches the whole text tower again (``euclip bench ops`` counts the
-# operations; docs/training.md has the measurement behind the 2).
+# operations; docs/measurements/2026-11-22-training-speed has the measurement behind the 2).
 TEXT_GROUPS_BY_DEVICE = {"cpu": 0, "cuda": 2}
 
 
