@@ -64,14 +64,17 @@ def test_a_study_with_primary_claims_shows_them_in_words_and_counts_the_rest(tmp
     claims.loc[claims["claim"] == "euclip-beats-meru", "verdict"] = "reproduced"
     claims.to_csv(folder / "claims.csv", index=False)
     page = tmp_path / "README.md"
-    page.write_text("<!-- results study -->\n<!-- /results -->\n")
+    page.write_text("<!-- summary study -->\n<!-- /summary -->\n<!-- results study -->\n<!-- /results -->\n")
     update_readme(page)
-    text = page.read_text()
+    text, full = page.read_text().split("<!-- results study -->")
     assert "- **EuCLIP matches or beats CLIP**: undetermined: the interval includes 0;" in text
     assert "- **Removing the final LayerNorm helps Euclidean d2 with entailment**: undetermined" in text
     assert "12 secondary claims, adjusted among themselves, are in [study/study.md](study/study.md): 2 decided " \
            "(euclip-beats-meru, euclip-text-nearer-root)." in text
-    assert "| EuCLIP beats MERU" not in text  # no claims table: the secondary claims are linked
+    assert "| EuCLIP beats MERU" not in text and "β final" not in text  # the front page's short form
+    # The full form (a results page): every column, the primary claims in words, then every claim's row.
+    assert "β final" in full and "- **EuCLIP matches or beats CLIP**: undetermined" in full
+    assert "| EuCLIP beats MERU (main)" in full
 
 
 def test_a_readme_without_a_block_or_files_is_refused_in_one_line(tmp_path):

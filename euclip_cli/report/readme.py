@@ -1,7 +1,8 @@
 """The README's results, rendered from the study tables committed beside it (``euclip study
 --publish``), so that every number on the front page comes from a file in the repository.
 
-A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->``, or, for one
+A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->`` (``summary``
+for a front page's shorter form), or, for one
 study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->`` (its
 table) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the power laws fitted to it);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
@@ -17,13 +18,19 @@ from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|curve|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+                   re.S)
 
 
-def results_block(folder: Path, name: str) -> str:
+# The columns a front page shows of a study's table (the study's own study.md has them all).
+FRONT_PAGE = ("config", "seeds", "Shapes", "Retrieval", "Average over 10 tasks", "Δ Shapes vs baseline")
+
+
+def results_block(folder: Path, name: str, summary: bool = False) -> str:
     """The results of one published study (in ``folder``, named ``name`` on the page): its
-    provenance and regime, the configurations' table and the claims with their verdicts (the
-    tables ``euclip report`` prints)."""
+    provenance and regime, the configurations' table, its primary claims in words and its claims
+    table. As a ``summary`` (a front page): the table's main columns (``FRONT_PAGE``), the primary
+    claims in words, and the rest counted and linked (all of them, for a study that declares none)."""
     import pandas as pd
 
     from euclip_cli.report.tables import render, study_tables
@@ -44,10 +51,15 @@ def results_block(folder: Path, name: str) -> str:
              f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
              f"(its table of that scale where the paper has one); frozen (moved < {FROZEN_BELOW:.0%}): "
              f"{', '.join(frozen) if frozen else 'none'}.", "",
-             render(results, "md").rstrip("\n"), ""]
+             render(results[[c for c in results.columns if c in FRONT_PAGE or not summary]], "md").rstrip("\n"), ""]
     rows = pd.read_csv(folder / "claims.csv").to_dict("records") if (folder / "claims.csv").stat().st_size else []
     primary = [c for c in rows if c.get("family") == PRIMARY]
-    if primary:
+    if not rows:
+        lines += ["No claim is tested: no claim of `euclip_cli/study/claims.toml` names these configurations.", ""]
+    elif not summary:
+        lines += [f"- {claim_sentence(c)}" for c in primary] + ([""] if primary else [])
+        lines += [render(claims, "md").rstrip("\n"), ""]
+    elif primary:
         # The claims the study was run to decide, in words that follow their intervals; the rest are
         # in its study.md.
         secondary = [c for c in rows if c.get("family") == SECONDARY]
@@ -56,10 +68,10 @@ def results_block(folder: Path, name: str) -> str:
         lines += ["", f"{len(secondary)} secondary claims, adjusted among themselves, are in "
                       f"[{name}/study.md]({name}/study.md): "
                       + (f"{len(decided)} decided ({', '.join(decided)})." if decided else "none decided."), ""]
-    elif not claims.empty:
-        lines += [render(claims, "md").rstrip("\n"), ""]
-    else:
-        lines += ["No claim is tested: no claim of `euclip_cli/study/claims.toml` names these configurations.", ""]
+    elif rows:
+        decided = [f"{c['claim']} ({c['verdict']})" for c in rows if c["verdict"] not in (INCONCLUSIVE, NO_SPREAD)]
+        lines += [f"{len(rows)} claims, decided together, are in [{name}/study.md]({name}/study.md): "
+                  + (f"{len(decided)} decided: {', '.join(decided)}." if decided else "none decided."), ""]
     return "\n".join(lines)
 
 
@@ -103,7 +115,7 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
         elif match["kind"] == "fit":
             body = fit_block([readme.parent / name for name in block_folders(match)])
         else:
-            body = results_block(readme.parent / match["folder"], match["folder"])
+            body = results_block(readme.parent / match["folder"], match["folder"], match["kind"] == "summary")
         if check and body != match["body"]:
             raise UsageError(f"{readme}: the results from {match['folder']} differ from its files: run "
                              f"'euclip report --readme {readme}'")
