@@ -733,3 +733,20 @@ def test_the_beta0_study_gives_every_configuration_of_the_geometry_study_the_sam
         starts.setdefault(base, set()).add(round(math.exp(cfg.geometry.logit_scale_init), 2))
     assert set(starts) == set(geometries.configs)
     assert all(s == {0.37, 1.0, 10.0, 14.29} for s in starts.values()), starts
+
+
+def test_the_scalar_study_gives_the_scalars_the_papers_small_scale_travel():
+    from euclip_cli import config as C
+    from euclip_cli.optim import summed_lr
+
+    study = load_study("study-scalars")
+    small = C.load_config("small-euclip")
+    paper = summed_lr(small.optim.lr, small.optim.warmup_steps, C.total_steps(small))
+    for name in ("clip-scalars", "euclip-scalars", "euclip-paper-beta0-scalars"):
+        cfg = C.load_config(study.configs[name].recipe, study.overrides(name, 0))
+        ours = summed_lr(cfg.optim.lr, cfg.optim.warmup_steps, C.total_steps(cfg))
+        assert C.total_steps(cfg) == 2048 and cfg.optim.scalar_lr_scale * ours == pytest.approx(paper, rel=0.01)
+    default = C.load_config(study.configs["euclip"].recipe, study.overrides("euclip", 0))
+    assert default.optim.scalar_lr_scale == 1.0
+    assert C.load_config(study.configs["euclip-paper-beta0"].recipe,
+                         study.overrides("euclip-paper-beta0", 0)).geometry.logit_scale_init == -1.0
