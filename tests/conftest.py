@@ -27,6 +27,7 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
     config.addinivalue_line("markers", "slow: end-to-end runs (train, eval, report); skip with -m 'not slow'")
+    config.addinivalue_line("markers", "slurm: needs a real SLURM with accounting (examples/slurm/single-node.sh start)")
 
 
 

@@ -109,12 +109,14 @@ def sacct(args: list[str]) -> int:
 
 
 def squeue(args: list[str]) -> int:
-    """The jobs the node still holds (pending, running, requeued), in the format asked for (%i|%T)."""
+    """The jobs the node still holds (pending, running, requeued), in the format asked for (%i, %T and
+    %r, the reason a job pends: a job file's "reason", else None), only pending ones with --states=PD."""
     layout = next(a.split("=", 1)[1] for a in args if a.startswith("--format="))
+    held = ("PENDING",) if "--states=PD" in args else ("PENDING", "RUNNING", "REQUEUED")
     for path in sorted(STATE.glob("*.json")):
-        state = json.loads(path.read_text())["state"]
-        if state in ("PENDING", "RUNNING", "REQUEUED"):
-            print(layout.replace("%i", path.stem).replace("%T", state))
+        job = json.loads(path.read_text())
+        if job["state"] in held:
+            print(layout.replace("%i", path.stem).replace("%T", job["state"]).replace("%r", job.get("reason", "None")))
     return 0
 
 

@@ -439,3 +439,65 @@ def test_a_stopped_local_study_starts_nothing_more_and_the_same_command_resumes_
     assert again.returncode == 0, again.stdout + again.stderr
     assert (out / "study.md").exists() and last_step(clip) == 20
     assert f"resumed from step_{stopped_at}.pt" in (out / "logs" / "clip-seed0.log").read_text()
+
+
+def test_a_pending_slurm_job_says_why_and_what_that_means(tmp_path, world, monkeypatch):
+    env = slurm_stand_in.install(tmp_path / "bin", tmp_path / "slurm")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "slurm").mkdir(exist_ok=True)
+    for job_id, state, reason in (("41", "PENDING", "PartitionConfig"), ("42", "PENDING", "Licenses"),
+                                  ("43", "RUNNING", "None"), ("44", "PENDING", "None")):
+        (tmp_path / "slurm" / f"{job_id}.json").write_text(json.dumps({"state": state, "reason": reason}))
+    reasons = launch.pending_reasons(["41", "42", "43", "44"])
+    assert reasons == {"41": "PartitionConfig: it asks more than the partition allows and will never start: cancel "
+                             "it (scancel) and lower --resource", "42": "Licenses"}
+    (p,) = [p for p in plan(load_study(str(study_file(tmp_path, world))), tmp_path / "out", load_claims(), world)
+            if p.config == "euclip"]
+    line = launch.run_state(p, {"job_id": "41"}, launch.QUEUED, tmp_path / "log", reasons["41"]).line()
+    assert line.startswith("euclip-seed0: queued (SLURM: PartitionConfig: it asks more than the partition allows")
+    assert "(SLURM" not in launch.run_state(p, {"job_id": "43"}, launch.RUNNING, tmp_path / "log", "x").line()
+
+
+def test_a_running_job_whose_run_writes_nothing_is_called_stalled_and_requeued_once(tmp_path, world, monkeypatch):
+    """A hung job (a frozen node, a deadlocked loader) writes nothing: after --stalled-after it is requeued
+    through scontrol, once per stall, and the line says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.calls"}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    study = load_study(str(study_file(tmp_path, world)))
+    out = tmp_path / "out"
+    (p,) = [p for p in plan(study, out, load_claims(), world) if p.config == "euclip"]
+    log = out / "logs" / f"{p.name}.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("# job on node1\n")
+    hour_ago = time.time() - 3600
+    os.utime(log, (hour_ago, hour_ago))
+    assert launch.silent_for(p, log) == pytest.approx(3600, abs=5)
+
+    class Hung:
+        """A scheduler whose one job runs until it is requeued, then ends (its run never finishes here)."""
+
+        def submit(self, job, res):
+            return "77"
+
+        def states(self, job_ids):
+            return {j: launch.ENDED if (tmp_path / "scontrol.calls").exists() else launch.RUNNING for j in job_ids}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(launch, "launcher_for", lambda name, folder: Hung())
+    said = []
+    with pytest.raises(launch.Failure, match="1 run"):
+        launch.run_on_cluster(replace(study, configs={"euclip": study.configs["euclip"]}), out, [p], "slurm", True,
+                              0.05, said.append, stalled_after_s=600)
+    assert (tmp_path / "scontrol.calls").read_text().splitlines() == ["requeue 77"]
+    assert f"{p.name}: stalled: nothing written for 60 min (job 77; log {log})" in said
+    assert f"{p.name}: requeued job 77 (it resumes from its last checkpoint)" in said
+    # Written a moment ago, the same job is running, not stalled.
+    log.touch()
+    line = launch.run_state(p, {"job_id": "77"}, launch.RUNNING, log, stalled_after_s=600).line()
+    assert line.startswith(f"{p.name}: running")

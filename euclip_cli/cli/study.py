@@ -48,6 +48,10 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
           wait: bool = typer.Option(True, help="With a cluster launcher: follow the jobs until every run has "
                                                "ended, then summarise (--no-wait: submit and return)."),
           poll: float = typer.Option(60.0, min=0.1, help="Seconds between looks at a cluster's jobs."),
+          stalled_after: float = typer.Option(60.0, min=0.01, help="Minutes a running job's run may write "
+                                                                  "nothing (its log, training records) before "
+                                                                  "it is called stalled and, on SLURM, "
+                                                                  "requeued to resume from its checkpoint."),
           ) -> None:
     """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
 
@@ -102,7 +106,8 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
                     say(line)
                 return
             launch.check_budget(rows, max_gpu_hours)
-        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll, options=given)
+        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll, options=given,
+                                   stalled_after_s=60 * stalled_after)
         if summary is None:
             say("the runs above are not finished: run the same command to follow them (it submits only what is "
                 "neither finished nor queued); the study is summarised once all are finished")

@@ -46,6 +46,10 @@ SUBMITIT_DIR = "submitit"
 LOCK_WAIT_S = 600
 # How long a submitted job may stay unknown to its scheduler before the study counts it as ended.
 LOST_AFTER_S = 600
+# A running job whose run writes nothing (its log, a training record) for this long is stalled: the
+# trainer logs every few seconds to minutes, an evaluation task's features within minutes.
+STALLED_AFTER_S = 3600
+STALLED = "stalled:"
 # How a job stands, whatever the launcher: what ``Launcher.state`` returns.
 QUEUED, RUNNING, REQUEUED, ENDED, UNKNOWN = "queued", "running", "requeued", "ended", "unknown"
 LIVE = (QUEUED, RUNNING, REQUEUED)
@@ -107,11 +111,13 @@ class RunJob:
 
 def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
               say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
-              poll_s: float = 60.0, options: Optional[StudyOptions] = None) -> Optional[dict]:
+              poll_s: float = 60.0, options: Optional[StudyOptions] = None,
+              stalled_after_s: float = STALLED_AFTER_S) -> Optional[dict]:
     """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
     cluster launcher (``launch``); returns the tables' rows, or None while a cluster's runs are
     unfinished and the command does not ``wait`` for them. ``options``: what the command was given,
-    recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun that name only it."""
+    recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun that name only it.
+    ``stalled_after_s``: a running job whose run writes nothing for that long is requeued (SLURM)."""
     claims = load_claims()
     plans = plan(study, out, claims, world)
     if launcher == "slurm":
@@ -125,7 +131,7 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
             options.write(out)  # held by this process: a rerun or --status reads what it was started with
         if launcher == "local":
             return run_here(study, out, plans, claims, jobs, world, say)
-        if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say):
+        if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say, stalled_after_s):
             return None
         return summarize(study, plans, claims, world)
 
@@ -264,6 +270,35 @@ def squeue_states(job_ids: list[str]) -> dict[str, str]:
         if job_id in job_ids and state:
             states[job_id] = _SLURM_STATES.get(state.split()[0], ENDED)
     return states
+
+
+# What SLURM's commonest pending reasons mean for a study's job (squeue's %r), said beside "queued".
+PENDING_REASONS = {"Resources": "waiting for a node to free", "Priority": "other jobs first",
+                   "BeginTime": "held after a requeue; SLURM releases it within minutes",
+                   "PartitionConfig": "it asks more than the partition allows and will never start: cancel it "
+                                      "(scancel) and lower --resource",
+                   "PartitionTimeLimit": "its time limit is above the partition's and it will never start: "
+                                         "cancel it (scancel) and lower --resource hours",
+                   "ReqNodeNotAvail": "the nodes it needs are down or drained"}
+
+
+def pending_reasons(job_ids: list[str]) -> dict[str, str]:
+    """Why SLURM keeps each of ``job_ids`` pending (squeue's reason, with what it means where known);
+    empty where squeue is absent or does not answer."""
+    if not job_ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        listed = subprocess.run(["squeue", "--noheader", "--states=PD", "--format=%i|%r", f"--jobs={','.join(job_ids)}"],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
+    reasons = {}
+    for line in listed.stdout.splitlines():
+        job_id, _, reason = line.strip().partition("|")
+        if job_id in job_ids and reason and reason != "None":
+            meaning = PENDING_REASONS.get(reason)
+            reasons[job_id] = f"{reason}: {meaning}" if meaning else reason
+    return reasons
 
 
 # ------------------------------------------------------------------ launchers
@@ -416,8 +451,18 @@ class RunState:
         return f"{self.run}: {what} ({job}; log {self.log})"
 
 
-def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path) -> RunState:
-    """One run's state from its folder (finished, the step its trainer reached) and its job's."""
+def silent_for(p: RunPlan, log: Path, now: Optional[float] = None) -> float:
+    """Seconds since the run last wrote anything it writes as it goes: its log (every command's output)
+    or a training record; 0 before it has written either."""
+    times = [f.stat().st_mtime for f in (log, RunDir(p.run_dir).metrics_file) if f.exists()]
+    return (time.time() if now is None else now) - max(times) if times else 0.0
+
+
+def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path, reason: str = "",
+              stalled_after_s: Optional[float] = None) -> RunState:
+    """One run's state from its folder (finished, the step its trainer reached) and its job's (with why
+    the scheduler keeps it pending, ``reason``, where it says); a running job whose run has written
+    nothing for ``stalled_after_s`` is ``stalled``."""
     job_id = job["job_id"] if job else ""
     if is_done(p):
         return RunState(p.name, "finished", "", job_id, str(log))
@@ -430,20 +475,31 @@ def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path) -> Run
         return RunState(p.name, "failed:", last_line(log) or "no output (see the scheduler's log)", job_id, str(log))
     progress = _progress(p)
     if job_state == RUNNING:
+        silent = silent_for(p, log)
+        if stalled_after_s is not None and silent > stalled_after_s:
+            return RunState(p.name, STALLED, f"{progress}; nothing written for {silent / 60:.0f} min".lstrip("; "),
+                            job_id, str(log))
         return RunState(p.name, "running", progress, job_id, str(log))
     if job_state == REQUEUED:
         return RunState(p.name, "preempted, requeued", progress, job_id, str(log))
+    waiting = f" (SLURM: {reason})" if job_state == QUEUED and reason else ""
     if job_state == QUEUED and progress.startswith("at step"):
         # A queued job whose run has trained before: requeued (SLURM holds one a while as PENDING) or
         # submitted again after a failure; either way it resumes from its checkpoint.
-        return RunState(p.name, QUEUED, f"to resume {progress}", job_id, str(log))
-    return RunState(p.name, job_state, progress, job_id, str(log))
+        return RunState(p.name, QUEUED, f"to resume {progress}{waiting}", job_id, str(log))
+    return RunState(p.name, job_state, f"{progress}{waiting}".strip(), job_id, str(log))
 
 
-def run_states(out: Path, plans: list[RunPlan], jobs: dict[str, dict], by_id: dict[str, str]) -> list[RunState]:
-    """Every run's state, from ``jobs`` (``jobs.json``'s entries) and their jobs' states by id."""
+def run_states(out: Path, plans: list[RunPlan], jobs: dict[str, dict], by_id: dict[str, str],
+               stalled_after_s: Optional[float] = STALLED_AFTER_S) -> list[RunState]:
+    """Every run's state, from ``jobs`` (``jobs.json``'s entries) and their jobs' states by id; a SLURM job
+    that is queued says why, a running one silent for ``stalled_after_s`` is stalled."""
+    queued = [job["job_id"] for job in jobs.values() if job["launcher"] == "slurm" and by_id.get(job["job_id"]) == QUEUED]
+    reasons = pending_reasons(queued)
     return [run_state(p, jobs.get(p.name), by_id.get(jobs[p.name]["job_id"], UNKNOWN) if p.name in jobs else UNKNOWN,
-                      run_log(out / LOGS, p)) for p in plans]
+                      run_log(out / LOGS, p), reasons.get(jobs[p.name]["job_id"], "") if p.name in jobs else "",
+                      stalled_after_s)
+            for p in plans]
 
 
 def _progress(p: RunPlan) -> str:
@@ -457,9 +513,11 @@ def _progress(p: RunPlan) -> str:
 # ------------------------------------------------------------------ submitting and following
 
 def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name: str, wait: bool, poll_s: float,
-                   say: Callable[[str], None]) -> bool:
-    """Submit every run neither finished nor live, through the launcher; follow them while ``wait``.
-    True when every run is finished; raises Failure listing the runs that failed."""
+                   say: Callable[[str], None], stalled_after_s: float = STALLED_AFTER_S) -> bool:
+    """Submit every run neither finished nor live, through the launcher; follow them while ``wait``,
+    requeueing a SLURM job whose run has written nothing for ``stalled_after_s`` (a hung node, a
+    deadlocked loader: as LAION's autoexperiment restarts frozen jobs). True when every run is
+    finished; raises Failure listing the runs that failed."""
     from euclip_cli.study.runner import prepare_worlds
 
     launcher = launcher_for(launcher_name, out)
@@ -479,6 +537,7 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
             f"{len(todo) - len(submit)} queued or running from before, {len(submit)} submitted now")
         shown: dict[str, str] = {}
         unknown_since: dict[str, float] = {}
+        requeued: set[str] = set()
         while True:
             by_id = launcher.states([job["job_id"] for job in jobs.values()])
             for job_id, state in by_id.items():
@@ -488,11 +547,20 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
                     unknown_since.pop(job_id, None)
                 elif time.monotonic() - unknown_since.setdefault(job_id, time.monotonic()) > LOST_AFTER_S:
                     by_id[job_id] = ENDED
-            lines = run_states(out, plans, jobs, by_id)
+            lines = run_states(out, plans, jobs, by_id, stalled_after_s)
             for state in lines:
                 if shown.get(state.run) != state.line():
                     say(state.line())
                     shown[state.run] = state.line()
+                if state.state == STALLED and launcher_name == "slurm" and state.job_id not in requeued:
+                    # Requeued once per stall: its restart writes to the log, which ends the stall.
+                    requeued.add(state.job_id)
+                    said = subprocess.run(["scontrol", "requeue", state.job_id], capture_output=True, text=True)
+                    say(f"{state.run}: requeued job {state.job_id} (it resumes from its last checkpoint)"
+                        if said.returncode == 0 else
+                        f"{state.run}: could not requeue job {state.job_id}: {said.stderr.strip()[:200]}")
+                elif state.state != STALLED:
+                    requeued.discard(state.job_id)
             live = [s for s in lines if s.state not in ("finished", "failed:", "unfinished", "not started")]
             if not wait or not live:
                 break
