@@ -251,25 +251,32 @@ def _sacct_worked(record: logging.LogRecord) -> bool:
     return "Bypassing sacct error" not in record.getMessage()
 
 
+def _squeue(job_ids: list[str], field: str, *options: str) -> dict[str, str]:
+    """squeue's ``field`` (a format letter, e.g. %T) of each of ``job_ids`` that SLURM still holds; empty
+    where squeue is absent or does not answer."""
+    if not job_ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        listed = subprocess.run(["squeue", "--noheader", *options, f"--format=%i|{field}"],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
+    found = {}
+    for line in listed.stdout.splitlines():
+        job_id, _, value = line.strip().partition("|")
+        if job_id in job_ids and value:
+            found[job_id] = value
+    return found
+
+
 def squeue_states(job_ids: list[str]) -> dict[str, str]:
     """The state of each of ``job_ids`` that SLURM still holds, from ``squeue``, which needs no accounting
     database: where sacct knows nothing (accounting disabled, or not yet written), a pending or running
     job must not pass for one that ended."""
     import getpass
 
-    if not job_ids or shutil.which("squeue") is None:
-        return {}
-    try:
-        listed = subprocess.run(["squeue", "--noheader", f"--user={getpass.getuser()}", "--format=%i|%T"],
-                                capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return {}
-    states = {}
-    for line in listed.stdout.splitlines():
-        job_id, _, state = line.strip().partition("|")
-        if job_id in job_ids and state:
-            states[job_id] = _SLURM_STATES.get(state.split()[0], ENDED)
-    return states
+    return {j: _SLURM_STATES.get(state.split()[0], ENDED)
+            for j, state in _squeue(job_ids, "%T", f"--user={getpass.getuser()}").items()}
 
 
 # What SLURM's commonest pending reasons mean for a study's job (squeue's %r), said beside "queued".
@@ -283,22 +290,10 @@ PENDING_REASONS = {"Resources": "waiting for a node to free", "Priority": "other
 
 
 def pending_reasons(job_ids: list[str]) -> dict[str, str]:
-    """Why SLURM keeps each of ``job_ids`` pending (squeue's reason, with what it means where known);
-    empty where squeue is absent or does not answer."""
-    if not job_ids or shutil.which("squeue") is None:
-        return {}
-    try:
-        listed = subprocess.run(["squeue", "--noheader", "--states=PD", "--format=%i|%r", f"--jobs={','.join(job_ids)}"],
-                                capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return {}
-    reasons = {}
-    for line in listed.stdout.splitlines():
-        job_id, _, reason = line.strip().partition("|")
-        if job_id in job_ids and reason and reason != "None":
-            meaning = PENDING_REASONS.get(reason)
-            reasons[job_id] = f"{reason}: {meaning}" if meaning else reason
-    return reasons
+    """Why SLURM keeps each of ``job_ids`` pending (squeue's reason, with what it means where known)."""
+    found = _squeue(job_ids, "%r", "--states=PD", f"--jobs={','.join(job_ids)}")
+    return {j: f"{reason}: {PENDING_REASONS[reason]}" if reason in PENDING_REASONS else reason
+            for j, reason in found.items() if reason != "None"}
 
 
 # ------------------------------------------------------------------ launchers
