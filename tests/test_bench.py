@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from euclip_cli.bench import OPENCLIP_RATE
 from euclip_cli.cli import app
+from euclip_cli.study.spec import load_study
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +24,12 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
+    study = load_study("study-geometries")
+    study_runs = len(study.configs) * len(study.seeds)
     for line in ("euclip / OpenCLIP as its users run it", "euclip / OpenCLIP with euclip's attention kernel",
                  "accumulation overhead", "measured in the same run", "euclip / measured peak",
                  "OpenCLIP as its users run it / measured peak", "at 100% of the measured peak",
-                 "the embedded study's recipe (tiny-clip as shipped)", "study-geometries (30 runs",
+                 "the embedded study's recipe (tiny-clip as shipped)", f"study-geometries ({study_runs} runs",
                  "euclip waited for data", "its loaders could give"):
         assert line in text, line
     report = json.loads(next(tmp_path.glob("train-*.json")).read_text())

@@ -70,7 +70,7 @@ start() {
         mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld  # its default socket: slurmdbd finds it there
         rm -f /run/mysqld/mysqld.sock  # a stale socket of a server that is gone (none answered)
         mariadbd --user=mysql --datadir="$dir/db" --socket=/run/mysqld/mysqld.sock --skip-networking \
-            --pid-file=/run/mysqld/mariadb.pid --log-error="$dir/db/mariadb.log" &
+            --pid-file=/run/mysqld/mariadb.pid --log-error="$dir/db/mariadb.log" 2>>"$dir/db/mariadb.log" &
         wait_for 60 MariaDB mariadb -e 'select 1'
     fi
     mariadb -e "create user if not exists 'slurm'@'localhost' identified by '$password';
