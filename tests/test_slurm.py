@@ -103,14 +103,15 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
 
 
 def test_a_study_is_requeued_at_its_time_limit_preempted_resumed_bitwise_and_summarised(tmp_path, world, released):
-    # clip trains long enough to meet its 3-minute limit (warned 60 s before it, on SLURM's one-minute ticks)
-    # and then has a whole window to finish; euclip is preempted by hand once it has trained a few steps.
+    # Each of clip's jobs is warned 120 s into its 3-minute limit (SLURM checks limits on its own ticks): its
+    # 900 steps outlast at least two such windows even on a fast machine, and its evaluation fits in one.
+    # euclip is preempted by hand once it has trained a few steps.
     path, out = tmp_path / "study-real.toml", tmp_path / "out"
     common = json.dumps([f"data.train_dir={world / 'train'}", *RUN])
     path.write_text(f'[study]\nseeds = 1\ntasks = "world/colour"\nbaseline = "clip"\noverrides = {common}\n'
                     f'[study.resources]\ncpus = 1\nmem_gb = 2\nretries = 5\n'
-                    f'[configs.clip]\nrecipe = "tiny-clip"\noverrides = ["optim.samples=9600", "train.checkpoints=30"]\n'
-                    f'[configs.clip.resources]\nhours = 0.05\nwarning_s = 60\n'
+                    f'[configs.clip]\nrecipe = "tiny-clip"\noverrides = ["optim.samples=28800", "train.checkpoints=90"]\n'
+                    f'[configs.clip.resources]\nhours = 0.05\nwarning_s = 120\nretries = 20\n'
                     f'[configs.euclip]\nrecipe = "tiny-euclip"\noverrides = ["optim.samples=1280", "train.checkpoints=40"]\n')
     args = ["study", "--recipe", str(path), "--out", str(out), "--world", str(world), "--launcher", "slurm",
             "--poll", "1"]
