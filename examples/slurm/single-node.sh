@@ -41,6 +41,8 @@ stop() {
     wait_for 30 "the SLURM daemons' exit" bash -c '! pgrep -x "slurmd|slurmctld|slurmdbd"' || true
     [ -f /run/mysqld/mariadb.pid ] && kill "$(cat /run/mysqld/mariadb.pid)" 2>/dev/null || true
     pkill -x munged 2>/dev/null || true
+    # Gone before this returns: a start right after would otherwise find a daemon on its way out.
+    wait_for 60 "MariaDB's and munge's exit" bash -c '! pgrep -x "mariadbd|munged"' || true
     say "stopped"
 }
 
