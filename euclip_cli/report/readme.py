@@ -68,7 +68,7 @@ def results_block(folder: Path, name: str, summary: bool = False) -> str:
         lines += ["", f"{len(secondary)} secondary claims, adjusted among themselves, are in "
                       f"[{name}/study.md]({name}/study.md): "
                       + (f"{len(decided)} decided ({', '.join(decided)})." if decided else "none decided."), ""]
-    elif rows:
+    else:
         decided = [f"{c['claim']} ({c['verdict']})" for c in rows if c["verdict"] not in (INCONCLUSIVE, NO_SPREAD)]
         lines += [f"{len(rows)} claims, decided together, are in [{name}/study.md]({name}/study.md): "
                   + (f"{len(decided)} decided: {', '.join(decided)}." if decided else "none decided."), ""]
@@ -80,15 +80,19 @@ def block_folders(match: re.Match) -> list[str]:
     return match["folder"].split(",") if match["kind"] in ("curve", "fit") else [match["folder"]]
 
 
-def curve_block(folders: list[Path]) -> str:
-    """One study at several budgets, as ``tables.budget_curve`` sets it out."""
-    from euclip_cli.report.tables import budget_curve
-
+def _published(folders: list[Path]) -> None:
     for folder in folders:
         for needed in ("study.csv", "noise.csv", "regime.json", "provenance.json"):
             if not (folder / needed).exists():
                 raise UsageError(f"{folder / needed} is missing: publish the study first (euclip study --recipe NAME "
                                  f"--publish {folder})")
+
+
+def curve_block(folders: list[Path]) -> str:
+    """One study at several budgets, as ``tables.budget_curve`` sets it out."""
+    from euclip_cli.report.tables import budget_curve
+
+    _published(folders)
     # Cells as written: tabulate would otherwise read "50.0" as a number and print "50".
     return budget_curve(folders).to_markdown(index=False, disable_numparse=True) + "\n"
 
@@ -97,6 +101,7 @@ def fit_block(folders: list[Path]) -> str:
     """One study at several budgets, as power laws fitted to each configuration (``tables.budget_fit``)."""
     from euclip_cli.report.tables import budget_fit
 
+    _published(folders)
     return budget_fit(folders).to_markdown(index=False, disable_numparse=True) + "\n"
 
 
