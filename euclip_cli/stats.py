@@ -242,15 +242,15 @@ def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[flo
         if abs(effect.mean) < resolution / 2 or effect.mean == 0:
             return NO_SPREAD
         low = high = effect.mean
-    interval = (low, high)
-    low, high = sorted((expected_sign * low, expected_sign * high))
-    if low > 0:
+    # The interval in the claim's direction: "reproduced" means its lower end is above 0.
+    ahead, behind = sorted((expected_sign * low, expected_sign * high))
+    if ahead > 0:
         return REPRODUCED
-    if margin is not None and low > -margin:
+    if margin is not None and ahead > -margin:
         return NONINFERIOR
-    if high < 0:
+    if behind < 0:
         return OPPOSITE
-    if paper_effect is not None and not interval[0] <= paper_effect <= interval[1]:
+    if paper_effect is not None and not low <= paper_effect <= high:
         return EXCLUDES_PAPER
     return INCONCLUSIVE
 

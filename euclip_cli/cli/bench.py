@@ -109,8 +109,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
     device = _bench_device(device)
     precision = resolve_precision(precision, torch.device(device))
     if workers is None:
-        # A GPU consumes batches faster than one process decodes them (the one GPU machine measured so
-        # far: five times faster with 8 workers, docs/measurements/2026-11-22-training-speed).
+        # A GPU consumes batches faster than one process decodes them; loader workers keep it fed
+        # (measured: docs/speed.md links the runs).
         workers = 8 if device.startswith("cuda") else 0
     _check_model_arch(arch)
     if shards is not None and not shards.is_dir():

@@ -547,6 +547,12 @@ def _where(cross: Optional[float], low: float, high: float) -> str:
     return "before" if cross < low else "beyond" if cross > high else "within"
 
 
+def _interval95(ordered: list[float]) -> tuple[float, float]:
+    """The 2.5% and 97.5% percentiles of sorted resampled values."""
+    last = len(ordered) - 1
+    return ordered[int(0.025 * last)], ordered[int(math.ceil(0.975 * last))]
+
+
 def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_RESAMPLES,
                seed: int = 0) -> pd.DataFrame:
     """One study published at several budgets, as fitted curves: each configuration's shortfall from
@@ -570,7 +576,7 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
         (baseline,) = [c for c in dict.fromkeys(rows.index.get_level_values("config"))
                        if pd.isna(rows.loc[(c, "main"), "diff_mean"])]
         ceiling = pd.read_csv(folder / "noise.csv").set_index("metric").loc[metric, "ceiling"]
-        budgets.append((regime["samples"], seeds.dropna(), baseline, ceiling))
+        budgets.append((regime["samples"], seeds.dropna(), baseline, ceiling, regime["batch_size"]))
     if len({b[2] for b in budgets}) != 1:
         raise UsageError(f"the budgets have different baselines ({', '.join(sorted({b[2] for b in budgets}))}): "
                          f"a fit compares one")
@@ -585,14 +591,14 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
         out = {}
         for config in configs:
             short = [max(SHORTFALL_FLOOR, ceiling - values.loc[draw, config].mean())
-                     for (_, values, _, ceiling), draw in zip(budgets, draws)]
+                     for (_, values, _, ceiling, _), draw in zip(budgets, draws)]
             out[config] = fit_power_law([b[0] for b in budgets], short)
         return out
 
     whole = fits([list(b[1].index) for b in budgets])
     rng = random.Random(seed)
     again = [fits([rng.choices(list(b[1].index), k=len(b[1].index)) for b in budgets]) for _ in range(resamples)]
-    batch = read_json(folders[0] / "regime.json")["batch_size"]
+    batch = budgets[0][4]
     table = []
     for config in configs:
         law = whole[config]
@@ -600,16 +606,15 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
                f"fitted shortfall at {lowest // batch:,} / {highest // batch:,} steps":
                    f"{law.at(lowest):.1f} / {law.at(highest):.1f}"}
         if config != baseline:
-            diffs = sorted(f[config].exponent - f[baseline].exponent for f in again)
-            low, high = diffs[int(0.025 * (resamples - 1))], diffs[int(math.ceil(0.975 * (resamples - 1)))]
+            low, high = _interval95(sorted(f[config].exponent - f[baseline].exponent for f in again))
             trend = ("falls faster" if low > 0 else "falls slower" if high < 0 else "undetermined")
             row[f"exponent − {baseline}'s [95%]"] = (f"{law.exponent - whole[baseline].exponent:+.3f} "
                                                      f"[{low:+.3f}, {high:+.3f}]: {trend}")
-            places = [_where(crossing(f[config], f[baseline]), lowest, highest) for f in again]
+            met = [crossing(f[config], f[baseline]) for f in again]
+            places = [_where(c, lowest, highest) for c in met]
             place, share = max(((p, places.count(p)) for p in set(places)), key=lambda x: x[1])
             at = crossing(law, whole[baseline])
-            crossings = sorted(math.inf if c is None else c for c in (crossing(f[config], f[baseline]) for f in again))
-            c_low, c_high = crossings[int(0.025 * (resamples - 1))], crossings[int(math.ceil(0.975 * (resamples - 1)))]
+            c_low, c_high = _interval95(sorted(math.inf if c is None else c for c in met))
 
             def steps(samples: float) -> str:
                 return "∞" if samples == math.inf else f"{samples / batch:,.0f}"

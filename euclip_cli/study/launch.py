@@ -446,11 +446,11 @@ class RunState:
         return f"{self.run}: {what} ({job}; log {self.log})"
 
 
-def silent_for(p: RunPlan, log: Path, now: Optional[float] = None) -> float:
+def silent_for(p: RunPlan, log: Path) -> float:
     """Seconds since the run last wrote anything it writes as it goes: its log (every command's output)
     or a training record; 0 before it has written either."""
     times = [f.stat().st_mtime for f in (log, RunDir(p.run_dir).metrics_file) if f.exists()]
-    return (time.time() if now is None else now) - max(times) if times else 0.0
+    return time.time() - max(times) if times else 0.0
 
 
 def run_state(p: RunPlan, job: Optional[dict], job_state: str, log: Path, reason: str = "",

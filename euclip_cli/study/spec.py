@@ -281,7 +281,8 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
         needs = resources_from(given, "--resource", needs, [])
         configs[name] = StudyConfig(name, spec["recipe"], tuple(C.layered_overrides(common, own, overrides)), paper,
                                     needs)
-    primary = _primary_claims(study.get("primary", []), configs, f"{path.name}: study.primary", problems)
+    known_claims = {c.id: c for c in load_claims()}
+    primary = _primary_claims(study.get("primary", []), configs, known_claims, f"{path.name}: study.primary", problems)
     if only is not None:
         unknown_configs = [n for n in only if n not in configs]
         if unknown_configs:
@@ -309,7 +310,7 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     except UsageError as err:
         problems.append(str(err))
     # A study cut to some configurations (--configs) decides the primary claims it still has.
-    primary = tuple(c for c in primary if all(n in configs for n in _claims_by_id()[c].configs))
+    primary = tuple(c for c in primary if all(n in configs for n in known_claims[c].configs))
     result = Study(name, path, configs, tuple(range(count)), tasks, baseline, interval, primary)
     for name, cfg in configs.items():
         try:
@@ -321,16 +322,12 @@ def load_study(name_or_path: str, seeds: Optional[int] = None, overrides: Sequen
     return result
 
 
-def _claims_by_id() -> dict[str, Claim]:
-    return {c.id: c for c in load_claims()}
-
-
-def _primary_claims(value: Any, configs: dict[str, StudyConfig], where: str, problems: list[str]) -> tuple[str, ...]:
+def _primary_claims(value: Any, configs: dict[str, StudyConfig], known: dict[str, Claim], where: str,
+                    problems: list[str]) -> tuple[str, ...]:
     """The declared primary claims, each a claim of claims.toml that the study's configurations test."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         problems.append(f"{where}: must be a list of claim ids (those of euclip_cli/study/claims.toml)")
         return ()
-    known = _claims_by_id()
     for claim_id in value:
         if claim_id not in known:
             problems.append(f"{where}: '{claim_id}' is not a claim of euclip_cli/study/claims.toml")

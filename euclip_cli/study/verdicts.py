@@ -154,10 +154,10 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
     tested = [c for c in claims if all(name in study.configs for name in c.configs)]
     values = {c.id: claim_values(c, by_config) for c in tested}
     family_of = families(study, tested)
+    p_of = {c.id: stats.t_test_p(list(values[c.id][0].values())) for c in tested}
     levels, sizes = {}, {}
     for family in dict.fromkeys(family_of.values()):
-        p_values = {c.id: stats.t_test_p(list(values[c.id][0].values())) for c in tested if family_of[c.id] == family}
-        p_values = {k: p for k, p in p_values.items() if p is not None}
+        p_values = {c.id: p_of[c.id] for c in tested if family_of[c.id] == family and p_of[c.id] is not None}
         levels.update(stats.holm_levels(p_values, LEVEL))
         sizes[family] = len(p_values)
     out = []
@@ -187,7 +187,7 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
                     f"{claim.config} (control {claim.control})",
                     "n_seeds": len(per_seed), "effect": raw.mean if raw else None,
                     "ci_low": raw.low if raw else None, "ci_high": raw.high if raw else None,
-                    "p_value": stats.t_test_p(list(per_seed.values())), "family": family,
+                    "p_value": p_of[claim.id], "family": family,
                     "family_size": sizes[family], "family_level": adjusted, "fw_low": wide.low if wide else None,
                     "fw_high": wide.high if wide else None, "margin": margin,
                     "verdict": _worded(claim, stats.verdict(wide, sign, margin, published,
