@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional
 
 from euclip_cli.errors import UsageError
 from euclip_cli import geometry as geometry_facts
+from euclip_cli import worlddir as W
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DataFilter = Literal["none", "clip-l14-30", "image-based-clip-l14-30"]
@@ -96,7 +97,7 @@ class LossConfig:
 
 
 @dataclass
-class DataConfig:
+class _DataFields:
     # Which dataset ``euclip download --recipe`` fetches and ``train`` reads: "world" (the embedded
     # default), "datacomp-small" / "datacomp-medium" (filtered by ``filter``), or "redcaps" (MERU's data).
     dataset: Literal["world", "datacomp-small", "datacomp-medium", "redcaps"] = "datacomp-small"
@@ -137,34 +138,15 @@ class DataConfig:
     # The seed of the data order (shuffle and per-batch augmentation); unset, train.seed. Set apart
     # from train.seed, it separates the initialisation's share of seed-to-seed spread from the order's.
     order_seed: Optional[int] = None
-    # Embedded world only: pool size, seed, fraction of mismatched (noisy) pairs and images per
-    # evaluation task (the tasks do not depend on the mismatch, so worlds that differ only in it
-    # evaluate on the same images).
-    world_samples: int = 100_000
-    world_seed: int = 0
-    world_mismatch: float = 0.1
-    world_eval_size: int = 1000
-    # Embedded world only: every object's radius, in training and evaluation images alike, times this.
-    # Below 1 the shapes are drawn with fewer pixels and are harder to tell apart, so the main task
-    # stays below its ceiling at budgets where the default world's nears it (docs/results/budget.md).
-    world_object_scale: float = 1.0
+    # Embedded world only: ``data.world_<setting>`` for each of ``worlddir.WorldSettings``, added below
+    # from there (their one owner: type, default, range and help).
 
 
-# data.world_object_scale's range: below 0.3 a small object's radius is under 3 px, too few pixels to
-# draw its shape; above 2 a large one spills out of its cell over the image's edge.
-WORLD_OBJECT_SCALES = (0.3, 2.0)
-
-
-def world_setting_problems(samples: int, eval_size: int, mismatch: float,
-                           object_scale: float) -> list[tuple[str, float, str]]:
-    """``(setting, value, allowed range)`` for each embedded-world setting outside its range, named as
-    ``WorldSettings``' fields: the one rule that recipes (``data.world_*``) and ``euclip download
-    world`` (its options) are both held to."""
-    low, high = WORLD_OBJECT_SCALES
-    checks = (("samples", samples, samples >= 1, "[1, ∞)"), ("eval_size", eval_size, eval_size >= 1, "[1, ∞)"),
-              ("mismatch", mismatch, 0 <= mismatch < 1, "[0, 1)"),
-              ("object_scale", object_scale, low <= object_scale <= high, f"[{low:g}, {high:g}]"))
-    return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
+# DataConfig: the fields above and the world's settings, as ``data.world_seed``, ``data.world_samples``, ...
+DataConfig = dataclasses.make_dataclass(
+    "DataConfig", [(W.CONFIG_PREFIX + f.name, typing.get_type_hints(W.WorldSettings)[f.name], f.default)
+                   for f in W.SETTINGS], bases=(_DataFields,))
+DataConfig.__module__ = __name__  # pickled by name (a run's config crosses process boundaries)
 
 
 @dataclass
@@ -609,14 +591,8 @@ def validate(cfg: Config) -> list[str]:
                         f"{cfg.data.pipeline}")
     if not 0 < cfg.data.crop_scale <= 1:
         problems.append(f"data.crop_scale: {cfg.data.crop_scale} is not a share of the image's area in (0, 1]")
-    world = {name: allowed for name, _, allowed in world_setting_problems(
-        cfg.data.world_samples, cfg.data.world_eval_size, cfg.data.world_mismatch, cfg.data.world_object_scale)}
-    if "mismatch" in world:
-        problems.append(f"data.world_mismatch: must lie in {world['mismatch']}")
-    if "samples" in world or "eval_size" in world:
-        problems.append("data.world_samples and data.world_eval_size: must be >= 1")
-    if "object_scale" in world:
-        problems.append(f"data.world_object_scale: must lie in {world['object_scale']}")
+    problems += [f"{W.config_key(name)}: {value} must lie in {allowed}"
+                 for name, value, allowed in W.problems(W.from_config(cfg.data))]
     if cfg.train.checkpoints < 1 or cfg.train.keep_checkpoints < 1:
         problems.append("train.checkpoints and train.keep_checkpoints: must be >= 1")
     # Values a library would reject later in its own words (or not at all): named here instead.

@@ -21,7 +21,7 @@ from euclip_cli import exported
 from euclip_cli.data.datacomp import SCALES
 from euclip_cli.data.fetch import configure_hub_client
 from euclip_cli.errors import Failure, UsageError
-from euclip_cli.evaluate.aggregate import suite_line
+from euclip_cli.protocol.aggregate import suite_line
 from euclip_cli.rundir import RunDir
 
 # The Hub's datasets a run's ``data.dataset`` names (the embedded world is generated, not hosted).

@@ -266,17 +266,63 @@ def claim_digits(metric: str) -> int:
 
 def paper_cell(effect: Optional[float], source: str) -> str:
     """The claims tables' "paper" cell: the published effect with its source, or the source alone."""
-    if effect is None or effect != effect:  # None, or NaN read back from claims.csv
+    if effect is None or effect != effect:  # None, or NaN read back from a CSV
         return source if isinstance(source, str) else ""
     return f"{effect:+.2f} ({source})"
 
 
+def _given(value) -> bool:
+    return value is not None and value == value  # None, or NaN read back from a CSV
+
+
+# A configuration's metric the study has no run of (the configuration table's cell).
+MISSING = "missing"
+
+
+# (study metric, heading, digits): the run measures the configuration table shows beside the groups, where
+# the runs have them: the learned temperature, and the Shapes mistakes' tree-induced error and the family
+# captions' entailment AUC (``euclip analyze hierarchy``).
+RUN_COLUMNS = (("temperature_final", "β final", 2), ("shapes_tie", "tree-induced error (Shapes)", 2),
+               ("family_cone_auc", "entailment AUC, cone", 3))
+
+
+def config_table(rows: list[dict], configs: list[str], baseline: str, groups: dict[str, str]) -> list[dict[str, str]]:
+    """The configuration table (study.md, ``euclip report``, the README): one display row per
+    configuration of ``configs`` from study.csv's ``rows`` (dicts; None or NaN where a value is
+    absent): its seeds; each of a suite's ``groups`` (``{metric: heading}``, "main" and "average"
+    among them) as mean ± sd over seeds in points (``MISSING`` where it has no run); the mean
+    difference to the ``baseline`` paired by seed, with its interval, of the main group and of the
+    average; then the ``RUN_COLUMNS`` that some configuration has."""
+    by = {(r["config"], r["metric"]): r for r in rows}
+
+    def mean_sd(r: Optional[dict], digits: int) -> str:
+        if r is None:
+            return MISSING
+        return f"{r['mean']:.{digits}f}" + (f" ± {r['sd']:.{digits}f}" if _given(r.get("sd")) else "")
+
+    def difference(config: str, metric: str) -> str:
+        r = by.get((config, metric), {})
+        if config == baseline:
+            return "baseline"
+        if not _given(r.get("diff_mean")):
+            return MISSING
+        return f"{r['diff_mean']:+.1f}" + (f" [{r['diff_low']:.1f}, {r['diff_high']:.1f}]" if _given(r.get("diff_low"))
+                                           else "")
+
+    measures = [c for c in RUN_COLUMNS if any((config, c[0]) in by for config in configs)]
+    table = []
+    for config in configs:
+        seeds = [r["n_seeds"] for (c, _), r in by.items() if c == config]
+        row = {"config": config, "seeds": str(int(max(seeds))) if seeds else "0"}
+        row |= {heading: mean_sd(by.get((config, metric)), 1) for metric, heading in groups.items()}
+        row |= {f"Δ {groups[m]} vs baseline": difference(config, m) for m in ("main", "average")}
+        row |= {heading: mean_sd(by.get((config, metric)), digits) for metric, heading, digits in measures}
+        table.append(row)
+    return table
+
+
 CLAIMS_HEADER = ("claim", "effect here [95%]", "family-wise interval", "verdict", "read against", "beside it",
                  "seeds for 80% power")
-
-
-def _given(value) -> bool:
-    return value is not None and value == value  # None, or NaN read back from claims.csv
 
 
 def claim_cells(c: dict) -> tuple[str, ...]:

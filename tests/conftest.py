@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from euclip_cli.data.world_files import WorldSettings, generate
+from euclip_cli.data.world_files import generate
+from euclip_cli.worlddir import WorldSettings
 
 SMALL_WORLD = WorldSettings(seed=7, samples=1500, mismatch=0.1, eval_size=120)
 

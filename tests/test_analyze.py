@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.bench import OPENCLIP_RATE
-from euclip_cli.cli import app
+from euclip_bench.measure import OPENCLIP_RATE
+from euclip_cli.cli.main import app
 from euclip_cli.study.spec import load_study
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
 
 def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tmp_path, monkeypatch):
     """Stand-in stages (the real ones run above) whose rates drift across rounds, as a machine's do."""
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
 
     calls = []
     # Rates per round; the per-round ratios (2.0, 1.0, 3.0) have median 2.0, the medians' ratio 60/40 = 1.5.
@@ -105,7 +105,7 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
 
 
 def test_openclip_reads_the_shards_euclip_reads_and_its_synthetic_run_is_apart(tmp_path, monkeypatch):
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
 
     world = tmp_path / "world" / "train"
     world.mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_openclip_reads_the_shards_euclip_reads_and_its_synthetic_run_is_apart(t
 
 
 def test_openclip_data_time_becomes_the_share_of_each_step_spent_waiting(tmp_path, monkeypatch):
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
 
     lines = ["Data (t): 0.900 Batch (t): 1.000, 128.0/s, 128.0/s/gpu LR: 1",  # warm-up: dropped
              "Data (t): 0.050 Batch (t): 0.200, 640.0/s, 640.0/s/gpu LR: 1",
@@ -161,8 +161,9 @@ def test_openclips_trainer_reads_past_the_end_of_a_shard(tmp_path):
     """open_clip_train 3.3's pipeline fails on the end-of-shard marker of the pinned webdataset
     (KeyError 'fname') unless ``openclip_compatible`` turns it off: 12 batches of 16 from a world of
     one 100-sample shard cross its end more than once, in the bench's OpenCLIP child."""
-    from euclip_cli import bench
-    from euclip_cli.data.world_files import WorldSettings, generate
+    from euclip_bench import measure as bench
+    from euclip_cli.data.world_files import generate
+    from euclip_cli.worlddir import WorldSettings
 
     generate(tmp_path / "w", WorldSettings(seed=1, samples=100, eval_size=8), workers=1)
     settings = bench.Settings(arch="tiny", batch_size=16, steps=10, warmup=2, threads=1, precision="fp32", workers=1)
@@ -250,7 +251,7 @@ def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from euclip_cli.bench import ensure_world, shard_captions
+    from euclip_bench.measure import ensure_world, shard_captions
     from euclip_cli.towers import build_clip, tokenizer_for
     from euclip_cli.towers.text import text_features
 
@@ -298,7 +299,7 @@ def test_euclip_flops_count_each_caption_on_its_trimmed_context(monkeypatch):
     a short one what the same tower built with an 8-token context costs."""
     import dataclasses
 
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
     from euclip_cli.towers import archs
 
     arch = "tiny-vit"
@@ -316,7 +317,7 @@ def test_euclip_flops_count_each_caption_on_its_trimmed_context(monkeypatch):
 
 
 def test_euclip_runs_are_measured_from_their_records_after_the_warm_up(tmp_path):
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
 
     run = tmp_path / "run"
     run.mkdir()
@@ -392,7 +393,7 @@ def test_bench_ops_counts_every_grouping_against_openclip_on_the_same_captions(t
 def test_the_op_counter_counts_launches_and_the_reads_that_wait_for_a_device():
     import torch
 
-    from euclip_cli.bench.ops import counted
+    from euclip_bench.ops import counted
 
     x = torch.randn(8, 4)
     counter = counted(lambda: (x.t().contiguous() * 2).sum().item())
@@ -436,7 +437,7 @@ def test_a_bench_whose_out_is_a_file_says_so_in_one_line(tmp_path, args):
 def test_openclip_runs_its_own_registered_model_by_name(tmp_path, monkeypatch):
     """An open_clip model (the GPU checklist's ViT-B/32 row) goes to OpenCLIP's trainer by its own name;
     euclip's in-code towers go as a model config written for it."""
-    from euclip_cli import bench
+    from euclip_bench import measure as bench
 
     commands = []
     monkeypatch.setattr(bench, "run_child", lambda command, env, cwd: (

@@ -6,7 +6,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 
 runner = CliRunner()
 
@@ -20,14 +20,14 @@ def test_help_lists_the_commands_and_does_not_import_torch():
     assert result.exit_code == 0
     for command in ("download", "train", "eval", "report", "recipes"):
         assert command in result.output
-    code = "import sys; from euclip_cli.cli import app; print('torch' in sys.modules)"
+    code = "import sys; from euclip_cli.cli.main import app; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_the_error_funnel_imports_nothing_heavy():
     # errors() resolves exception classes from modules already imported: a mistake caught before
     # any work (an unknown recipe here) answers without loading torch and open_clip.
-    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli.main import app; "
             "r = CliRunner().invoke(app, ['train', '--recipe', 'no-such-recipe']); "
             "print(r.exit_code, 'torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["2", "False"]
@@ -102,7 +102,7 @@ def test_bad_task_and_table_exit_2(tmp_path):
 
 def test_report_reads_results_without_importing_torch(tmp_path):
     (tmp_path / "runs").mkdir()
-    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from euclip_cli.cli.main import app; "
             f"r = CliRunner().invoke(app, ['report', '--runs-dir', {str(tmp_path / 'runs')!r}, '--out', "
             f"{str(tmp_path / 'tables')!r}]); print(r.exit_code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.rundir import RunDir, folder_lock
 
 runner = CliRunner()

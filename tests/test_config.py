@@ -37,14 +37,46 @@ def test_a_data_order_seed_that_is_not_an_integer_is_named_by_its_key():
 def test_an_embedded_world_without_evaluation_images_is_refused_by_its_key():
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", ["data.world_eval_size=0"])
-    assert err.value.problems == ["data.world_samples and data.world_eval_size: must be >= 1"]
+    assert err.value.problems == ["data.world_eval_size: 0 must lie in [1, ∞)"]
 
 
 @pytest.mark.parametrize("scale", ["0.2", "2.5"])
 def test_an_object_scale_outside_its_range_is_refused_by_its_key(scale):
     with pytest.raises(C.ConfigError) as err:
         C.load_config("tiny-clip", [f"data.world_object_scale={scale}"])
-    assert err.value.problems == ["data.world_object_scale: must lie in [0.3, 2]"]
+    assert err.value.problems == [f"data.world_object_scale: {float(scale)} must lie in [0.3, 2]"]
+
+
+def test_the_worlds_config_keys_and_download_options_are_its_settings():
+    """Each embedded-world setting (``worlddir.WorldSettings``) is a config key ``data.world_<name>`` and a
+    ``download world`` option with its default, type and help; nothing else spells them."""
+    import typing
+
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.main import app
+    from euclip_cli.worlddir import SETTINGS, WorldSettings
+
+    hints, schema = typing.get_type_hints(WorldSettings), C.schema()["data"]
+    data = C.DataConfig()
+    assert [k for k in schema if k.startswith("world_")] == [f"world_{f.name}" for f in SETTINGS]
+    for f in SETTINGS:
+        assert schema[f"world_{f.name}"] is hints[f.name] and getattr(data, f"world_{f.name}") == f.default
+    shown = CliRunner().invoke(app, ["download", "world", "--help"], env={"COLUMNS": "300"}).output
+    for f in SETTINGS:
+        line = next(l for l in shown.splitlines() if f"│ --{f.name.replace('_', '-')} " in l)
+        assert f.metadata["help"][:30] in line and f"[default: {f.default}]" in line
+
+
+@pytest.mark.parametrize("key,value,allowed", [("seed", 2 ** 63, "[-9223372036854775808, 9223372036854775807]"),
+                                               ("samples", 0, "[1, ∞)"), ("mismatch", 1.0, "[0, 1)"),
+                                               ("mismatch", -0.01, "[0, 1)"), ("object_scale", 2.01, "[0.3, 2]")])
+def test_a_world_setting_outside_its_range_is_one_problem_naming_it(key, value, allowed):
+    from euclip_cli.worlddir import WorldSettings, problems
+
+    assert problems(WorldSettings(**{key: value})) == [(key, value, allowed)]
+    edge = {"seed": 2 ** 63 - 1, "samples": 1, "mismatch": 0.0, "object_scale": 2.0}[key]
+    assert problems(WorldSettings(**{key: edge})) == []
 
 
 def test_a_temperature_rate_that_is_not_positive_is_refused_by_its_key():

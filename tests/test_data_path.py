@@ -135,7 +135,7 @@ def test_a_training_step_never_reads_a_device_tensor_back(world, tmp_path, monke
     """Every operation of the feed, the forward and backward, the non-finite guard and the update runs
     under a counter of the operations after which a GPU's host would wait for the device: none, at
     any step. The reads a logging step makes (the loss, the guard's counts) happen outside them."""
-    from euclip_cli.bench.ops import OpCounter
+    from euclip_bench.ops import OpCounter
 
     counter = OpCounter()
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
-from euclip_cli.evaluate.tasks import list_tasks
+from euclip_cli.cli.main import app
+from euclip_cli.protocol.tasks import list_tasks
 from euclip_cli.evaluate.zeroshot import fairface_metrics
 from tests.wdsfixtures import with_metadata
 

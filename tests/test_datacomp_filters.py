@@ -209,7 +209,7 @@ def shipped_language_model():
 def test_the_caption_filter_with_a_real_fasttext_language_model():
     import fasttext
 
-    from euclip_cli.data.webshards import load_language_model
+    from euclip_cli.download.webshards import load_language_model
 
     model = load_language_model(shipped_language_model())
     captions = ["A golden retriever running on the beach at sunset",          # English: kept

@@ -20,9 +20,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.data import datacomp as dc
-from euclip_cli.data import webshards
+from euclip_cli.download import webshards
 from tests.webfakes import FAILURE_KINDS, FakeHub, ImageHost, centroids, datacomp_metadata, uid_of
 
 runner = CliRunner()

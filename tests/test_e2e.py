@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
-from euclip_cli.data import world_files
+from euclip_cli.cli.main import app
+from euclip_cli.worlddir import WorldDir
 
 from tests.conftest import SMALL_WORLD
 
@@ -42,7 +42,7 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     assert meta["data"] == {"source": "world", "generator_version": 1, "seed": SMALL_WORLD.seed,
                             "samples": SMALL_WORLD.samples, "mismatch": SMALL_WORLD.mismatch, "eval_size": SMALL_WORLD.eval_size,
                             "object_scale": 1.0}
-    assert fingerprint == world_files.fingerprint(world_files.recorded(world))  # the world's identity, recorded
+    assert fingerprint == WorldDir(world).identity()  # the world's identity, recorded
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3, 4] and all("contrastive" in l and "logit_scale" in l for l in lines)
 

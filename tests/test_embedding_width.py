@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.model import EuclipModel
 from euclip_cli.rundir import RunDir, load_checkpoint
 from euclip_cli.towers import archs, build_clip, projection_names

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from euclip_cli.errors import UsageError
-from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
+from euclip_cli.protocol.aggregate import aggregate
+from euclip_cli.protocol.tasks import TASKS, list_tasks, select
 from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
 from euclip_cli.geometry import get_geometry, list_geometries
 from tests.wdsfixtures import with_metadata
@@ -191,7 +191,7 @@ def test_an_openclip_checkpoint_is_evaluated_as_a_clip_run(world, tmp_path):
     from typer.testing import CliRunner
 
     from euclip_cli import config as C
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
     from euclip_cli.evaluate.runner import evaluate_task
     from euclip_cli.model import EuclipModel
     from euclip_cli.towers.archs import ARCHS
@@ -279,9 +279,9 @@ def test_again_scores_the_tasks_once_more_from_the_cached_features(world, tmp_pa
     from typer.testing import CliRunner
 
     from euclip_cli import config as C
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
     from euclip_cli.evaluate import runner as R
-    from euclip_cli.evaluate.hits import unpack_hits
+    from euclip_cli.protocol.hits import unpack_hits
     from euclip_cli.train import loop
 
     loop.run(C.load_config("tiny-clip", [f"data.train_dir={world / 'train'}", "optim.samples=32", "data.batch_size=16",
@@ -309,7 +309,7 @@ def test_another_world_is_scored_again_and_its_image_features_are_its_own(world,
     not the first world's, and neither are its cached features."""
     import shutil
 
-    from euclip_cli.data import world_files
+    from euclip_cli.worlddir import WorldDir
     from euclip_cli.evaluate import runner as R
     from tests.test_export import make_run
 
@@ -324,10 +324,10 @@ def test_another_world_is_scored_again_and_its_image_features_are_its_own(world,
     R.evaluate_run(run.path, torch.device("cpu"), tasks, world=other, on_task=lambda task, line: seen.append(line))
     assert seen[0] is not None  # scored, not "already evaluated"
     lines = run.eval_lines()
-    assert [line["world"] for line in lines] == [world_files.identity(world), world_files.identity(other)]
+    assert [line["world"] for line in lines] == [WorldDir(world).identity(), WorldDir(other).identity()]
     assert len(set(line["world"] for line in lines)) == 2
     cached = sorted(p.name for p in run.features_dir.rglob("world__shapes*.pt"))
-    assert cached == sorted(f"world__shapes@{world_files.identity(w)}.pt" for w in (world, other))
+    assert cached == sorted(f"world__shapes@{WorldDir(w).identity()}.pt" for w in (world, other))
     monkeypatch.setattr(R, "embed_images", lambda *a, **k: pytest.fail("embedded again"))
     again = []
     R.evaluate_run(run.path, torch.device("cpu"), tasks, world=world, on_task=lambda task, line: again.append(line))

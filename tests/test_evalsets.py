@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.data.fetch import FetchError, parse_pointer
 from euclip_cli.evaluate.evalsets import download_task, repo_for
-from euclip_cli.evaluate.tasks import TASKS
+from euclip_cli.protocol.tasks import TASKS
 
 runner = CliRunner()
 

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from euclip_cli import config as C
 from euclip_cli import exported
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.encode import load_model
 from euclip_cli.evaluate.runner import evaluate_run
-from euclip_cli.evaluate.tasks import select
+from euclip_cli.protocol.tasks import select
 from euclip_cli.model import initial_model
 from euclip_cli.released import import_run
 from euclip_cli.rundir import RunDir, checkpoint_meta

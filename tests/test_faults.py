@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 
 runner = CliRunner()
 TIME_LIMIT_S = 120

@@ -33,7 +33,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 
 settings.register_profile("suite", max_examples=25, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

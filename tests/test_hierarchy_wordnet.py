@@ -11,7 +11,7 @@ import tarfile
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.data.wordnet import hypernym_graph, imagenet_wnids
 from euclip_cli.data.world import SHAPES, TAXONOMY
 from euclip_cli.errors import UsageError

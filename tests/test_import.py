@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.encode import load_model
 from euclip_cli.rundir import RunDir
 from euclip_cli.towers import build_clip, remove_final_layernorm, tokenizer_for

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.evaluate.probe import FIRST_PASS, linear_probe, search_cost, stratified_holdout
 from tests.test_datacomp_eval import TINY
 
@@ -71,7 +71,7 @@ def test_a_probe_sets_sizes_are_held_to_merus_table_6():
     """A set with its own val split matches split by split; one without, by train + val (euclip draws its own
     validation from it) and test."""
     from euclip_cli.evaluate.runner import meru_sizes
-    from euclip_cli.evaluate.tasks import TASKS, list_tasks
+    from euclip_cli.protocol.tasks import TASKS, list_tasks
     from euclip_cli.published import meru_split_sizes
 
     table = meru_split_sizes()

@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
-from euclip_cli.evaluate.tasks import MERU_PROMPTS, TASKS, list_tasks, select
+from euclip_cli.cli.main import app
+from euclip_cli.protocol.tasks import MERU_PROMPTS, TASKS, list_tasks, select
 from euclip_cli.published import meru_tables
 from tests.test_datacomp_eval import TINY
 from tests.wdsfixtures import first_samples

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
-from euclip_cli.evaluate.tasks import TASKS
+from euclip_cli.cli.main import app
+from euclip_cli.protocol.tasks import TASKS
 from euclip_cli.published import meru_imagenet, meru_tables
 from euclip_cli.report.tables import MISSING, Run, meru_model, meru_table
 

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli import stats
-from euclip_cli.cli import app
-from euclip_cli.study import runner as R
-from euclip_cli.evaluate.hits import unpack_hits
+from euclip_cli.cli.main import app
+from euclip_cli.study import jobs as R
+from euclip_cli.protocol.hits import unpack_hits
 
 runner = CliRunner()
 

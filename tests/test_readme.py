@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.errors import UsageError
 from euclip_cli.report.readme import BLOCK, block_folders, update_readme
 

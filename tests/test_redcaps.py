@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.report.tables import Run, meru_model
 from tests.test_download_datacomp import FAST, one_line_error, shard_samples
 from tests.webfakes import ImageHost, StaticHost
@@ -97,7 +97,7 @@ def test_an_archive_that_is_not_redcaps_is_named(redcaps_web, tmp_path):
 
 
 def test_a_meru_recipe_downloads_where_its_training_reads(tmp_path, monkeypatch):
-    from euclip_cli.data import redcaps
+    from euclip_cli.download import redcaps
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")

@@ -10,10 +10,11 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
-from euclip_cli.evaluate.tasks import SUITE_COLUMNS
-from euclip_cli.report.figures import study_figure
-from euclip_cli.study import runner as R
+from euclip_cli.cli.main import app
+from euclip_cli.protocol.tasks import SUITE_COLUMNS
+from euclip_cli.figures import study_figure
+from euclip_cli.study import jobs as J
+from euclip_cli.study import summaries as R
 from euclip_cli.study import tables as T
 from euclip_cli.study.spec import load_claims, load_study
 from tests import browser
@@ -26,11 +27,11 @@ def report_page(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
     study, claims = load_study("study-geometries"), load_claims()
     folder = tmp / "studies" / study.name
-    plans = R.plan(study, folder, claims)
+    plans = J.plan(study, folder, claims)
 
     def invented(p, keys):
         rng = random.Random(f"{p.config}-{p.seed}")
-        return {**{k: rng.uniform(10, 90) for k in [*keys, *R.GROUP_METRICS]}, "text_nearer_root": rng.uniform(0.3, 0.7),
+        return {**{k: rng.uniform(10, 90) for k in [*keys, *T.GROUP_METRICS]}, "text_nearer_root": rng.uniform(0.3, 0.7),
                 "curvature_fall": rng.uniform(-0.1, 0.5)}
 
     for p in plans:

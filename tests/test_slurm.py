@@ -21,7 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from euclip_cli import config as C
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.rundir import RunDir, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_a_study_is_requeued_at_its_time_limit_preempted_resumed_bitwise_and_sum
 
     # The runs never stopped, by the same training commands here with the job's one thread (a thread
     # count of its own would sum in another order): the same weights to the last bit.
-    from euclip_cli.study.runner import plan
+    from euclip_cli.study.jobs import plan
     from euclip_cli.study.spec import load_claims, load_study
 
     one_thread = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

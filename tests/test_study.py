@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from euclip_cli import stats
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.config import list_recipes
-from euclip_cli.study import runner as R
+from euclip_cli.study import jobs as J
+from euclip_cli.study import summaries as R
 from euclip_cli.study import tables as T
 from euclip_cli.config import is_study_recipe
 from euclip_cli.study import verdicts as V
@@ -72,7 +73,7 @@ def test_the_binomial_standard_error_matches_a_simulation_of_the_evaluation_set(
 
 
 def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
-    from euclip_cli.evaluate.tasks import list_tasks
+    from euclip_cli.protocol.tasks import list_tasks
 
     world = tmp_path / "world"
     world.mkdir()
@@ -87,7 +88,7 @@ def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
             metrics = {"image_retrieval_recall@1": 0.2, "text_retrieval_recall@1": 0.4, "main_metric": 0.3}
         lines.append(json.dumps({"key": key, "checkpoint": "checkpoints/step_1.pt", "step": 1, "metrics": metrics}))
     (run / "eval.jsonl").write_text("\n".join(lines) + "\n")
-    errors = R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, world)
+    errors = R.sampling_errors(J.RunPlan("clip", 0, run, ()), keys, world)
     shapes = 0.1 + 0.08 * keys.index("world/shapes")
     assert errors["world/shapes"] == pytest.approx(100 * math.sqrt(shapes * (1 - shapes) / 400))
     # Text-to-image R@1 over 800 captions (two per image), image-to-text over 400 images, averaged.
@@ -95,7 +96,7 @@ def test_sampling_errors_of_tasks_groups_and_the_average_by_hand(tmp_path):
     assert errors["retrieval"] == pytest.approx(errors["world/retrieval"])  # a group of one task
     by_hand = math.sqrt(sum(errors[k] ** 2 for k in keys)) / len(keys)
     assert errors["average"] == pytest.approx(by_hand) and errors["average"] < min(errors[k] for k in keys)
-    assert R.sampling_errors(R.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
+    assert R.sampling_errors(J.RunPlan("clip", 0, run, ()), keys, tmp_path / "no-world") == {}
 
 
 def test_the_paired_sampling_error_by_hand_and_against_a_simulation_with_known_truth():
@@ -125,7 +126,7 @@ def test_the_paired_sampling_error_by_hand_and_against_a_simulation_with_known_t
 
 
 def test_per_example_outcomes_survive_the_eval_line():
-    from euclip_cli.evaluate.hits import pack_hits, unpack_hits
+    from euclip_cli.protocol.hits import pack_hits, unpack_hits
 
     outcomes = [bool(i % 3) for i in range(13)]  # not a whole number of bytes
     packed = json.loads(json.dumps(pack_hits(outcomes)))
@@ -133,7 +134,7 @@ def test_per_example_outcomes_survive_the_eval_line():
 
 
 def test_paired_sampling_errors_read_both_runs_outcomes_on_the_same_examples(tmp_path):
-    from euclip_cli.evaluate.hits import pack_hits
+    from euclip_cli.protocol.hits import pack_hits
 
     def run(name, shapes, t2i, i2t):
         folder = tmp_path / name
@@ -143,7 +144,7 @@ def test_paired_sampling_errors_read_both_runs_outcomes_on_the_same_examples(tmp
         (folder / "eval.jsonl").write_text("".join(
             json.dumps({"key": key, "checkpoint": "checkpoints/step_1.pt", "step": 1, "metrics": {"main_metric": 0.5},
                         "hits": outcomes}) + "\n" for key, outcomes in hits.items()))
-        return R.RunPlan(name, 0, folder, ())
+        return J.RunPlan(name, 0, folder, ())
 
     ours = run("euclip", [1, 1, 0, 0], [1, 0, 1, 1, 0, 0, 1, 1], [1, 1, 0, 0])
     theirs = run("clip", [1, 0, 0, 1], [1, 1, 1, 1, 0, 0, 0, 1], [0, 1, 0, 0])
@@ -486,7 +487,7 @@ def test_a_bad_study_recipe_lists_every_problem(tmp_path):
 
 
 def test_the_study_figures_legend_hides_no_configuration():
-    from euclip_cli.report.figures import study_canvas
+    from euclip_cli.figures import study_canvas
 
     configs = [f"config-{i}" for i in range(10)]
     # The last configuration's intervals reach the axes' corners, where a legend inside would sit.
@@ -502,7 +503,7 @@ def test_the_study_figures_legend_hides_no_configuration():
 
 
 def test_the_temperature_figure_draws_each_configurations_mean_and_seed_range_in_its_geometrys_panel():
-    from euclip_cli.report.figures import temperature_canvas
+    from euclip_cli.figures import temperature_canvas
 
     curves = {"a": {0: [(8, 1.0), (16, 2.0), (24, 4.0)], 1: [(8, 3.0), (16, 4.0), (24, 8.0)]},
               "b": {0: [(8, 10.0), (16, 10.0)], 1: [(8, 20.0), (16, 30.0), (24, 40.0)]},  # seed 0 stopped early
@@ -627,7 +628,7 @@ def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
     from euclip_cli.study.tables import hierarchy_section
 
     study = load_study("study-geometries")
-    plans = R.plan(study, tmp_path, load_claims())
+    plans = J.plan(study, tmp_path, load_claims())
     assert all(any(c[3:5] == ("analyze", "hierarchy") for c in p.commands) for p in plans)
     run = RunDir(plans[0].run_dir)
     run.analysis_dir.mkdir(parents=True)
@@ -671,8 +672,8 @@ def test_the_last_record_read_from_a_files_end_is_the_last_a_full_read_finds(tmp
 
 def test_every_claims_metric_is_one_a_runs_values_can_hold():
     """A claim on a metric no run reports would stay inconclusive for ever, silently."""
-    from euclip_cli.evaluate.tasks import TASKS
-    from euclip_cli.study.runner import RUN_MEASURES
+    from euclip_cli.protocol.tasks import TASKS
+    from euclip_cli.study.summaries import RUN_MEASURES
     from euclip_cli.study.tables import GROUP_METRICS
 
     for claim in load_claims():
@@ -700,7 +701,7 @@ def test_a_hierarchy_claim_is_the_paired_difference_of_the_runs_tree_errors():
 
 
 def test_the_hierarchy_figure_draws_every_configuration_beside_guessing_and_chance():
-    from euclip_cli.report.figures import hierarchy_canvas
+    from euclip_cli.figures import hierarchy_canvas
 
     configs = ["clip", "meru", "euclip"]
     rows = [{"config": c, "metric": m, "mean": v + i / 10, "ci_low": v, "ci_high": v + 0.3}

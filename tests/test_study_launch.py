@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tests import slurm_stand_in
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.published import openclip_throughput
 from euclip_cli.study import launch
-from euclip_cli.study.runner import plan
+from euclip_cli.study.jobs import plan
 from euclip_cli.study.spec import Resources, load_claims, load_study
 
 runner = CliRunner()
@@ -90,7 +90,7 @@ def test_a_budget_of_minutes_is_refused_with_the_minutes_it_needs():
 def test_a_queued_job_of_a_run_that_trained_before_says_it_resumes(tmp_path):
     """After a requeue SLURM reports the job PENDING for a while: its line says the run resumes where it was."""
     from euclip_cli import config as C
-    from euclip_cli.study.runner import RunPlan
+    from euclip_cli.study.jobs import RunPlan
 
     resolved = C.to_dict(C.load_config("tiny-clip", ["optim.samples=640", "data.batch_size=32"]))  # 20 steps
     p = RunPlan("clip", 0, tmp_path / "clip-seed0", (("train",),), resolved)
@@ -315,7 +315,7 @@ while n < 40:
 
 def counter_job(tmp_path: Path) -> tuple[launch.RunJob, Path]:
     """A job whose one command is the counter; returns it and the file the counter saves to."""
-    from euclip_cli.study.runner import RunPlan
+    from euclip_cli.study.jobs import RunPlan
 
     (tmp_path / "counter.py").write_text(COUNTER)
     count = tmp_path / "count"

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 
 runner = CliRunner()
 

@@ -6,9 +6,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.geometry import facts as F
 from euclip_cli.geometry import registry, sphere
+from tests.plugins import installed_plugin
 
 runner = CliRunner()
 
@@ -96,20 +97,14 @@ class HalvedCosine(registry.Geometry):
 def test_a_geometry_from_a_package_of_its_own_works_in_fresh_euclip_processes(world, tmp_path):
     """As docs/geometries.md tells a user: a module that registers the class, named under the
     ``euclip.geometries`` entry point of its distribution; nothing in euclip changes."""
-    import os
     import subprocess
     import sys
 
-    site = tmp_path / "site"
-    (site / "toy_halved-0.1.dist-info").mkdir(parents=True)
-    (site / "toy_halved.py").write_text(PLUGIN)
-    (site / "toy_halved-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-halved\nVersion: 0.1\n")
-    (site / "toy_halved-0.1.dist-info" / "entry_points.txt").write_text("[euclip.geometries]\ntoy = toy_halved\n")
+    env = installed_plugin(tmp_path / "site", "toy_halved", PLUGIN, "euclip.geometries")
     recipe = tmp_path / "tiny-halved.toml"
     recipe.write_text(f'extends = "tiny-clip"\n[geometry]\nname = "toy-halved-cosine"\n[data]\n'
                       f'train_dir = "{world / "train"}"\nbatch_size = 32\nshuffle_buffer = 100\n'
                       f'[optim]\nsamples = 64\nwarmup_steps = 1\n[train]\nprecision = "fp32"\ntensorboard = false\n')
-    env = dict(os.environ, PYTHONPATH=str(site))
     runs = tmp_path / "runs"
 
     def euclip(*args):

@@ -268,7 +268,7 @@ def test_shards_from_which_nothing_decodes_stop_with_one_line_not_a_hang(kind, w
 def test_mostly_bad_data_stops_at_the_skip_limit_with_a_checkpoint_and_a_warning_below_it(world, tmp_path):
     from typer.testing import CliRunner
 
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
 
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -294,7 +294,7 @@ def test_a_second_trainer_on_the_same_run_is_refused_while_the_first_holds_it(wo
 
     from typer.testing import CliRunner
 
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
 
     command = ["train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path), "--name", "run",
                f"data.train_dir={world / 'train'}", "optim.samples=32", *TINY]
@@ -317,7 +317,7 @@ def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_same_comman
     and once space is back the same command resumes from it and logs every step once."""
     from typer.testing import CliRunner
 
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
 
     command = ["train", "--recipe", "tiny-clip", "--runs-dir", str(tmp_path), "--name", "run",
                f"data.train_dir={world / 'train'}", "optim.samples=64", "train.checkpoints=2", *TINY]
@@ -344,7 +344,7 @@ def test_a_full_disk_while_checkpointing_stops_with_one_line_and_the_same_comman
 def test_an_unwritable_runs_or_checkpoints_folder_is_one_line_naming_it(locked, world, tmp_path):
     from typer.testing import CliRunner
 
-    from euclip_cli.cli import app
+    from euclip_cli.cli.main import app
 
     runs = tmp_path / "runs"
     folder = runs if locked == "runs" else runs / "run" / "checkpoints"

@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 from euclip_cli.data.fetch import FetchError
-from euclip_cli.data.webshards import load_asset
+from euclip_cli.download.webshards import load_asset
 
 runner = CliRunner()
 

@@ -10,7 +10,8 @@ import pytest
 
 from euclip_cli.data import world as w
 from euclip_cli.data.loader import DataError, list_shards
-from euclip_cli.data.world_files import WorldExistsError, WorldSettings, generate
+from euclip_cli.data.world_files import WorldExistsError, generate
+from euclip_cli.worlddir import WorldDamaged, WorldDir, WorldSettings
 from euclip_cli.data.world_tasks import WORLD_TASKS
 from tests.conftest import SMALL_WORLD
 
@@ -180,28 +181,27 @@ def test_an_interrupted_generation_leaves_no_world_and_the_same_command_starts_a
     (tmp_path / ".w.partial" / "train" / "00000.tar").write_bytes(b"half a shard")
     manifest = generate(out, small, workers=1)  # the same command again
     assert not (tmp_path / ".w.partial").exists() and not (out / ".lock").exists()
-    assert world_files.recorded(out) == manifest and manifest["files"]
+    assert WorldDir(out).manifest() == manifest and manifest["files"]
     assert {rel: (out / rel).stat().st_size for rel in manifest["files"]} == manifest["files"]
 
 
 def test_a_world_is_trusted_only_whole(world, tmp_path):
     import shutil
 
-    from euclip_cli.data import world_files
     from euclip_cli.errors import Failure
 
     copy = tmp_path / "w"
     shutil.copytree(world, copy)
-    found = world_files.recorded(copy)
-    world_files.check_files(copy, found)  # as written
+    found = WorldDir(copy).manifest()
+    WorldDir(copy).check_files(found)  # as written
     shard = copy / "train" / "00000.tar"
     shard.write_bytes(shard.read_bytes()[:4096])
-    with pytest.raises(world_files.WorldDamaged, match=r"00000.tar has 4,096 bytes where .* were written"):
-        world_files.check_files(copy, found, "train/")
-    world_files.check_files(copy, found, "eval/")  # the evaluation sets are whole
+    with pytest.raises(WorldDamaged, match=r"00000.tar has 4,096 bytes where .* were written"):
+        WorldDir(copy).check_files(found, "train/")
+    WorldDir(copy).check_files(found, "eval/")  # the evaluation sets are whole
     (copy / "manifest.json").write_text('{"generator_version": 1, "se')
     with pytest.raises(Failure, match="manifest.json is not valid JSON"):
-        world_files.recorded(copy)
+        WorldDir(copy).manifest()
 
 
 def test_a_generation_killed_outright_takes_its_workers_with_it(tmp_path):

@@ -16,10 +16,10 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
-from euclip_cli.data import world_files
+from euclip_cli.worlddir import WorldDir
 from euclip_cli.encode import embed_images, embed_texts, feature_cache, load_model
 from euclip_cli.errors import UsageError
-from euclip_cli.evaluate.tasks import TASKS, list_tasks
+from euclip_cli.protocol.tasks import TASKS, list_tasks
 from euclip_cli.geometry import Geometry
 from euclip_cli.rundir import RunDir
 from euclip_cli.towers import tokenizer_for, transforms_for
@@ -56,9 +56,9 @@ def collect(run_dir: Path, device: torch.device, world: Optional[Path] = None, b
     for task in [TASKS["world/retrieval"], *tasks]:
         if not (task.data_dir(Path(), world) / "test" / "nshards.txt").exists():
             raise UsageError(f"no embedded-world task '{task.key}' under {world}/eval: run 'euclip download world'")
-    cache = feature_cache(run, ckpt, model, world_files.identity(world))
+    cache = feature_cache(run, ckpt, model, WorldDir(world).identity())
 
-    retrieval = build_dataset("wds/world/retrieval", root=str(world / "eval" / "retrieval"), transform=transform,
+    retrieval = build_dataset("wds/world/retrieval", root=str(WorldDir(world).task("retrieval")), transform=transform,
                               split="test", task="zeroshot_retrieval")
     loader = torch.utils.data.DataLoader(retrieval.batched(batch_size, collation_fn=image_captions_collate_fn),
                                          batch_size=None, num_workers=0)

@@ -2,7 +2,7 @@
 checks its arguments, then finds the run (a path, or a name under ``runs_dir``), embeds what it
 needs on ``device`` (``cpu``, ``cuda``, ``auto``), computes, writes ``RUN/analysis/NAME.json`` and
 returns an ``Analysis``.
-Figures are the report's (``euclip_cli.report.figures``); the commands draw them from the result.
+Figures are the report's (``euclip_cli.figures``); the commands draw them from the result.
 
 ``status(text)`` is a context manager the caller may pass to show what is being embedded (the
 commands show a spinner); by default nothing is shown.
@@ -26,6 +26,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.geometry import describe
 from euclip_cli.hierarchy import DEFAULT_CONVENTION
 from euclip_cli.rundir import RUNS_DIR, RunDir, read_json, resolve
+from euclip_cli.worlddir import WorldDir
 
 Status = Callable[[str], ContextManager]
 Run = Union[str, Path]
@@ -185,7 +186,7 @@ def traverse(run: Run, device: str = "auto", images: int = 100, steps: int = 50,
         emb = collect(run_dir, device, world, vocabulary=[W.caption_text(s) for s in specs])
     if root is None:
         root = emb.geometry.root(torch.cat([emb.image, emb.text]))
-    scenes = [W.scene_from_json(s) for s in read_json(world / "eval" / "retrieval" / "scenes.json")]
+    scenes = [W.scene_from_json(s) for s in read_json(WorldDir(world).task("retrieval") / "scenes.json")]
     result = traversal_study(emb, specs, scenes, images, steps, list(ks), chosen, root)
     result["root_pairs"] = root_pairs
     return Analysis(result, write_result(run_dir, "traverse", result), run_dir)

@@ -1,7 +1,7 @@
 """The embedding studies behind ``euclip analyze``: distances from [ROOT], isotropy and traversals.
 
 Each returns a JSON-able dict (and the arrays a figure needs); plotting lives in
-``euclip_cli.report.figures``. Each takes a ``Protocol`` (``analysis.protocol``): the papers'
+``euclip_cli.figures``. Each takes a ``Protocol`` (``analysis.protocol``): the papers'
 procedure or euclip's alternative, recorded in the result.
 """
 

@@ -48,7 +48,7 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
       euclip analyze distances tiny-clip --protocol euclip
     """
     from euclip_cli.analysis import runner
-    from euclip_cli.report.figures import distance_histogram
+    from euclip_cli.figures import distance_histogram
 
     with errors():
         found = runner.distances(run, device, split, samples, protocol, root_samples, world, at_init,
@@ -85,7 +85,7 @@ def isotropy(run: str = typer.Argument(..., help="Run directory or name."),
     from rich.table import Table
 
     from euclip_cli.analysis import runner
-    from euclip_cli.report.figures import spectra_plot
+    from euclip_cli.figures import spectra_plot
 
     with errors():
         found = runner.isotropy(run, device, k, protocol, loss_batch, world, runs_dir, _status)
@@ -140,7 +140,7 @@ def equilibrium(run: str = typer.Argument(..., help="Run directory or name."),
     from rich.table import Table
 
     from euclip_cli.analysis import runner
-    from euclip_cli.report.figures import equilibrium_plot
+    from euclip_cli.figures import equilibrium_plot
 
     with errors():
         found = runner.equilibrium(run, _numbers("--shuffle", shuffle), _numbers("--batch-sizes", batch_sizes, int),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import sys
 import unicodedata
 import warnings
 from pathlib import Path
@@ -17,6 +18,10 @@ from typing import NoReturn, Optional, Sequence, Union
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
+
+# typer 0.29 (pinned) vendors click and does not re-export its exception base classes.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from euclip_cli.errors import DamagedLines, EuclipError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
@@ -140,3 +145,45 @@ def errors():
         if fault is None:
             raise
         fail(*fault)
+
+
+class OneLineErrors(TyperGroup):
+    """Click's own errors (a value outside an option's range, a missing option, an unknown command)
+    in euclip's form: one ``error:`` line naming the option and where to look, with Click's exit
+    code (2 for usage), where Click would draw a box under the usage text."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except NoArgsIsHelpError as err:  # the help is already printed, as Typer does
+            sys.exit(err.exit_code)
+        except ClickException as err:
+            ctx = getattr(err, "ctx", None)
+            where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            err_console.print(f"[bold red]error:[/] {escape(' '.join(err.format_message().split()))}{where}",
+                              highlight=False, soft_wrap=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            err_console.print("[bold red]error:[/] interrupted", highlight=False)
+            sys.exit(1)
+        except (OSError, RuntimeError) as err:
+            # What a command's own error funnel (common.errors) would say of a fault of the machine,
+            # for one raised before the command reached it (a library's import out of open files).
+            fault = environment_fault(err)
+            if fault is None:
+                raise
+            err_console.print(f"[bold red]error:[/] {escape(one_line(fault[0]))}", highlight=False, soft_wrap=True)
+            sys.exit(fault[1])
+        # A command's own return value is not an exit code; Exit(n) arrives here as the int n.
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run a command line of euclip's (``euclip``, ``euclip-bench``) with its warnings in one line each."""
+    warnings.showwarning = show_warning
+    # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
+    # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.
+    warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle=\.\.\.\) is None")
+    app()

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
+import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import typer
 
+from euclip_cli import worlddir as W
 from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
-from euclip_cli.config import DataConfig
-from euclip_cli.data.fetch import HF_DATASETS
-from euclip_cli.data.redcaps import ANNOTATIONS_URL
+from euclip_cli.download.redcaps import ANNOTATIONS_URL
 from euclip_cli.data.wordnet import INDEX_URL
-from euclip_cli.data.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
+from euclip_cli.download.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
 
-if TYPE_CHECKING:
-    from euclip_cli.data.world_files import WorldSettings
-
-# The world's defaults are the schema's, so `download world` and `download --recipe tiny-clip` agree.
-_DATA = DataConfig()
 WORKERS = 2
 
 app = typer.Typer(invoke_without_command=True)
@@ -35,7 +31,7 @@ def generated(description: str, make: Callable[[Callable[[int, int], None]], dic
         return make(lambda done, total: progress.update(bar, completed=done, total=total))
 
 
-def generate_world(out: Path, settings: WorldSettings, workers: int) -> None:
+def generate_world(out: Path, settings: W.WorldSettings, workers: int) -> None:
     """Write the world ``settings`` describe into ``out``, with a progress bar."""
     from euclip_cli.data.world_files import generate
 
@@ -63,12 +59,11 @@ def download(ctx: typer.Context,
     if recipe is None:
         fail("give --recipe NAME or a subcommand (euclip download --help)", 2)
     from euclip_cli import config as C
-    from euclip_cli.data.world_files import settings_for
 
     with errors():
         cfg = C.load_config(recipe)
     if cfg.data.dataset == "world":
-        generate_world(C.train_dir(cfg).parent, settings_for(cfg.data), WORKERS)
+        generate_world(C.train_dir(cfg).parent, W.from_config(cfg.data), WORKERS)
         return
     shards = C.train_dir(cfg)
     if shards.name != "shards":
@@ -139,7 +134,7 @@ def print_summary(manifest: dict, out: Path) -> None:
 def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Optional[Path], options: ImageOptions,
                    hub_url: Optional[str] = None, assets_dir: Path = ASSET_CACHE, device: str = "auto",
                    chunk: int = 4096, uid_file: Optional[Path] = None) -> None:
-    from euclip_cli.data.webshards import download_datacomp
+    from euclip_cli.download.webshards import download_datacomp
 
     if filter_name == "image-based-clip-l14-30" and uid_file is None:  # the only stage that computes
         from euclip_cli.device import resolve_device
@@ -163,7 +158,7 @@ def fetch_datacomp(scale: str, filter_name: str, out: Path, metadata_dir: Option
 
 def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[str] = None,
                   subreddits: Optional[list[str]] = None) -> None:
-    from euclip_cli.data import redcaps
+    from euclip_cli.download import redcaps
 
     bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
@@ -177,28 +172,35 @@ def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[st
     print_summary(manifest, out)
 
 
-@app.command()
 def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder, help="Output folder."),
-          seed: int = typer.Option(_DATA.world_seed, min=-(2 ** 63), max=2 ** 63 - 1,  # data.world_seed's range
-                                   help="Everything is deterministic from this seed."),
-          samples: int = typer.Option(_DATA.world_samples, help="Training pairs to write."),
-          mismatch: float = typer.Option(_DATA.world_mismatch, help="Fraction of pairs whose caption describes another image."),
-          eval_size: int = typer.Option(_DATA.world_eval_size, help="Images per evaluation task."),
-          object_scale: float = typer.Option(_DATA.world_object_scale, help="Every object's radius times this "
-                                             "(below 1: smaller shapes, a harder world)."),
-          workers: int = typer.Option(WORKERS, min=1, max=256, help="Generator processes.")) -> None:
+          workers: int = typer.Option(WORKERS, min=1, max=256, help="Generator processes."), **settings) -> None:
     """Generate the embedded hierarchical image-caption world (training shards + evaluation tasks).
 
     Example: euclip download world --out data/world --samples 100000
     """
-    from euclip_cli.config import world_setting_problems
-    from euclip_cli.data.world_files import WorldSettings
+    from euclip_cli import worlddir as W
 
-    bad = world_setting_problems(samples, eval_size, mismatch, object_scale)
+    chosen = W.WorldSettings(**settings)
+    bad = W.problems(chosen)
     if bad:
-        fail("; ".join(f"--{name.replace('_', '-')} {value:g} must lie in {allowed}" for name, value, allowed in bad), 2)
-    generate_world(out, WorldSettings(seed=seed, samples=samples, mismatch=mismatch, eval_size=eval_size,
-                                      object_scale=object_scale), workers)
+        fail("; ".join(f"--{name.replace('_', '-')} {value} must lie in {allowed}" for name, value, allowed in bad), 2)
+    generate_world(out, chosen, workers)
+
+
+def _with_world_options(command: Callable) -> Callable:
+    """``command`` with an option per world setting (``worlddir.WorldSettings``: its name, type, default and
+    help), so that ``download world`` and the config keys ``data.world_*`` cannot drift apart."""
+    own = inspect.signature(command).parameters
+    options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
+                                 default=typer.Option(f.default, help=f.metadata["help"]))
+               for hints in [typing.get_type_hints(W.WorldSettings)] for f in W.SETTINGS]
+    command.__signature__ = inspect.Signature([own["out"], *options, own["workers"].replace(
+        kind=inspect.Parameter.KEYWORD_ONLY)])
+    command.__annotations__ = {**{p.name: p.annotation for p in options}, "out": Path, "workers": int, "return": None}
+    return command
+
+
+app.command("world")(_with_world_options(world))
 
 
 @app.command("datacomp-like")
@@ -227,7 +229,9 @@ def datacomp_like(out: Path = typer.Option(Path("data/datacomp-like"), callback=
 def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or task keys (euclip eval --list-tasks)."),
              root: Path = typer.Option(Path("data/eval"), callback=writable_folder,
                                        help="Where task folders go (eval.root in recipes)."),
-             base_url: str = typer.Option(HF_DATASETS, help="Dataset host; a mirror or a local server for tests.")) -> None:
+             base_url: Optional[str] = typer.Option(None, help="Dataset host; a mirror or a local server for tests "
+                                                               "(default: Hugging Face's datasets, where "
+                                                               "clip-benchmark keeps them).")) -> None:
     """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
 
     Re-running continues interrupted files and skips finished ones.
@@ -239,10 +243,10 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from euclip_cli.data.fetch import FetchError
-    from euclip_cli.evaluate.evalsets import download
+    from euclip_cli.errors import Failure
+    from euclip_cli.evaluate.evalsets import HF_DATASETS, download
     from euclip_cli.evaluate.runner import export_command
-    from euclip_cli.evaluate.tasks import TASKS, select
+    from euclip_cli.protocol.tasks import TASKS, select
 
     with errors():
         named = select(tasks)
@@ -269,10 +273,10 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             folder = task.data_dir(root, Path("data/world"))
             with errors():  # a folder holding another source is a usage error
                 try:
-                    result = download(task, folder, base_url,
+                    result = download(task, folder, base_url or HF_DATASETS,
                                       lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
-                except FetchError as err:
-                    fail(f"{task.key}: {err}", 1)
+                except Failure as err:
+                    fail(f"{task.key}: {err}", 1, err.details)
             what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
             if "captions" in result:
                 what += f", {result['images']:,} images and {result['captions']:,} captions"
@@ -343,17 +347,16 @@ def datacomp(scale: str = typer.Option(..., help="Pool: small (12.8M) or medium 
       euclip download datacomp --scale medium --filter image-based-clip-l14-30 --processes 32 --threads 256
       euclip download datacomp --scale small --uids my_filter.npy --out data/small-my-filter
     """
-    from euclip_cli.data.datacomp import UID_FILE
+    from euclip_cli.download.webshards import datacomp_folder
 
     # Scale and filter are checked where the recipe route checks them too: download_datacomp.
     if filter is not None and uids is not None:
         fail("give --filter or --uids, not both", 2)
     if uids is not None and not uids.is_file():
         fail(f"--uids {uids} does not exist", 2)
-    name = f"{UID_FILE}-{uids.stem}" if uids is not None else filter or "clip-l14-30"
     options = image_options(processes, threads, retries, timeout, shard_size, image_size, skip_bbox_blurring,
                             distributor, spark_master)
-    fetch_datacomp(scale, filter or "clip-l14-30", out or Path("data") / f"datacomp-{scale}-{name}", metadata_dir,
+    fetch_datacomp(scale, filter or "clip-l14-30", out or datacomp_folder(scale, filter, uids), metadata_dir,
                    options, hub_url, assets_dir, device, chunk, uids)
 
 
@@ -400,7 +403,7 @@ def urls(parquet: Path = typer.Option(..., callback=checked_path, help="A parque
       euclip download urls --parquet cc3m.parquet --out data/cc3m
       euclip download urls --parquet redcaps.parquet --url-col url --caption-col caption --out data/redcaps
     """
-    from euclip_cli.data.webshards import download_urls
+    from euclip_cli.download.webshards import download_urls
 
     options = image_options(processes, threads, retries, timeout, shard_size, image_size, True, distributor,
                             spark_master)

@@ -37,13 +37,13 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
       euclip eval results/studies/geometries/runs/* --tasks world --again   # lines of an older euclip, anew
     """
     if list_tasks:
-        from euclip_cli.evaluate.tasks import list_tasks as all_tasks
+        from euclip_cli.protocol.tasks import list_tasks as all_tasks
 
         for t in all_tasks():
             console.print(f"{t.key:55s} {t.suite:9s} {t.group or '-':11s} {t.main_metric or '-'}", highlight=False)
         return
     with errors():
-        from euclip_cli.evaluate.tasks import select
+        from euclip_cli.protocol.tasks import select
         from euclip_cli.rundir import select_runs
 
         targets = [run.path for run in select_runs(runs or [], recipe, runs_dir)]

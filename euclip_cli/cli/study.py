@@ -68,14 +68,12 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
       euclip study --recipe study-table4 --launcher slurm --resource partition=gpu --max-gpu-hours 2000
     """
     from euclip_cli.errors import UsageError
-    from euclip_cli.evaluate.tasks import SUITE_COLUMNS
-    from euclip_cli.hierarchy import world_guessing
-    from euclip_cli.report.figures import hierarchy_figure, study_figure, temperature_figure
     from euclip_cli.rundir import STUDIES_DIR, read_json
     from euclip_cli.study import launch
-    from euclip_cli.study.runner import PROVENANCE, plan, publish as publish_tables
+    from euclip_cli.study.jobs import plan
+    from euclip_cli.study.runner import PROVENANCE, run_study
     from euclip_cli.study.spec import OPTIONS_FILE, StudyOptions, load_claims, load_study
-    from euclip_cli.study.tables import to_markdown, write_tables
+    from euclip_cli.study.tables import to_markdown
 
     say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     with errors():
@@ -106,28 +104,16 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
                     say(line)
                 return
             launch.check_budget(rows, max_gpu_hours)
-        summary = launch.run_study(spec, folder, jobs, world, say, launcher, wait, poll, options=given,
-                                   stalled_after_s=60 * stalled_after)
-        if summary is None:
+        result = run_study(spec, folder, jobs, world, say, launcher, wait, poll, options=given,
+                           stalled_after_s=60 * stalled_after, publish_to=publish)
+        if result is None:
             say("the runs above are not finished: run the same command to follow them (it submits only what is "
                 "neither finished nor queued); the study is summarised once all are finished")
             return
-        written = write_tables(spec, summary, folder)
-        written += study_figure(summary["rows"], list(spec.configs), spec.baseline,
-                                {**SUITE_COLUMNS["world"]}, folder / "study")
-        if summary["temperature"]["panels"]:
-            written += temperature_figure(summary["temperature"], folder / "study_temperature")
-        if any(r["metric"] == "shapes_tie" for r in summary["rows"]):
-            written += hierarchy_figure(summary["rows"], list(spec.configs), world_guessing()["tie"],
-                                        folder / "study_hierarchy")
         if publish is not None:
-            command = " ".join(["euclip study --recipe", given.recipe,
-                                *([f"--seeds {given.seeds}"] if given.seeds else []),
-                                *([f"--configs {given.configs}"] if given.configs else []), *given.overrides])
-            written += publish_tables(plan(spec, folder, load_claims(), world), folder, publish, command)
             dirty = read_json(publish / PROVENANCE)["runs_from_uncommitted_changes"]
             if dirty:
                 say(f"warning: {dirty} of the published runs were trained from uncommitted changes, so no commit "
                     f"reproduces them: commit, delete those runs' folders and run the study again before citing it")
-    console.print(to_markdown(spec, summary), highlight=False, markup=False)
-    console.print("written: " + ", ".join(str(p) for p in written))
+    console.print(to_markdown(spec, result.summary), highlight=False, markup=False)
+    console.print("written: " + ", ".join(str(p) for p in result.written))

@@ -80,8 +80,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from euclip_cli.data.loader import WAIT_BOUND
-    from euclip_cli.train.loop import run
+    from euclip_cli.train.loop import run, waits_for_data
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
@@ -93,7 +92,7 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
             if "entailment" in record:
                 info += f" (contrastive {record['contrastive']:.3f}, entailment {record['entailment']:.3f})"
             info += f"  {record['samples_per_s']:.0f} samples/s  beta {record['logit_scale']:.2f}"
-            if record["data_wait_share"] >= WAIT_BOUND:
+            if waits_for_data(record):
                 info += f"  waiting for data {record['data_wait_share']:.0%}"
                 if "loader_samples_per_s" in record:
                     info += (f" (loaders {record['loader_samples_per_s']:.0f}/s, "

@@ -21,7 +21,7 @@ a uid the file lists k times is upsampled to k samples, as DataComp's resharder 
 resharder copies one downloaded sample k times; here the row is put k times in the download
 list (each listing is its own request), so no second pass over the shards is needed.
 
-Everything here is importable without a network; fetching lives in ``data/webshards.py``.
+Everything here is importable without a network; fetching is the ``download`` runner's (``download/webshards.py``).
 """
 
 from __future__ import annotations

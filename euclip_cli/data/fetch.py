@@ -7,7 +7,7 @@ against its Git LFS pointer (size and sha256) when there is one, and only then r
 
 Written with urllib rather than ``huggingface_hub``: these are single files at known URLs that
 any HTTP server can serve; the Hub's own API (metadata trees) goes through ``huggingface_hub``
-in ``euclip_cli.data.webshards``.
+in ``euclip_cli.download.webshards``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Callable, Optional
 
 from euclip_cli.errors import Failure, UsageError
 
-HF_DATASETS = "https://huggingface.co/datasets"
 CHUNK = 1 << 20
 TIMEOUT_S = 60
 

@@ -1,4 +1,4 @@
-"""Write the embedded world to disk in the real data's formats.
+"""Write the embedded world to disk in the real data's formats (its folder: ``worlddir.WorldDir``).
 
 - ``<out>/train/NNNNN.tar``: img2dataset's webdataset output (``KEY.jpg``, ``KEY.txt``,
   ``KEY.json`` with a ``uid``), plus its per-shard ``NNNNN.parquet`` and ``NNNNN_stats.json``.
@@ -21,9 +21,8 @@ import random
 import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,9 +31,11 @@ import webdataset as wds
 from euclip_cli.config import DataConfig
 from euclip_cli.data import world as w
 from euclip_cli.data.world_tasks import WORLD_TASKS, retrieval_ceiling, retrieval_specs
-from euclip_cli.errors import Failure, UsageError
+from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, whole_folder
 from euclip_cli.workers import die_with_parent, make_room_for_workers
+from euclip_cli import worlddir as W
+from euclip_cli.worlddir import WorldDir, WorldSettings
 
 GENERATOR_VERSION = 1
 SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard default
@@ -46,85 +47,8 @@ EVAL_SHARD_SIZE = 1000
 TAR_MTIME = 1_700_000_000
 
 
-@dataclass(frozen=True)
-class WorldSettings:
-    seed: int = 0
-    samples: int = 100_000
-    mismatch: float = 0.1
-    eval_size: int = 1000
-    object_scale: float = 1.0
-
-
 class WorldExistsError(UsageError):
     """The output folder holds another world or other files; nothing is overwritten."""
-
-
-class WorldDamaged(Failure):
-    """A world whose files are not the ones its manifest records."""
-
-
-# The configuration key that sets each of WorldSettings' fields, for messages that say what to change.
-CONFIG_KEYS = {"seed": "data.world_seed", "samples": "data.world_samples", "mismatch": "data.world_mismatch",
-               "eval_size": "data.world_eval_size", "object_scale": "data.world_object_scale"}
-
-
-def settings_for(data: DataConfig) -> WorldSettings:
-    """The world a ``DataConfig`` asks for."""
-    return WorldSettings(seed=data.world_seed, samples=data.world_samples, mismatch=data.world_mismatch,
-                         eval_size=data.world_eval_size, object_scale=data.world_object_scale)
-
-
-def recorded(out: Path) -> Optional[dict]:
-    """The manifest of the world in ``out``; None when ``out`` holds no finished world. A manifest that is
-    not a JSON object is a Failure naming it."""
-    path = out / "manifest.json"
-    if not path.exists():
-        return None
-    found = read_json(path)
-    if not isinstance(found, dict):
-        raise Failure(f"{path} is not a world's manifest (not a JSON object); delete {out} and generate it again")
-    return found
-
-
-def fingerprint(found: dict) -> str:
-    """The identity of the world a manifest records: its generator version and settings (the generator is
-    deterministic, so equal settings give equal bytes)."""
-    return hashlib.sha256(json.dumps(recorded_settings(found), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def identity(out: Path) -> Optional[str]:
-    """The fingerprint of the finished world in ``out``; None when it holds none."""
-    found = recorded(out)
-    return None if found is None else fingerprint(found)
-
-
-def check_files(out: Path, found: dict, part: str = "") -> None:
-    """Raise WorldDamaged naming the first file under ``out/part`` that the manifest records and that is
-    missing or not the size it was written with. Manifests from before sizes were recorded pass."""
-    for rel, size in found.get("files", {}).items():
-        if not rel.startswith(part):
-            continue
-        path = out / rel
-        actual = path.stat().st_size if path.is_file() else None
-        if actual != size:
-            state = "is missing" if actual is None else f"has {actual:,} bytes where {size:,} were written"
-            raise WorldDamaged(f"{path} {state}: the world in {out} is damaged; delete {out} and generate it again "
-                               f"(euclip download world, or the recipe's download)")
-
-
-def _wanted(settings: WorldSettings) -> dict:
-    """What a manifest records of the world ``settings`` describe: the generator version and settings."""
-    return {"generator_version": GENERATOR_VERSION, **asdict(settings)}
-
-
-# Settings added after worlds were first written: a manifest without one was written before it existed,
-# so its world has the setting's default (the images are the same bytes).
-_LATER_SETTINGS = {"object_scale": WorldSettings().object_scale}
-
-
-def recorded_settings(found: dict) -> dict:
-    """The generator version and settings a manifest records, without its timings and task list."""
-    return {k: found.get(k, _LATER_SETTINGS.get(k)) for k in _wanted(WorldSettings())}
 
 
 def check_shared_world(data: DataConfig, out: Path, found: dict, remedy: str) -> None:
@@ -134,7 +58,7 @@ def check_shared_world(data: DataConfig, out: Path, found: dict, remedy: str) ->
     data. A folder the user names with ``data.train_dir`` is taken as it is.
     """
     if not data.train_dir:
-        check_world(out, found, settings_for(data), remedy)
+        check_world(out, found, W.from_config(data), remedy)
 
 
 def check_world(out: Path, found: dict, settings: WorldSettings, remedy: str) -> None:
@@ -142,10 +66,12 @@ def check_world(out: Path, found: dict, settings: WorldSettings, remedy: str) ->
     with other settings than ``settings``: a run on it would train on other data than its
     configuration records.
     """
-    recorded_as = recorded_settings(found)
-    differ = {k: (recorded_as[k], v) for k, v in _wanted(settings).items() if recorded_as[k] != v}
+    recorded_as = W.recorded_settings(found)
+    wanted = W.manifest_settings(settings, GENERATOR_VERSION)
+    differ = {k: (recorded_as[k], v) for k, v in wanted.items() if recorded_as[k] != v}
     if differ:
-        what = ", ".join(f"{k}={old}, not {new} ({CONFIG_KEYS.get(k, k)})" for k, (old, new) in differ.items())
+        what = ", ".join(f"{k}={old}, not {new}" + (f" ({W.config_key(k)})" if k != "generator_version" else "")
+                         for k, (old, new) in differ.items())
         raise WorldExistsError(f"{out} holds a world generated with other settings: {what}; {remedy}")
 
 
@@ -240,14 +166,14 @@ def caption_pool() -> list[dict]:
     return specs
 
 
-def _write_hierarchy(out: Path) -> None:
-    scenes = [w.scene_from_json(s) for s in read_json(out / "retrieval" / "scenes.json")]
+def _write_hierarchy(world: WorldDir) -> None:
+    scenes = [w.scene_from_json(s) for s in read_json(world.task("retrieval") / "scenes.json")]
     captions = []
     for spec in caption_pool():
         images = [i for i, scene in enumerate(scenes) if w.entails(spec, scene)]
         captions.append({"text": w.caption_text(spec), "level": spec["level"], "spec": spec, "entails": images})
     doc = {"images": "retrieval/scenes.json", "levels": list(w.LEVELS), "captions": captions}
-    (out / "hierarchy.json").write_text(json.dumps(doc))
+    world.hierarchy_file.write_text(json.dumps(doc))
 
 
 def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None) -> dict:
@@ -257,7 +183,7 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
     written whole or not at all (``rundir.whole_folder``). ``progress(done, total)`` is called after each
     shard or task.
     """
-    found = recorded(out)
+    found = WorldDir(out).manifest()
     if found is not None:
         check_world(out, found, settings, f"choose another --out or delete {out}")
         return found | {"skipped": True}
@@ -271,25 +197,26 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
 
 
 def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> dict:
-    (out / "train").mkdir(parents=True, exist_ok=True)
-    (out / "eval").mkdir(parents=True, exist_ok=True)
+    world = WorldDir(out)
+    world.train.mkdir(parents=True, exist_ok=True)
+    world.eval.mkdir(parents=True, exist_ok=True)
     counts = [min(SAMPLES_PER_SHARD, settings.samples - s) for s in range(0, settings.samples, SAMPLES_PER_SHARD)]
     total = len(counts) + len(WORLD_TASKS)
     start = time.time()
     with ProcessPoolExecutor(max_workers=max(1, workers), initializer=die_with_parent) as pool:
-        jobs = [pool.submit(_write_train_shard, str(out / "train"), settings, i, n) for i, n in enumerate(counts)]
-        jobs += [pool.submit(_write_eval_task, str(out / "eval"), settings, i) for i in range(len(WORLD_TASKS))]
+        jobs = [pool.submit(_write_train_shard, str(world.train), settings, i, n) for i, n in enumerate(counts)]
+        jobs += [pool.submit(_write_eval_task, str(world.eval), settings, i) for i in range(len(WORLD_TASKS))]
         for done, job in enumerate(jobs, 1):
             job.result()
             if progress:
                 progress(done, total)
-    _write_hierarchy(out / "eval")
-    files = {str(p.relative_to(out)): p.stat().st_size for part in ("train", "eval")
-             for p in sorted((out / part).rglob("*")) if p.is_file()}
-    manifest = _wanted(settings) | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
+    _write_hierarchy(world)
+    files = {str(p.relative_to(out)): p.stat().st_size for part in (world.train, world.eval)
+             for p in sorted(part.rglob("*")) if p.is_file()}
+    manifest = W.manifest_settings(settings, GENERATOR_VERSION) | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
                                     "seconds": round(time.time() - start, 1), "files": files}
     # Written last: its presence means the world is complete.
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    world.manifest_file.write_text(json.dumps(manifest, indent=2))
     return manifest
 
 

@@ -27,9 +27,12 @@ import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
-from euclip_cli.data.fetch import HF_DATASETS, FetchError, check_hub_environment, fetch_lfs, fetch_text
+from euclip_cli.data.fetch import FetchError, check_hub_environment, fetch_lfs, fetch_text
 from euclip_cli.errors import UsageError
-from euclip_cli.evaluate.tasks import Task
+from euclip_cli.protocol.tasks import Task
+
+# Where DataComp's evaluation sets are hosted (clip-benchmark's Hugging Face datasets).
+HF_DATASETS = "https://huggingface.co/datasets"
 
 OnProgress = Callable[[str, int, Optional[int]], None]
 # DataComp's retrieval sets (its eval_utils/retr_eval.py loads f"nlphuji/{name}", split "test"):

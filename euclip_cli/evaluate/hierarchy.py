@@ -25,7 +25,7 @@ from euclip_cli.device import resolve_device
 from euclip_cli.encode import feature_cache, load_model
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.runner import classification_inputs, has_data
-from euclip_cli.evaluate.tasks import select
+from euclip_cli.protocol.tasks import select
 from euclip_cli.evaluate.zeroshot import top_classes
 from euclip_cli.hierarchy import DEFAULT_CONVENTION, Tree, chance, hierarchical_metrics, prune, restrict
 from euclip_cli.rundir import RUNS_DIR, RunDir, resolve

@@ -20,13 +20,13 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset, image_captions_collate_fn
 
 from euclip_cli import config as C
-from euclip_cli.data import world_files
+from euclip_cli.worlddir import WorldDir
 from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, embed_texts, feature_cache,
                                load_model)
 from euclip_cli.errors import EuclipError, UsageError
-from euclip_cli.evaluate.aggregate import suite_line
-from euclip_cli.evaluate.hits import pack_hits
-from euclip_cli.evaluate.tasks import Task, select
+from euclip_cli.protocol.aggregate import suite_line
+from euclip_cli.protocol.hits import pack_hits
+from euclip_cli.protocol.tasks import Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
                                           retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
 from euclip_cli.model import EuclipModel
@@ -362,7 +362,7 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     world = world or C.world_dir(cfg)
     batch_size = batch_size or cfg.eval.batch_size
     ckpt_name = str(ckpt.relative_to(run.path))
-    world_id = world_files.identity(world)
+    world_id = WorldDir(world).identity()
 
     def scored(line: dict, task: Task) -> bool:
         """A line that scored ``task`` on this checkpoint, by this protocol, on the same world (a world task)."""

@@ -148,8 +148,8 @@ def _write_page(path: Path, sections: list, frames: list, figures: list, runs_di
 
 def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:
     """Training curves and per-group zero-shot bars of every run; returns (caption, PNG) pairs."""
-    from euclip_cli.evaluate.tasks import SUITE_COLUMNS
-    from euclip_cli.report.figures import group_bars, training_curves
+    from euclip_cli.protocol.tasks import SUITE_COLUMNS
+    from euclip_cli.figures import group_bars, training_curves
     from euclip_cli.report.tables import SINGLE_SEED, training_metrics
 
     made = []

@@ -20,10 +20,10 @@ from euclip_cli import config as C
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import describe
 from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
-from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import SUITE_COLUMNS, TASKS
+from euclip_cli.protocol.aggregate import aggregate
+from euclip_cli.protocol.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs, read_json
-from euclip_cli.stats import CLAIMS_HEADER, claim_cells
+from euclip_cli.stats import CLAIMS_HEADER, claim_cells, config_table
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
@@ -430,37 +430,19 @@ def _interval(mean, low, high, digits: int = 1) -> str:
     return f"{mean:+.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-# (study metric, column, digits): the learned temperature, and the Shapes mistakes' tree-induced error and
-# the family captions' entailment AUC (``euclip analyze hierarchy``).
-RUN_COLUMNS = (("temperature_final", "β final", 2), ("shapes_tie", "tree-induced error (Shapes)", 2),
-               ("family_cone_auc", "entailment AUC, cone", 3))
-
-
 def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A study's results (``euclip study``) as two display tables: each configuration's groups as
     mean ± sd over seeds with the paired difference to the baseline, and the claims with verdicts."""
     rows = pd.read_csv(folder / "study.csv")
     names = SUITE_COLUMNS["world"]
     sun_li = sun_li_temperature() if "paper" in rows.columns and rows["paper"].notna().any() else None
-    table = []
-    for config, group in rows.groupby("config", sort=False):
-        by = group.set_index("metric")
-        row = {"config": config, "seeds": int(by["n_seeds"].max())}
-        for metric in METRICS:
-            if metric in by.index:
-                r = by.loc[metric]
-                row[names[metric]] = f"{r['mean']:.1f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.1f}")
-            else:
-                row[names[metric]] = MISSING
-        if "main" in by.index and "diff_mean" in by.columns:
-            r = by.loc["main"]
-            row[f"Δ {names['main']} vs baseline"] = ("baseline" if pd.isna(r["diff_mean"])
-                                                     else _interval(r["diff_mean"], r["diff_low"], r["diff_high"]))
-        # Run measures beside the groups, where the study's runs have them.
-        for metric, heading, digits in RUN_COLUMNS:
-            if metric in by.index:
-                r = by.loc[metric]
-                row[heading] = f"{r['mean']:.{digits}f}" + ("" if pd.isna(r["sd"]) else f" ± {r['sd']:.{digits}f}")
+    configs = list(dict.fromkeys(rows["config"]))
+    # study.csv does not name the baseline: it is the configuration whose main row has no paired
+    # difference (every other one shares its seeds).
+    unpaired = rows.loc[rows["diff_mean"].isna() & (rows["metric"] == "main"), "config"] if "diff_mean" in rows else []
+    table = config_table(rows.to_dict("records"), configs, unpaired.iloc[0] if len(unpaired) else "",
+                         {m: names[m] for m in METRICS})
+    for row, (config, group) in zip(table, rows.groupby("config", sort=False)):
         label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
         if label:
             published = sun_li.loc[label]
@@ -468,7 +450,6 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             # its 1.000 is β = 1; see the CSV's source line), so its value is shown as printed, not as a β.
             final = "" if pd.isna(published["temp_final"]) else f", final temperature as printed {published['temp_final']:.3f}"
             row["Sun and Li (ImageNet zero-shot)"] = f"Table {published['table']} {label}: {published['zero_shot']:.2f}{final}"
-        table.append(row)
     claims = pd.read_csv(folder / "claims.csv") if (folder / "claims.csv").stat().st_size else pd.DataFrame()
     if "family_level" not in claims.columns:  # summarised before verdicts were family-wise: re-run euclip study
         claims = pd.DataFrame()

@@ -1,7 +1,7 @@
 """Where a study's runs execute, what they cost before anything is submitted, and the state of each.
 
 ``local`` (the default) runs each (configuration, seed) as child processes of ``euclip study``
-(``runner.run_here``). The cluster launchers make each run one job through an existing library:
+(``jobs.run_here``). The cluster launchers make each run one job through an existing library:
 ``slurm`` through submitit's SLURM executor, ``submitit-local`` through its local executor (the
 same job, on this machine), ``ray`` as a Ray task on the cluster ``RAY_ADDRESS`` names (a local
 one without it). A job (``RunJob``) runs the run's ordinary commands: ``euclip train`` (through
@@ -32,10 +32,9 @@ from typing import Callable, Optional
 from euclip_cli import config as C
 from euclip_cli.data.fetch import check_ray_address
 from euclip_cli.errors import Failure, UsageError
-from euclip_cli.rundir import RunDir, folder_lock, read_json, wait_until_free, write_text_atomic
-from euclip_cli.study.runner import (LOGS, Child, RunPlan, done_commands, execute, is_done, last_line, plan, run_here,
-                                     run_log, summarize)
-from euclip_cli.study.spec import Resources, Study, StudyOptions, load_claims
+from euclip_cli.rundir import RunDir, read_json, wait_until_free, write_text_atomic
+from euclip_cli.study.jobs import LOGS, Child, RunPlan, done_commands, execute, is_done, last_line, prepare_worlds, run_log
+from euclip_cli.study.spec import Resources, Study
 
 LAUNCHERS = ("local", "submitit-local", "slurm", "ray")
 JOBS_FILE = "jobs.json"
@@ -107,45 +106,6 @@ class RunJob:
         while self._worker is not None and self._worker.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
         return submitit.helpers.DelayedSubmission(RunJob(self.plan, self.log_dir, self.threads))
-
-
-def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
-              say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
-              poll_s: float = 60.0, options: Optional[StudyOptions] = None,
-              stalled_after_s: float = STALLED_AFTER_S) -> Optional[dict]:
-    """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
-    cluster launcher (``launch``); returns the tables' rows, or None while a cluster's runs are
-    unfinished and the command does not ``wait`` for them. ``options``: what the command was given,
-    recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun that name only it.
-    ``stalled_after_s``: a running job whose run writes nothing for that long is requeued (SLURM)."""
-    claims = load_claims()
-    plans = plan(study, out, claims, world)
-    if launcher == "slurm":
-        check_slurm([study.configs[p.config].resources for p in plans])
-    # The study folder first, held for this process: an unusable --out, or a second study on the same
-    # folder (whose trainers would race this one's), fails here, before minutes of world generation.
-    with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
-                                                 f"it to finish, or pass --out NEW for a separate study")):
-        check_configurations(plans, out)
-        if options is not None:
-            options.write(out)  # held by this process: a rerun or --status reads what it was started with
-        if launcher == "local":
-            return run_here(study, out, plans, claims, jobs, world, say)
-        if not run_on_cluster(study, out, plans, launcher, wait, poll_s, say, stalled_after_s):
-            return None
-        return summarize(study, plans, claims, world)
-
-
-def check_configurations(plans: list[RunPlan], out: Path) -> None:
-    """Refuse a study folder holding runs trained with another configuration than the study's recipes
-    now give (a recipe edited since): they would be counted as finished, or fail one by one."""
-    complete = lambda stored: C.to_dict(C.from_dict(stored))  # noqa: E731  (older runs, as the trainer reads them)
-    changed = [(p.name, keys) for p in plans if (keys := RunDir(p.run_dir).difference(p.resolved, complete))]
-    if changed:
-        shown = "; ".join(f"{name} differs in {', '.join(keys[:3])}" for name, keys in changed[:3])
-        raise UsageError(f"{out} holds {len(changed)} run(s) trained with another configuration than the study's "
-                         f"recipes now give ({shown}): a recipe changed since; pass --out NEW for a new study, "
-                         f"or move {out} away (nothing was run)")
 
 
 def _now() -> str:
@@ -513,8 +473,6 @@ def run_on_cluster(study: Study, out: Path, plans: list[RunPlan], launcher_name:
     requeueing a SLURM job whose run has written nothing for ``stalled_after_s`` (a hung node, a
     deadlocked loader: as LAION's autoexperiment restarts frozen jobs). True when every run is
     finished; raises Failure listing the runs that failed."""
-    from euclip_cli.study.runner import prepare_worlds
-
     launcher = launcher_for(launcher_name, out)
     try:
         jobs = {run: job for run, job in read_jobs(out).items() if job["launcher"] == launcher_name}

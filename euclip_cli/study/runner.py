@@ -1,607 +1,98 @@
-"""``euclip study``: every (configuration, seed) of a study trained, evaluated and compared.
+"""``euclip study`` as one call: a study's runs made here or on a cluster, summarised, and its tables and
+figures written (and published for committing): what the command does, callable from a notebook.
 
-Each run is an ordinary run directory under ``results/studies/NAME/runs/CONFIG-seedK``, made by
-the same commands a user types (``euclip train``, ``euclip eval``, ``euclip analyze distances``),
-started as child processes so that ``--jobs`` can run several at once and an interrupted study
-loses at most the runs in progress. A finished run is marked, and a rerun skips it.
-
-Every number in the tables comes from the runs' own files (``eval.jsonl``, ``metrics.jsonl``,
-``analysis/distances.json``) through ``euclip_cli.stats``.
+The rooms: ``jobs`` (what each run runs, and running them here), ``launch`` (each run as a cluster job,
+and what a plan costs), ``summaries`` (the numbers), ``tables`` (their markdown and CSV files),
+``verdicts`` (the claims), and this module, which runs and publishes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import os
-import signal
-import statistics
-import threading
-import subprocess
-import sys
-import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 from euclip_cli import config as C
-from euclip_cli import stats
-from euclip_cli.errors import Failure
-from euclip_cli.evaluate.aggregate import aggregate
-from euclip_cli.evaluate.tasks import TASKS, list_tasks, select
-from euclip_cli.rundir import TRAINING_RECORD, RunDir, iter_jsonl, read_json, write_text_atomic
-from euclip_cli.hierarchy import world_hierarchy_tasks
-from euclip_cli.study.spec import Claim, Study
-from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS, PUBLISHED
-from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
-
-DONE = ".study-done"
-# Where each run's commands write their output: STUDY/logs/RUN.log (``run_log``).
-LOGS = "logs"
+from euclip_cli.errors import UsageError
+from euclip_cli.protocol.tasks import SUITE_COLUMNS
+from euclip_cli.figures import hierarchy_figure, study_figure, temperature_figure
+from euclip_cli.hierarchy import world_guessing
+from euclip_cli.rundir import RunDir, folder_lock, write_text_atomic
+from euclip_cli.study.jobs import RunPlan, plan, run_here
+from euclip_cli.study import launch
+from euclip_cli.study.spec import Study, StudyOptions, load_claims
+from euclip_cli.study.summaries import summarize
+from euclip_cli.study.tables import PUBLISHED, write_tables
 
 
 @dataclass(frozen=True)
-class RunPlan:
-    config: str
-    seed: int
-    run_dir: Path
-    commands: tuple[tuple[str, ...], ...]
-    # The configuration its training command gives (config.to_dict), as the run stores it.
-    resolved: dict = field(default_factory=dict, compare=False)
+class StudyResult:
+    """A summarised study: its numbers (``summaries.summarize``) and the files written."""
 
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
+    summary: dict
+    written: list[Path]
 
 
-def measured_configs(claims: list[Claim], study: Study) -> set[str]:
-    """Configurations whose runs need ``analyze distances``, trained and untrained, for a claim: the
-    measured configuration and its control."""
-    return {name for c in claims if c.kind == "measure" and c.measure == "text_nearer_root"
-            and all(n in study.configs for n in c.configs) for name in c.configs}
+def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = None,
+              say: Callable[[str], None] = print, launcher: str = "local", wait: bool = True,
+              poll_s: float = 60.0, options: Optional[StudyOptions] = None,
+              stalled_after_s: float = launch.STALLED_AFTER_S, publish_to: Optional[Path] = None) -> Optional[StudyResult]:
+    """Train and evaluate every unfinished run, ``jobs`` at a time here, or each as a job through a
+    cluster launcher (``launch``), then summarise the study and write its tables and figures to
+    ``out`` (and, with ``publish_to``, copy the tables there with their provenance); None while a
+    cluster's runs are unfinished and the call does not ``wait`` for them. ``options``: what the
+    command was given, recorded in the folder (``spec.OPTIONS_FILE``) for ``--status`` and a rerun
+    that name only it. ``stalled_after_s``: a running job whose run writes nothing for that long is
+    requeued (SLURM)."""
+    claims = load_claims()
+    plans = plan(study, out, claims, world)
+    if launcher == "slurm":
+        launch.check_slurm([study.configs[p.config].resources for p in plans])
+    # The study folder first, held for this process: an unusable --out, or a second study on the same
+    # folder (whose trainers would race this one's), fails here, before minutes of world generation.
+    with folder_lock(out, lambda pid: UsageError(f"{out} is in use by another euclip study (pid {pid}): wait for "
+                                                 f"it to finish, or pass --out NEW for a separate study")):
+        check_configurations(plans, out)
+        if options is not None:
+            options.write(out)  # held by this process: a rerun or --status reads what it was started with
+        if launcher == "local":
+            run_here(study, out, plans, jobs, say)
+        elif not launch.run_on_cluster(study, out, plans, launcher, wait, poll_s, say, stalled_after_s):
+            return None
+        summary = summarize(study, plans, claims, world)
+        written = write_study(study, summary, out)
+        if publish_to is not None:
+            command = (options or StudyOptions(study.path.stem)).command()
+            written += publish(plans, out, publish_to, command)
+    return StudyResult(summary, written)
 
 
-def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = None) -> list[RunPlan]:
-    """The commands of every (configuration, seed), seed-major so that early stops leave whole seeds."""
-    euclip = (sys.executable, "-m", "euclip_cli")
-    runs_dir = out / "runs"
-    distances = measured_configs(claims, study)
-    # Where the study scores the world's shapes, every run's mistakes are also placed in the world's tree.
-    hierarchy = bool(set(world_hierarchy_tasks()) & {t.key for t in select(study.tasks)})
-    plans = []
-    for seed in study.seeds:
-        for name, cfg in study.configs.items():
-            run = study.run_name(name, seed)
-            run_dir = runs_dir / run
-            where = ("--world", str(world)) if world else ()
-            # A run of several GPUs trains through torchrun, one process per GPU (the job's node).
-            ranks = ("--nproc-per-node", str(cfg.resources.gpus)) if cfg.resources.gpus > 1 else ()
-            commands = [(*euclip, "train", "--recipe", cfg.recipe, "--name", run, "--runs-dir", str(runs_dir), *ranks,
-                         *study.overrides(name, seed)),
-                        (*euclip, "eval", str(run_dir), "--tasks", study.tasks, *where)]
-            if hierarchy:
-                commands.append((*euclip, "analyze", "hierarchy", str(run_dir), *where))
-            if name in distances:
-                # The claims read P(caption nearer [ROOT]) of origin-rooted models: the same under
-                # either protocol; 1,000 training pairs suffice for the paper protocol's average.
-                for state in ((), ("--at-init",)):
-                    commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
-                                     "--root-samples", "1000", *state, *where))
-            resolved = C.to_dict(C.load_config(cfg.recipe, study.overrides(name, seed)))
-            plans.append(RunPlan(name, seed, run_dir, tuple(commands), resolved))
-    return plans
-
-
-def done_commands(p: RunPlan) -> list[list[str]]:
-    """The plan's commands that finished, as the run's marker lists them; none when its training
-    command is not among them (the configuration changed: everything runs again)."""
-    marker = p.run_dir / DONE
-    if not marker.exists():
-        return []
-    done = read_json(marker)
-    if done and isinstance(done[0], str):  # a marker of euclip before 2026-11-24: the training command alone
-        done = [done]
-    return done if list(p.commands[0]) in done else []
-
-
-def is_done(p: RunPlan) -> bool:
-    done = done_commands(p)
-    return all(list(c) in done for c in p.commands)
-
-
-# A run's commands never outlive the process running them: each starts through this prologue, which
-# asks Linux to send it SIGTERM (the trainer's stop: finish the step, checkpoint) when its parent
-# dies, e.g. a Ray worker lost with its node, or a study killed by SIGKILL. It is set in the child
-# before exec, not by preexec_fn, which may deadlock a parent with threads (Ray's workers have many).
-_PARENT_DEATH = ("import ctypes, os, signal, sys\n"
-                 "if sys.platform == 'linux': ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
-                 "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
-                 "os.execv(sys.argv[2], sys.argv[2:])")
-
-
-# What stops a local study: its runs checkpoint, nothing more starts, and no tables are written.
-STUDY_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@dataclass
-class Child:
-    """The command a plan runs now, for a job or a study that must stop it."""
-
-    process: Optional[subprocess.Popen] = None
-    stopping: bool = False
-
-    def stop(self) -> None:
-        """Start nothing more; ask the running command, if any, to stop (the trainer finishes its step
-        and checkpoints)."""
-        self.stopping = True
-        process = self.process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-
-
-def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = None) -> Optional[str]:
-    """Run a plan's commands that have not finished, in order (a study given a new analysis runs
-    only that); None on success, else the failing command's last line. ``child`` is told which
-    process runs, and stops the plan before its next command once ``stopping``."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    log = run_log(log_dir, p)
-    done = done_commands(p)
-    child = child or Child()
-    with log.open("a") as f:
-        for command in p.commands:
-            if list(command) in done:
-                continue
-            if child.stopping:
-                return "stopped before its next command (the job was asked to stop)"
-            f.write("$ " + " ".join(command[2:]) + "\n")
-            f.flush()
-            with subprocess.Popen((sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *command), stdout=f,
-                                  stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL) as process:
-                child.process = process
-                code = process.wait()
-            child.process = None
-            if code != 0:
-                return f"'{' '.join(command[3:5])}' exited {code}: {last_line(log)} (log: {log})"
-            done.append(list(command))
-            write_text_atomic(p.run_dir / DONE, json.dumps(done))
-    return None
-
-
-def run_log(log_dir: Path, p: RunPlan) -> Path:
-    """The file a plan's commands write their output to."""
-    return log_dir / f"{p.name}.log"
-
-
-def last_line(log: Path) -> str:
-    """A log's last non-blank line (its error, where a command failed), read from its last 64 KiB;
-    '' for none."""
-    if not log.exists():
-        return ""
-    with log.open("rb") as f:
-        f.seek(max(0, f.seek(0, 2) - (1 << 16)))
-        lines = [l for l in f.read().decode("utf-8", "replace").splitlines() if l.strip()]
-    return lines[-1] if lines else ""
-
-
-def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Path]:
-    """Generate the embedded worlds the configurations train on and that do not exist yet (e.g. one
-    per caption-noise level), one after the other, before any run starts; returns those written.
-
-    The shared world folder, when it exists, must have the configurations' settings (WorldExistsError
-    otherwise, before any run starts).
-    """
-    from euclip_cli.data.world_files import check_shared_world, generate, recorded, settings_for
-
-    written = []
-    for name, spec in study.configs.items():
-        cfg = C.load_config(spec.recipe, study.overrides(name, 0))
-        folder = C.train_dir(cfg).parent
-        if cfg.data.dataset != "world":
-            continue
-        found = recorded(folder)
-        if found is not None:
-            check_shared_world(cfg.data, folder, found, f"configuration {name} needs another world there: delete "
-                                                        f"{folder} (the study regenerates it) or point data.train_dir elsewhere")
-        if C.train_dir(cfg).exists() or folder in written:
-            continue
-        say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")
-        generate(folder, settings_for(cfg.data), workers=os.cpu_count() or 1)
-        written.append(folder)
+def write_study(study: Study, summary: dict, out: Path) -> list[Path]:
+    """A summarised study's files in ``out``: the tables (``tables.write_tables``), the scores' figure,
+    the temperature over training and, where the runs placed their mistakes in the world's tree, the
+    hierarchy figure."""
+    written = write_tables(study, summary, out)
+    written += study_figure(summary["rows"], list(study.configs), study.baseline, {**SUITE_COLUMNS["world"]},
+                            out / "study")
+    if summary["temperature"]["panels"]:
+        written += temperature_figure(summary["temperature"], out / "study_temperature")
+    if any(r["metric"] == "shapes_tie" for r in summary["rows"]):
+        written += hierarchy_figure(summary["rows"], list(study.configs), world_guessing()["tie"],
+                                    out / "study_hierarchy")
     return written
 
 
-def run_here(study: Study, out: Path, plans: list[RunPlan], claims: list[Claim], jobs: int, world: Optional[Path],
-             say: Callable[[str], None]) -> dict:
-    """Every unfinished run of ``plans`` as child processes of this one, ``jobs`` at a time; the tables' rows."""
-    todo = [p for p in plans if not is_done(p)]
-    (out / LOGS).mkdir(parents=True, exist_ok=True)
-    if todo:
-        prepare_worlds(study, say)
-    say(f"study {study.name}: {_count(len(study.configs), 'configuration')} x {_count(len(study.seeds), 'seed')} = "
-        f"{_count(len(plans), 'run')}; {len(plans) - len(todo)} already finished")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    failures, durations, started = [], [], time.time()
-    running: dict[Future, tuple[RunPlan, float, Child]] = {}
-    stopped_by: list[str] = []
-
-    def stop(signum, _frame):
-        # Ctrl-C reaches the trainers too (one process group); a SIGINT or SIGTERM sent to the study
-        # alone does not, so it is passed on. Either way the running runs checkpoint and nothing starts.
-        stopped_by.append(signal.Signals(signum).name)
-        for _plan, _began, child in list(running.values()):
-            child.stop()
-
-    # Handlers can only be installed from the main thread; elsewhere the caller owns signals.
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, stop) for s in STUDY_STOP_SIGNALS} if in_main else {}
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            queue = list(todo)
-            while queue or running:
-                while queue and len(running) < jobs and not stopped_by:
-                    p, child = queue.pop(0), Child()
-                    running[pool.submit(execute, p, threads, out / LOGS, child)] = (p, time.time(), child)
-                if not running:
-                    break
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    p, began, _child = running.pop(future)
-                    error = future.result()
-                    durations.append(time.time() - began)
-                    done = len(durations)
-                    left = (len(todo) - done) * (sum(durations) / done) / jobs
-                    if stopped_by and error:
-                        say(f"[{done}/{len(todo)}] {p.name} stopped (its checkpoint is kept)")
-                    elif error:
-                        failures.append(f"{p.name}: {error}")
-                        say(f"[{done}/{len(todo)}] {p.name} FAILED: {error}")
-                    else:
-                        say(f"[{done}/{len(todo)}] {p.name} done in {_duration(durations[-1])}; "
-                            f"about {_duration(left)} left")
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if todo:
-        say(f"study wall time: {_duration(time.time() - started)} for {len(todo)} runs with {jobs} job(s)")
-    if stopped_by:
-        left = sum(not is_done(p) for p in plans)
-        raise Failure(f"study stopped by {stopped_by[0]}: {_count(left, 'run')} unfinished, their checkpoints kept, "
-                      f"no tables written; run the same command to resume", failures)
-    if failures:
-        raise Failure(f"{len(failures)} run(s) failed; the others are kept, and rerunning continues:", failures)
-    return summarize(study, plans, claims, world)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _duration(seconds: float) -> str:
-    minutes, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(minutes, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-# ------------------------------------------------------------------ collecting and comparing
-
-def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
-    """Every metric of one run, in points (eval) or as measured: tasks, groups, average, measures."""
-    run = RunDir(p.run_dir)
-    results = run.latest_results()
-    values = {}
-    for line in results:
-        if line["key"] in tasks and line["metrics"].get("main_metric") is not None:
-            values[line["key"]] = 100 * line["metrics"]["main_metric"]
-    agg = aggregate(results, "world")
-    for group in GROUP_METRICS:
-        if agg.get(group) is not None:
-            values[group] = 100 * agg[group]
-    for at_init, key in ((False, "text_nearer_root"), (True, "text_nearer_root" + AT_INIT)):
-        if run.distances_file(at_init=at_init).exists():
-            values[key] = read_json(run.distances_file(at_init=at_init))["auc_text_closer"]
-    if run.hierarchy_file.exists():
-        found = read_json(run.hierarchy_file)
-        shapes = found["tasks"].get(HIERARCHY_TASK)
-        if shapes is not None:
-            # A run without a mistake has no mistake TIE; an analysis older than the measure, none either.
-            values.update({metric: shapes[key] for metric, key in HIERARCHY_MEASURES.items()
-                           if shapes.get(key) is not None})
-        scores = found.get("entailment", {}).get("text-image", {})
-        values.update({metric: scores[s]["roc_auc"] for metric, s in ENTAILMENT_MEASURES.items() if s in scores})
-        order = found.get("order", {})
-        values.update({metric: order[s]["roc_auc"] for metric, s in ORDER_MEASURES.items() if s in order})
-    last = run.last_training_record()
-    cfg = C.from_dict(run.config()) if last else None
-    if last and "logit_scale" in last:
-        # β starts at exp(t0), capped at logit_scale_max after the first step.
-        values["temperature_init"] = min(math.exp(C.initial_logit_scale(cfg)), cfg.geometry.logit_scale_max)
-        values["temperature_final"] = last["logit_scale"]
-        values["temperature_converged_step"] = converged_step(
-            ((r["step"], r["logit_scale"]) for r in iter_jsonl(run.metrics_file, TRAINING_RECORD) if "logit_scale" in r),
-            last["logit_scale"])
-    if last and "curvature" in last:
-        values["curvature_init"] = cfg.geometry.curvature_init
-        values["curvature_final"] = last["curvature"]
-        values["curvature_fall"] = cfg.geometry.curvature_init - last["curvature"]
-        values["curvature_fall" + AT_INIT] = 0.0  # by definition: the curvature has not moved yet
-    return values
-
-
-def seed_rows(p: RunPlan, values: dict[str, float], tasks: list[str]) -> list[dict]:
-    """One run's values as seeds.csv rows (config, seed, metric, value), every number the study's
-    tables are computed from; a task's row carries a digest of its per-example outcomes as the eval
-    line keeps them (``evaluate.hits``), so that a rerun can be checked against the same images' answers."""
-    hits = {line["key"]: line["hits"] for line in RunDir(p.run_dir).latest_results()
-            if line["key"] in tasks and "hits" in line}
-    return [{"config": p.config, "seed": p.seed, "metric": metric, "value": value,
-             "outcomes_sha256": hashlib.sha256(json.dumps(hits[metric], sort_keys=True).encode()).hexdigest()[:16]
-             if metric in hits else ""} for metric, value in sorted(values.items())]
-
-
-def converged_step(points: Iterable[tuple[int, float]], final: float, within: float = CONVERGED_WITHIN) -> int:
-    """The first logged step from which the values of ``(step, value)`` ``points`` stay within ``within``
-    (relative) of ``final``, the value they end at; read once, in constant memory.
-
-    Sun and Li's Table 7 counts the step from which the temperature "changes less than 2% for an
-    epoch"; the world's runs draw samples with replacement and have no epochs, so this asks that it
-    stay within 2% of where it ends.
-    """
-    step, off = None, True  # off: the latest value seen lies farther than ``within`` (or none seen yet)
-    for s, v in points:
-        if abs(v - final) > within * abs(final):
-            off = True
-        elif off:
-            step, off = s, False
-    return step
-
-
-# Points a training curve keeps for a figure (evenly spaced over a metrics.jsonl of any length).
-CURVE_POINTS = 1000
-# The hierarchy metrics a study reads from each run's ``analyze hierarchy`` (hierarchy), on the
-# world's main shapes task: study metric -> the analysis's name.
-HIERARCHY_TASK = "world/shapes"
-HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_h_precision": "h_precision",
-                      "shapes_mistake_tie": "mistake_tie", "shapes_random_mistake_tie": "random_mistake_tie"}
-# Entailment as a score, family captions over the Shapes images (ROC AUC): study metric -> score.
-ENTAILMENT_MEASURES = {"family_similarity_auc": "similarity", "family_cone_auc": "cone"}
-# The world's caption pairs at every level against their reverses (ROC AUC): study metric -> score.
-ORDER_MEASURES = {"caption_root_order_auc": "root_order", "caption_cone_order_auc": "cone"}
-RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *ORDER_MEASURES)
-
-
-def with_groups(values: dict[str, float], combine: Callable[[list[float]], float]) -> dict[str, float]:
-    """Per-task values of the world's tasks with those of the group means and the average built from
-    them (as ``aggregate`` groups them), ``combine(members' values)``, added where every member has one."""
-    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]
-    for group in GROUP_METRICS:
-        members = [t.key for t in world_tasks if group == "average" or t.group == group]
-        if members and all(k in values for k in members):
-            values[group] = combine([values[k] for k in members])
-    return values
-
-
-def with_group_errors(errors: dict[str, float]) -> dict[str, float]:
-    """Sampling errors, grouped: a mean of k tasks, each on its own evaluation set, has the root sum of
-    their squared errors over k."""
-    return with_groups(errors, lambda members: sum(e ** 2 for e in members) ** 0.5 / len(members))
-
-
-def ceilings(plans: list[RunPlan], tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
-    """The best score (points) any model can expect on each world task the study evaluates
-    (``world_files.task_ceiling``), and on the group means and the average built from them (the mean
-    of their members'); empty where the tasks are not the world's or no run names a generated world."""
-    from euclip_cli.data.world_files import task_ceiling
-
-    if world is None:
-        run = next((RunDir(p.run_dir) for p in plans if RunDir(p.run_dir).config_file.exists()), None)
-        world = C.world_dir(C.from_dict(run.config())) if run else None
-    if world is None or not (world / "manifest.json").exists():
-        return {}
-    values = {key: 100 * task_ceiling(world / "eval", key.split("/", 1)[1])
-              for key in tasks if TASKS[key].suite == "world" and TASKS[key].main_metric is not None}
-    return with_groups(values, statistics.mean)
-
-
-def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) -> dict[str, float]:
-    """The evaluation sampling error (points) of each world task's main metric in one run, and of
-    the group means and the average built from them; empty where the run's tasks are not the
-    world's or its world has no manifest.
-
-    Accuracy is a proportion of the world's ``eval_size`` images (``stats.binomial_se``). Retrieval's
-    mean R@1 averages text-to-image R@1 over the captions (``RETRIEVAL_LEVELS`` per image) and
-    image-to-text R@1 over the images; the two directions are treated as independent. A mean of k
-    tasks, each on its own evaluation set, has the root sum of their squared errors over k.
-    """
-    from euclip_cli.data.world_tasks import RETRIEVAL_LEVELS
-
-    run = RunDir(p.run_dir)
-    if world is None and not run.config_file.exists():
-        return {}
-    manifest = (world or C.world_dir(C.from_dict(run.config()))) / "manifest.json"
-    if not manifest.exists():
-        return {}
-    images = int(read_json(manifest)["eval_size"])
-    errors: dict[str, float] = {}
-    for line in run.latest_results():
-        key, m = line["key"], line["metrics"]
-        if key not in tasks or TASKS[key].suite != "world" or m.get("main_metric") is None:
-            continue
-        if TASKS[key].kind == "retrieval":
-            t2i = stats.binomial_se(m["image_retrieval_recall@1"], images * len(RETRIEVAL_LEVELS))
-            i2t = stats.binomial_se(m["text_retrieval_recall@1"], images)
-            errors[key] = 100 * (t2i ** 2 + i2t ** 2) ** 0.5 / 2
-        else:
-            errors[key] = 100 * stats.binomial_se(m["main_metric"], images)
-    return with_group_errors(errors)
-
-
-def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[str, float]:
-    """The evaluation sampling error (points) of run ``p``'s score minus run ``base``'s, both scored on the
-    same examples, for each world task both have per-example outcomes of (``evaluate.hits``), and for the
-    group means and the average built from them: ``stats.paired_proportion_se`` per direction, retrieval's
-    mean R@1 as half the root sum of its two directions' squares, a mean of k tasks as the root sum of
-    their squares over k (each task its own examples)."""
-    from euclip_cli.evaluate.hits import unpack_hits
-
-    lines = [{line["key"]: line for line in RunDir(plan.run_dir).latest_results()} for plan in (p, base)]
-    errors: dict[str, float] = {}
-    for key in tasks:
-        if TASKS[key].suite != "world" or not all("hits" in by_key.get(key, {}) for by_key in lines):
-            continue
-        ours, theirs = (by_key[key]["hits"] for by_key in lines)
-        names = ("image_retrieval_recall@1", "text_retrieval_recall@1") if TASKS[key].kind == "retrieval" else ("acc1",)
-        if not all(name in ours and name in theirs and ours[name]["n"] == theirs[name]["n"] for name in names):
-            continue
-        per_name = [stats.paired_proportion_se(unpack_hits(ours[name]), unpack_hits(theirs[name])) for name in names]
-        errors[key] = 100 * math.sqrt(sum(se ** 2 for se in per_name)) / len(names)
-    return with_group_errors(errors)
-
-
-# The evaluation-size curve: Shapes scored on the whole evaluation set and on its first half, quarter and
-# eighth (the world writes its images in random order, so each is a random subset), down to no fewer images
-# than this: below it a 12-class task has a handful of images per class.
-EVAL_SIZE_TASK = "world/shapes"
-EVAL_SIZE_FRACTIONS = (1, 2, 4, 8)
-EVAL_SIZE_MIN = 60
-
-
-def evaluation_size_curve(study: Study, plans: list[RunPlan]) -> list[dict]:
-    """How a verdict's precision depends on the evaluation set's size, measured rather than modelled: for
-    each size, each configuration's difference to its seed's baseline run on the same first images, its
-    standard deviation over seeds (median over configurations, of those with two seeds or more) and its
-    evaluation sampling error (``stats.paired_proportion_se``, median over pairs), in points, read from
-    the runs' per-image outcomes on ``EVAL_SIZE_TASK``; empty where the runs have none (``euclip eval --again``
-    writes them for runs evaluated by an older euclip)."""
-    from euclip_cli.evaluate.hits import unpack_hits
-
-    right: dict[tuple[str, int], list[bool]] = {}
-    for p in plans:
-        line = next((line for line in RunDir(p.run_dir).latest_results() if line["key"] == EVAL_SIZE_TASK),
-                    None) if p.run_dir.exists() else None
-        if line and "acc1" in line.get("hits", {}):
-            right[(p.config, p.seed)] = unpack_hits(line["hits"]["acc1"])
-    base = {seed: hits for (config, seed), hits in right.items() if config == study.baseline}
-    pairs = {config: [(hits, base[seed]) for (c, seed), hits in right.items() if c == config and seed in base]
-             for config in study.configs if config != study.baseline}
-    if not base or not any(pairs.values()) or len({len(h) for h in right.values()}) != 1:
-        return []
-    images = len(next(iter(right.values())))
-    rows = []
-    for fraction in EVAL_SIZE_FRACTIONS:
-        size = images // fraction
-        if size < EVAL_SIZE_MIN:
-            break
-        sds, errors = [], []
-        for config_pairs in pairs.values():
-            deltas = [100 * (sum(a[:size]) - sum(b[:size])) / size for a, b in config_pairs]
-            if len(deltas) >= 2:
-                sds.append(statistics.stdev(deltas))
-            errors += [100 * stats.paired_proportion_se(a[:size], b[:size]) for a, b in config_pairs]
-        rows.append({"metric": EVAL_SIZE_TASK, "images": size, "configs": len(sds),
-                     "paired_sd_median": statistics.median(sds) if sds else None,
-                     "paired_sampling_se_median": statistics.median(errors)})
-    return rows
-
-
-def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Optional[Path] = None) -> dict:
-    """``{"rows": study.csv rows, "claims": claims.csv rows, "noise": noise.csv rows, "seeds": [...],
-    "per_seed": seeds.csv rows,
-    "temperature": temperature_curves(...)}``."""
-    tasks = [t.key for t in select(study.tasks)]
-    by_config: dict[str, dict[int, dict[str, float]]] = {}
-    errors: dict[str, list[float]] = {}
-    paired_errors: dict[str, list[float]] = {}
-    baseline = {p.seed: p for p in plans if p.config == study.baseline and p.run_dir.exists()}
-    per_seed = []
-    for p in plans:
-        if p.run_dir.exists():
-            by_config.setdefault(p.config, {})[p.seed] = run_values(p, tasks)
-            per_seed += seed_rows(p, by_config[p.config][p.seed], tasks)
-            for metric, se in sampling_errors(p, tasks, world).items():
-                errors.setdefault(metric, []).append(se)
-            if p.config != study.baseline and p.seed in baseline:
-                for metric, se in paired_sampling_errors(p, baseline[p.seed], tasks).items():
-                    paired_errors.setdefault(metric, []).append(se)
-    metrics = [*GROUP_METRICS, *tasks]
-    rows = []
-    for config in study.configs:
-        seeds = by_config.get(config, {})
-        for metric in metrics + list(RUN_MEASURES):
-            values = {s: v[metric] for s, v in seeds.items() if metric in v}
-            if not values:
-                continue
-            est = stats.estimate(list(values.values()), study.interval)
-            row = {"config": config, "metric": metric, "n_seeds": est.n, "mean": est.mean, "sd": est.sd,
-                   "ci_low": est.low, "ci_high": est.high, "interval": study.interval,
-                   "paper": study.configs[config].paper or ""}
-            if config != study.baseline and metric in metrics:
-                base = {s: v[metric] for s, v in by_config.get(study.baseline, {}).items() if metric in v}
-                diff = stats.paired_difference(values, base, study.interval)
-                if diff is not None:
-                    row.update(diff_mean=diff.mean, diff_sd=diff.sd, diff_low=diff.low, diff_high=diff.high,
-                               diff_n=diff.n)
-            rows.append(row)
-    reading = regime(study, by_config)
-    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
-            "seeds": list(study.seeds), "per_seed": per_seed, "regime": reading,
-            "noise": noise_floor(rows, metrics, errors, paired_errors, ceilings(plans, tasks, world)),
-            "eval_size": evaluation_size_curve(study, plans),
-            "temperature": temperature_curves(study, plans)}
-
-
-def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:
-    """The learned temperature over training, for Sun and Li's Figure 3: ``{"curves": {config:
-    {seed: [(step, beta), ...]}}, "panels": {geometry: [config, ...]}}``, one panel per geometry
-    and logit (configurations differing in initialisation, noise or structure share one)."""
-    curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
-    for p in plans:
-        records = RunDir(p.run_dir).training_records(CURVE_POINTS) if p.run_dir.exists() else []
-        points = [(r["step"], r["logit_scale"]) for r in records if "logit_scale" in r]
-        if points:
-            curves.setdefault(p.config, {})[p.seed] = points
-    panels: dict[str, list[str]] = {}
-    for name, spec in study.configs.items():
-        if name in curves:
-            cfg = C.load_config(spec.recipe, study.overrides(name, 0))
-            panels.setdefault(f"{cfg.geometry.name} ({C.resolved_logit(cfg)})", []).append(name)
-    return {"curves": curves, "panels": panels}
-
-
-def noise_floor(rows: list[dict], metrics: list[str], errors: dict[str, list[float]],
-                paired_errors: Optional[dict[str, list[float]]] = None,
-                ceiling: Optional[dict[str, float]] = None) -> list[dict]:
-    """Per metric: the seed standard deviation (median and range over configurations), the standard
-    deviation of the paired differences to the baseline (median over configurations), the evaluation
-    sampling error of one run's score (median over runs) and of one run's difference to its seed's
-    baseline run on the same examples (median over those pairs), all in points. The last, squared over
-    the paired sd squared, is the share of a verdict's spread that more evaluation examples would remove.
-    Beside them, the metric's ``ceiling`` where known (points): a score near it has little room to differ.
-    A task that is its group's only member (Shapes is the world's main group) appears once, under the
-    group's name."""
-    paired_errors = paired_errors or {}
-    alone = {}
-    for task in TASKS.values():
-        alone.setdefault((task.suite, task.group), []).append(task.key)
-    out = []
-    for metric in metrics:
-        task = TASKS.get(metric)
-        if task is not None and task.group and len(alone[(task.suite, task.group)]) == 1:
-            continue
-        sds = sorted(r["sd"] for r in rows if r["metric"] == metric and r["sd"] is not None)
-        paired = [r["diff_sd"] for r in rows if r["metric"] == metric and r.get("diff_sd") is not None]
-        if not sds:
-            continue
-        out.append({"metric": metric, "seed_sd_median": statistics.median(sds), "seed_sd_min": sds[0],
-                    "seed_sd_max": sds[-1], "configs": len(sds),
-                    "paired_sd_median": statistics.median(paired) if paired else None,
-                    "sampling_se_median": statistics.median(errors[metric]) if errors.get(metric) else None,
-                    "paired_sampling_se_median": (statistics.median(paired_errors[metric])
-                                                  if paired_errors.get(metric) else None),
-                    "ceiling": (ceiling or {}).get(metric)})
-    return out
+def check_configurations(plans: list[RunPlan], out: Path) -> None:
+    """Refuse a study folder holding runs trained with another configuration than the study's recipes
+    now give (a recipe edited since): they would be counted as finished, or fail one by one."""
+    complete = lambda stored: C.to_dict(C.from_dict(stored))  # noqa: E731  (older runs, as the trainer reads them)
+    changed = [(p.name, keys) for p in plans if (keys := RunDir(p.run_dir).difference(p.resolved, complete))]
+    if changed:
+        shown = "; ".join(f"{name} differs in {', '.join(keys[:3])}" for name, keys in changed[:3])
+        raise UsageError(f"{out} holds {len(changed)} run(s) trained with another configuration than the study's "
+                         f"recipes now give ({shown}): a recipe changed since; pass --out NEW for a new study, "
+                         f"or move {out} away (nothing was run)")
 
 
 PROVENANCE = "provenance.json"

@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 from euclip_cli import config as C
 from euclip_cli.errors import UsageError
-from euclip_cli.evaluate.tasks import select
+from euclip_cli.protocol.tasks import select
 from euclip_cli.published import sun_li_labels
 from euclip_cli.rundir import plain_name, read_json, write_text_atomic
 from euclip_cli.stats import INTERVALS, MIN_BOOTSTRAP_SEEDS
@@ -206,6 +206,11 @@ class StudyOptions:
     configs: Optional[str] = None
     resources: tuple[str, ...] = ()
     world: Optional[str] = None  # an absolute path
+
+    def command(self) -> str:
+        """The ``euclip study`` command that names these runs (what a published study says made it)."""
+        return " ".join(["euclip study --recipe", self.recipe, *([f"--seeds {self.seeds}"] if self.seeds else []),
+                         *([f"--configs {self.configs}"] if self.configs else []), *self.overrides])
 
     def write(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 from euclip_cli import config as C
-from euclip_cli.evaluate.tasks import GROUPS, SUITE_COLUMNS, TASKS
+from euclip_cli.protocol.tasks import GROUPS, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
-from euclip_cli.stats import ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence
+from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table)
 from euclip_cli.study.spec import Study
 from euclip_cli.study.verdicts import regime_lines
 
@@ -33,6 +33,12 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def _markdown(table: list[dict[str, str]]) -> list[str]:
+    header = list(table[0]) if table else ["config"]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row[h] for h in header) + " |" for row in table)]
+
+
 def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -45,20 +51,9 @@ def to_markdown(study: Study, summary: dict) -> str:
     lines = [f"# Study {study.name}", "",
              f"Seeds {', '.join(map(str, summary['seeds']))}; zero-shot {study.tasks} tasks in %; 95% intervals "
              f"over seeds ({interval}); Δ is the difference to `{study.baseline}` paired by seed.", ""]
-    header = ["config"] + [f"{names[m]}" for m in GROUP_METRICS] + [f"Δ {names['main']}", f"Δ {names['average']}"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = {(r["config"], r["metric"]): r for r in summary["rows"]}
-    for config in study.configs:
-        cells = [config]
-        for metric in GROUP_METRICS:
-            r = rows.get((config, metric))
-            cells.append("missing" if r is None else f"{_fmt(r['mean'])} ± {_fmt(r['sd'])}")
-        for metric in ("main", "average"):
-            r = rows.get((config, metric), {})
-            cells.append("baseline" if config == study.baseline else
-                         (f"{r['diff_mean']:+.1f} [{_fmt(r.get('diff_low'))}, {_fmt(r.get('diff_high'))}]"
-                          if r.get("diff_mean") is not None else "–"))
-        lines.append("| " + " | ".join(cells) + " |")
+    table = config_table(summary["rows"], list(study.configs), study.baseline, {m: names[m] for m in GROUP_METRICS})
+    lines += _markdown(table)
     lines += ["", "## Regime", "", *regime_lines(summary["regime"])]
     lines += ["", "## Claims", "",
               "Each claim is read against the published result of the study's regime (\"read against\"), in "

@@ -4,7 +4,9 @@ euclip's own towers (sized for a CPU, or MERU's) are ``Arch`` entries registered
 registers its models; any other name is looked up among open_clip's registered models. An entry
 is an open_clip ``CLIP`` configuration (``embed_dim``, ``vision_cfg``, ``text_cfg``) and what
 that configuration cannot say, done to the built towers (``finish``). A package of your own adds
-one with ``register(Arch(...))`` before it builds a model.
+one with ``register(Arch(...))`` in a module it names under the ``euclip.archs`` entry point, so
+that every euclip process (a study's runs, torchrun's ranks) knows it; the benchmarks' models
+(``euclip_bench.archs``) are registered so.
 """
 
 from __future__ import annotations
@@ -168,14 +170,6 @@ register(Arch("tiny-vit-32", 128, dict(image_size=32, patch_size=4, width=128, l
 # (docs/embedded-world.md says how it was chosen).
 register(Arch("tiny-vit-c16", 128, dict(image_size=64, patch_size=16, width=128, layers=4, head_width=64), _TINY_TEXT,
               finish=WithConvStem((16, 32, 64, 128))))
-# The speed benchmark's model (``euclip bench train``), ~2.9 GFLOP per training sample.
-register(Arch("bench-vit", 256, dict(image_size=64, patch_size=8, width=256, layers=6, head_width=64),
-              dict(context_length=32, vocab_size=49408, width=256, heads=4, layers=6)))
-# The data-path bench's model (``euclip bench feed``): bench-vit's inputs (64 px, context 32, so the same
-# loaders) through towers so small that a step costs the host next to nothing, as on a very fast accelerator.
-register(Arch("bench-feed", 32, dict(image_size=64, patch_size=16, width=32, layers=1, head_width=32),
-              dict(context_length=32, vocab_size=49408, width=32, heads=1, layers=1)))
-
 
 # MERU's released towers (facebookresearch/meru): a timm ViT at 224 px (class-token pooling, a bias-free
 # linear projection) and a 12-layer, width-512 causal text transformer; MERU builds its ViT with torch's
@@ -241,3 +235,19 @@ def meru_arch(name: str, timm_model: str, embed_dim: int = 512, text_cfg: Option
 for _name, _timm in {"meru-vit-s": "vit_small_mocov3_patch16_224", "meru-vit-b": "vit_base_patch16_224",
                      "meru-vit-l": "vit_large_patch16_224"}.items():
     register(meru_arch(_name, _timm))
+
+
+# The entry point group under which a package names the modules that register its archs.
+PLUGINS = "euclip.archs"
+
+
+def _load_plugins() -> None:
+    """Import every module a package names under ``euclip.archs``: their ``register`` calls add
+    their towers in every process, beside euclip's own."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGINS):
+        entry.load()
+
+
+_load_plugins()

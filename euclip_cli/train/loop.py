@@ -23,10 +23,12 @@ import torch
 
 from euclip_cli import config as C
 from euclip_cli.data.feed import DeviceFeed
-from euclip_cli.data.loader import STOP_SIGNALS, RepeatBatches, TrainBatches, list_shards, segment_steps_for
+from euclip_cli.data.loader import (STOP_SIGNALS, WAIT_BOUND, RepeatBatches, TrainBatches, list_shards,
+                                    segment_steps_for)
 from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
-from euclip_cli.data.webshards import training_record
-from euclip_cli.data.world_files import check_files, check_shared_world, fingerprint, recorded, recorded_settings
+from euclip_cli.data.downloads import training_record
+from euclip_cli.data.world_files import check_shared_world
+from euclip_cli.worlddir import WorldDir, fingerprint, recorded_settings
 from euclip_cli.device import (autocast_factory, cpu_name, host_memory_bytes, is_out_of_memory, resolve_device,
                                 resolve_precision)
 from euclip_cli.errors import Failure, UsageError
@@ -49,6 +51,12 @@ HOST_THREADS_ON_GPU = 4
 
 class RunError(Failure):
     """The run cannot proceed; the message says why and what to do."""
+
+
+def waits_for_data(record: dict) -> bool:
+    """Whether a training record's steps waited for data long enough that the loaders bound the trainer
+    (``loader.WAIT_BOUND``); its progress line then says so."""
+    return record["data_wait_share"] >= WAIT_BOUND
 
 
 def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
@@ -172,7 +180,7 @@ def world_record(cfg: C.Config, download: str) -> Optional[dict]:
     if cfg.data.dataset != "world":
         return None
     world = C.train_dir(cfg).parent
-    found = recorded(world)
+    found = WorldDir(world).manifest()
     if found is None:
         if not cfg.data.train_dir and world.exists():
             # The shared folder is euclip's: without a manifest its world was cut short (or is not euclip's).
@@ -180,7 +188,7 @@ def world_record(cfg: C.Config, download: str) -> Optional[dict]:
                            f"short, or something else wrote it): delete {world} and run '{download}'")
         return None
     check_shared_world(cfg.data, world, found, f"delete {world} and run '{download}', or set those keys to its values")
-    check_files(world, found, "train/")
+    WorldDir(world).check_files(found, "train/")
     return {"source": "world", "fingerprint": fingerprint(found), **recorded_settings(found)}
 
 

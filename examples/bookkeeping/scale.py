@@ -3,7 +3,7 @@
 Builds a study folder of study-geometries at 10 seeds (100 runs: each a config.json, an eval.jsonl
 over the world's tasks and a metrics.jsonl of --steps records; one run's metrics.jsonl has
 --long-steps records), then, each in a fresh process, times and measures the peak resident memory
-of (1) the study summary (``study.runner.summarize`` and ``study.tables.write_tables``, what
+of (1) the study summary (``study.summaries.summarize`` and ``study.tables.write_tables``, what
 ``euclip study`` does once its runs are finished) and (2) ``euclip report`` over the study's runs.
 Every number is made up (uniform noise): only the bookkeeping is measured.
 
@@ -26,7 +26,8 @@ PEAK = "[int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('V
 SUMMARY = """
 import sys, time
 from pathlib import Path
-from euclip_cli.study.runner import plan, summarize
+from euclip_cli.study.jobs import plan
+from euclip_cli.study.summaries import summarize
 from euclip_cli.study.spec import load_claims, load_study
 from euclip_cli.study.tables import write_tables
 out = Path(sys.argv[1])
@@ -38,7 +39,7 @@ print(time.perf_counter() - began, PEAK)
 """
 REPORT = """
 import sys, time
-from euclip_cli.cli import app
+from euclip_cli.cli.main import app
 began = time.perf_counter()
 try:
     app(["report", "--runs-dir", sys.argv[1] + "/runs", "--studies-dir", sys.argv[1] + "/none", "--out",
@@ -52,9 +53,9 @@ print(time.perf_counter() - began, PEAK)
 def build(out: Path, steps: int, long_steps: int) -> int:
     from euclip_cli import config as C
     from euclip_cli.evaluate.runner import PROTOCOL
-    from euclip_cli.evaluate.tasks import select
+    from euclip_cli.protocol.tasks import select
     from euclip_cli.rundir import RunDir
-    from euclip_cli.study.runner import plan
+    from euclip_cli.study.jobs import plan
     from euclip_cli.study.spec import load_claims, load_study
 
     study = load_study("study-geometries", 10)

@@ -7,7 +7,7 @@ One output folder per dataset::
     <out>/download-list/     the selected rows (url, text, uid[, face_bboxes]): img2dataset's input
     <out>/shards/            img2dataset's webdataset output, which ``euclip train`` reads
     <out>/metadata/          DataComp, by default: the pool's parquet (and npz) files; RedCaps: its
-                             annotations archive (``euclip_cli.data.redcaps``)
+                             annotations archive (``download.redcaps``)
 
 Every stage leaves a record of completion, so the same command continues where a previous
 one stopped (img2dataset itself skips shards whose ``_stats.json`` exists) and does nothing
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from euclip_cli.data.fetch import FetchError, check_ray_address, configure_hub_client, fetch_file, sha256_of
 from euclip_cli.errors import UsageError
+from euclip_cli.data.downloads import MANIFEST, read_manifest
 from euclip_cli.rundir import read_json
 
 if TYPE_CHECKING:
     from euclip_cli.data.datacomp import ImageBasedInputs
 
-MANIFEST = "manifest.json"
 LIST_DIR = "download-list"
 SHARDS_DIR = "shards"
 OWN_ENTRIES = {MANIFEST, "uids.npy", LIST_DIR, SHARDS_DIR, "metadata"}
@@ -77,11 +77,6 @@ OnProgress = Callable[[str, int, Optional[int]], None]
 
 
 # ------------------------------------------------------------------ the output folder and its manifest
-
-def read_manifest(folder: Path) -> Optional[dict]:
-    path = folder / MANIFEST
-    return read_json(path) if path.exists() else None
-
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     tmp = folder / f".{MANIFEST}.tmp"
@@ -394,6 +389,15 @@ def check_distributor(options: ImageOptions) -> None:
 
 # ------------------------------------------------------------------ the two entry points
 
+def datacomp_folder(scale: str, filter_name: Optional[str], uid_file: Optional[Path]) -> Path:
+    """Where a DataComp download goes by default: ``data/datacomp-SCALE-FILTER`` (``data.train_dir``'s
+    parent for a recipe of that scale and filter), or ``-uids-NAME`` for a subset of one's own."""
+    from euclip_cli.data.datacomp import UID_FILE
+
+    name = f"{UID_FILE}-{uid_file.stem}" if uid_file is not None else filter_name or "clip-l14-30"
+    return Path("data") / f"datacomp-{scale}-{name}"
+
+
 def download_datacomp(out: Path, scale: str, filter_name: str, options: ImageOptions, command: str, say: Say,
                       on_progress: OnProgress, on_file: Callable[[str, int, int], None],
                       metadata_dir: Optional[Path] = None, endpoint: Optional[str] = None,
@@ -486,20 +490,3 @@ def download_urls(parquet: Path, out: Path, options: ImageOptions, command: str,
         write_manifest(out, manifest)
         (list_dir / ".complete").touch()
     return fetch_images(out, manifest, options, bbox=False, say=say)
-
-
-def training_record(train_dir: Path) -> Optional[dict]:
-    """What the trainer logs about a download whose shards are ``train_dir`` (None for other folders).
-
-    Raises UsageError when the download is unfinished: training on part of a subset would
-    silently change the experiment.
-    """
-    manifest = read_manifest(train_dir.parent)
-    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls", "redcaps"):
-        return None
-    if not manifest.get("complete"):
-        raise UsageError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "
-                         f"{manifest.get('expected_shards', '?')} shards): rerun '{manifest['command']}' first")
-    keys = ("pool", "threshold", "selected", "attempted", "downloaded", "success_rate", "shards", "bytes")
-    return {**manifest["identity"], **{k: manifest.get(k) for k in keys}}
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from statistics import mean
 from typing import Optional
 
-from euclip_cli.evaluate.tasks import GROUPS, TASKS, list_tasks
+from euclip_cli.protocol.tasks import GROUPS, TASKS, list_tasks
 
 
 def aggregate(results: list[dict], suite: str) -> dict[str, Optional[float]]:

@@ -151,7 +151,7 @@ def hierarchy_canvas(rows: list[dict], configs: list[str], guessing: float):
 def temperature_figure(temperature: dict, stem: Path) -> list[Path]:
     """Sun and Li's Figure 3 for a study: the learned temperature over training, one panel per
     geometry, one line per configuration (the mean over seeds at each logged step, shaded from
-    the lowest seed to the highest); ``temperature`` is ``study.runner.temperature_curves``'."""
+    the lowest seed to the highest); ``temperature`` is ``study.summaries.temperature_curves``'."""
     return _save(temperature_canvas(temperature), stem)
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from euclip_cli.bench import (BenchError, Measurement, Settings, child_env, ensure_world, openclip_run, over_rounds,
+from euclip_bench.measure import (BenchError, Measurement, Settings, child_env, ensure_world, openclip_run, over_rounds,
                               ratio_over_rounds, run_child, scratch, timed_training)
 
 # Targets of the data-path issue: each euclip loop at least this efficient, and at least as efficient
@@ -67,7 +67,7 @@ def euclip_loop(work: Path, world_train: Path, s: FeedSettings, name: str, overr
 LOADER_SCRIPT = """
 import functools, json, sys
 from pathlib import Path
-from euclip_cli.bench import make_loader, time_loader
+from euclip_bench.measure import make_loader, time_loader
 from euclip_cli.data.loader import list_shards
 from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 kind, arch, world, batch, workers, steps, warmup = sys.argv[1:]

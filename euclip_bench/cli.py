@@ -1,4 +1,5 @@
-"""``euclip bench train``: euclip's trainer against OpenCLIP's, on one model, batch and thread count."""
+"""``euclip-bench`` (alias ``euclip bench``): euclip's trainer, loaders, decoders and kernels against their
+references, each on one model, batch and thread count, with the ratio measured in the same run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from euclip_cli.cli import common
 from euclip_cli.config import DataConfig, Precision
 from euclip_cli.errors import UsageError
 
-app = typer.Typer(help="Speed benchmarks (targets live here, never in tests).", no_args_is_help=True)
+app = typer.Typer(cls=common.OneLineErrors, name="euclip-bench",
+                  help="Speed benchmarks (targets live here, never in tests).", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 # Dense bf16 peaks for the MFU column; elsewhere pass --peak-tflops.
 KNOWN_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
@@ -63,7 +67,7 @@ def _check_model_arch(arch: str) -> None:
 
 
 @app.command("train")
-def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.towers.archs (the default "
+def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip's archs (model.arch) (the default "
                                                              "is the one OpenCLIP was first measured with on a CPU) "
                                                              "or an open_clip model (ViT-B-32)."),
                 batch_size: int = typer.Option(256, min=2, help="Global batch (the reference measurement used 256)."),
@@ -99,7 +103,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
     """
     from rich.table import Table
 
-    from euclip_cli.bench import BenchError, Settings, bench_train
+    from euclip_bench.measure import BenchError, Settings, bench_train
 
     _check_precision(precision)
     import torch
@@ -181,9 +185,9 @@ def _spread(ratio: dict) -> str:
 def summary_lines(result: dict) -> list[str]:
     """The bench's verdict lines: each ratio with its spread over rounds and its target."""
     from euclip_cli.config import STUDY_RUN_RECIPE
-    from euclip_cli.bench import TARGET_ACCUM_OVERHEAD as overhead
-    from euclip_cli.bench import TARGET_FRACTION_OF_PEAK as fraction
-    from euclip_cli.bench import TARGET_SPEEDUP as speedup
+    from euclip_bench.measure import TARGET_ACCUM_OVERHEAD as overhead
+    from euclip_bench.measure import TARGET_FRACTION_OF_PEAK as fraction
+    from euclip_bench.measure import TARGET_SPEEDUP as speedup
     from euclip_cli.data.loader import loader_reading
 
     def verdict(met: bool) -> str:
@@ -251,7 +255,7 @@ def _check_caption_source(shards: Optional[Path], caption_words: Optional[float]
 def _captions(shards: Optional[Path], caption_words: Optional[float], count: int, out: Path) -> tuple[list[str], str]:
     """``count`` captions and where they come from, in words: synthetic ones of ``caption_words`` words on
     average, those of ``shards``, or the bench's world's (generated under ``out`` where missing)."""
-    from euclip_cli.bench import ensure_world, shard_captions
+    from euclip_bench.measure import ensure_world, shard_captions
     from euclip_cli.data.photo_shards import CAPTION_WORDS_SIGMA, synthetic_captions
 
     if caption_words is not None:
@@ -265,7 +269,7 @@ def _captions(shards: Optional[Path], caption_words: Optional[float], count: int
 
 
 @app.command("text")
-def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.towers.archs (tiny is the "
+def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip's archs (model.arch) (tiny is the "
                                                       "embedded study's) or an open_clip model (ViT-B-32, "
                                                       "DataComp's small and medium tower, context 77)."),
                batch_size: int = typer.Option(128, min=2, help="Captions per batch."),
@@ -289,7 +293,7 @@ def text_bench(arch: str = typer.Option("tiny", help="Model: one of euclip_cli.t
       euclip bench text --shards data/datacomp/small/shards --arch bench-vit
       euclip bench text --arch ViT-B-32 --caption-words 10 --batch-size 64 --batches 4 --rounds 3
     """
-    from euclip_cli.bench import BenchError, bench_text
+    from euclip_bench.measure import BenchError, bench_text
 
     _check_precision(precision)
     import torch
@@ -349,7 +353,7 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
     """
     from rich.table import Table
 
-    from euclip_cli.bench import LOADERS, BenchError, bench_loader, ensure_world, loader_batches_timed
+    from euclip_bench.measure import LOADERS, BenchError, bench_loader, ensure_world, loader_batches_timed
 
     _check_model_arch(arch)
     _check_decoder(decoder)
@@ -404,7 +408,7 @@ def decode_bench(shards: Path = typer.Option(..., callback=common.checked_path, 
 
     Example: euclip bench decode --shards data/datacomp-like
     """
-    from euclip_cli.bench.decode import bench_decode, shard_images
+    from euclip_bench.decode import bench_decode, shard_images
     from euclip_cli.towers import build_clip, transforms_for
 
     _check_model_arch(arch)
@@ -445,7 +449,7 @@ def _bench_device(device: str) -> str:
 
 
 @app.command("profile")
-def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.towers.archs)."),
+def profile_bench(arch: str = typer.Option("bench-vit", help="Model (one of euclip's archs, model.arch)."),
                   batch_size: int = typer.Option(256, min=2, help="Batch (bench train's default)."),
                   steps: int = typer.Option(3, min=1, help="Profiled steps, after two untimed ones."),
                   threads: int = typer.Option(0, min=0, help="Torch threads; 0 = every core of this machine."),
@@ -462,7 +466,7 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
     """
     from rich.table import Table
 
-    from euclip_cli.bench import MATRIX_KINDS, BenchError, profile_step
+    from euclip_bench.measure import MATRIX_KINDS, BenchError, profile_step
 
     _check_precision(precision)
     import torch
@@ -503,7 +507,7 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (euclip_cli.
 
 
 @app.command("feed")
-def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.towers.archs): its image size and "
+def feed_bench(arch: str = typer.Option("bench-feed", help="Model (one of euclip's archs, model.arch): its image size and "
                                                             "context set the loaders' work; the default's towers "
                                                             "are tiny, so that a step costs next to nothing."),
                batch_size: int = typer.Option(256, min=2, help="Samples per batch, as the loaders make them."),
@@ -525,8 +529,8 @@ def feed_bench(arch: str = typer.Option("bench-feed", help="Model (euclip_cli.to
     """
     from rich.table import Table
 
-    from euclip_cli.bench import BenchError
-    from euclip_cli.bench.feed import LOOPS, TARGET_EFFICIENCY, FeedSettings, bench_feed
+    from euclip_bench.measure import BenchError
+    from euclip_bench.feed import LOOPS, TARGET_EFFICIENCY, FeedSettings, bench_feed
 
     _check_local_arch(arch)
     if step_samples > batch_size:
@@ -570,7 +574,7 @@ def feed_summary(result: dict, target: float) -> list[str]:
 
 
 @app.command("ops")
-def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_cli.towers.archs or an open_clip "
+def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip's archs (model.arch) or an open_clip "
                                                           "model (ViT-B-32, DataComp's small and medium tower)."),
               batch_size: int = typer.Option(256, min=2, help="Captions (and images) in the step."),
               shards: Optional[Path] = typer.Option(None, callback=common.checked_path,
@@ -594,7 +598,7 @@ def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_c
     """
     from rich.table import Table
 
-    from euclip_cli.bench.ops import bench_ops
+    from euclip_bench.ops import bench_ops
 
     _check_model_arch(arch)
     _check_caption_source(shards, caption_words)
@@ -630,3 +634,7 @@ def ops_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip_c
         "and backward FLOPs against the full context's; kept: the share of trimming's saving (every length its own "
         "group) kept", highlight=False)
     common.console.print(f"written: {write_result(out, 'ops', result)}")
+
+
+def main() -> None:
+    common.run_app(app)

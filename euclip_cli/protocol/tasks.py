@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from euclip_cli.errors import UsageError
+from euclip_cli.worlddir import WorldDir
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Task:
         if self.folder:
             return eval_root / self.folder
         if self.suite == "world":
-            return world_root / "eval" / self.key.split("/", 1)[1]
+            return WorldDir(world_root).task(self.key.split("/", 1)[1])
         if self.kind == "winogavil":
             return eval_root / "winogavil"  # instances.jsonl + images/, see euclip_cli.evaluate.evalsets
         key = self.key.split("/", 1)[1] if self.key.startswith("fairness/") else self.key

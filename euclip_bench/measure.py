@@ -131,7 +131,8 @@ BENCH_WORLD_SAMPLES = 10_000
 
 
 def ensure_world(work: Path) -> Path:
-    from euclip_cli.data.world_files import WorldSettings, generate
+    from euclip_cli.data.world_files import generate
+    from euclip_cli.worlddir import WorldSettings
 
     out = work / f"world-{BENCH_WORLD_SAMPLES}"
     generate(out, WorldSettings(seed=0, samples=BENCH_WORLD_SAMPLES, eval_size=16), workers=2)

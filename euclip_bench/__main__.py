@@ -1,0 +1,3 @@
+from euclip_bench.cli import main
+
+main()
