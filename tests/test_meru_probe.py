@@ -150,3 +150,36 @@ def test_probes_run_through_eval_with_their_splits_and_cached_features(world, pr
     assert f"{n} of the {n} test images" in sun["error"] and "--dataset vtab/sun397" in sun["error"]
     result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/pets", "--eval-root", str(probe_sets)])
     assert "clip_benchmark_export_wds for each split into EVAL_ROOT/wds_pets_probe" in " ".join(result.output.split())
+
+
+def test_check_sets_counts_each_split_against_merus_table_6_before_any_model(probe_sets, monkeypatch):
+    """The world's stand-ins: 120 images a split, the world's 12 shapes; SUN397's as the plain exporter writes
+    it (its test images are its train images); Pets not made."""
+    from euclip_cli.evaluate import sets
+
+    result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/food101,meru-probe/cifar10,"
+                                 "meru-probe/sun397,meru-probe/pets", "--eval-root", str(probe_sets)])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 1 and "3 of 3 probe sets differ from MERU's Table 6" in out
+    assert ("meru-probe/food101: train 120 (euclip holds out its val), test 120; MERU's 68,175 + 7,575 / 25,250: "
+            "sizes DIFFER; 12 classes (MERU's 101); 0 test images also in train or val") in out
+    assert "meru-probe/cifar10: train 120, val 120, test 120;" in out
+    assert "meru-probe/sun397: train 120 (euclip holds out its val), test 120;" in out
+    assert "120 test images also in train or val" in out
+    assert "meru-probe/pets: missing in" in out and "clip_benchmark_export_wds for each split" in out
+    # A set of MERU's sizes and classes passes: train + val against train alone where euclip holds out val.
+    monkeypatch.setattr(sets, "meru_split_sizes", lambda: {"food101": {"classes": 12, "train": 108, "val": 12,
+                                                                        "test": 120}})
+    result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/food101", "--eval-root", str(probe_sets)])
+    assert result.exit_code == 0 and "sizes match; 12 classes (MERU's 12)" in result.output, result.output
+    result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/pets", "--eval-root", str(probe_sets)])
+    assert result.exit_code == 2 and "no probe set of --tasks 'meru-probe/pets'" in result.output
+
+
+def test_a_cut_shard_in_a_probe_set_is_named_with_what_to_do(probe_sets, tmp_path):
+    copy = tmp_path / "probes"
+    shutil.copytree(probe_sets / "wds_food101_probe", copy / "wds_food101_probe")
+    (copy / "wds_food101_probe" / "train" / "0.tar").write_bytes(b"not a tar")
+    result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/food101", "--eval-root", str(copy)])
+    assert result.exit_code == 2 and "train/0.tar is not a readable tar" in result.output
+    assert "export the split again" in result.output and "Traceback" not in result.output

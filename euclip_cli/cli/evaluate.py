@@ -20,6 +20,10 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
                                                               "ARCH:TAG (or ARCH:checkpoint.pt), evaluated as a "
                                                               "clip-geometry run; repeatable."),
                  list_tasks: bool = typer.Option(False, "--list-tasks", help="List the task registry and exit."),
+                 check_sets: bool = typer.Option(False, "--check-sets", help="Count each probe set's samples, classes "
+                                                                            "and test images also in train against "
+                                                                            "MERU's Table 6 (no model), and exit: 1 "
+                                                                            "where one differs."),
                  eval_root: Optional[Path] = typer.Option(None, callback=checked_path,
                                                           help="DataComp evaluation sets (default: eval.root)."),
                  world: Optional[Path] = WORLD_OPTION,
@@ -35,7 +39,11 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
       euclip eval results/runs/tiny-clip results/runs/tiny-euclip --tasks world:shifts
       euclip eval --openclip ViT-B-32:datacomp_m_s128m_b4k --tasks datacomp
       euclip eval results/studies/geometries/runs/* --tasks world --again   # lines of an older euclip, anew
+      euclip eval --check-sets --tasks meru-probe --eval-root data/eval   # MERU's probe sets, before any run
     """
+    if check_sets:
+        check_probe_sets(tasks or "meru-probe", eval_root, world)
+        return
     if list_tasks:
         from euclip_cli.protocol.tasks import list_tasks as all_tasks
 
@@ -92,3 +100,42 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
         fail(f"{failed_tasks} task(s) failed; the others are scored, and rerunning retries only the failed ones:", 1,
              problems)
     console.print("next: euclip report")
+
+
+def check_probe_sets(tasks: str, eval_root: Optional[Path], world: Optional[Path]) -> None:
+    """``--check-sets``: one line per probe task, its set against MERU's Table 6."""
+    from euclip_cli.config import Config
+    from euclip_cli.evaluate.runner import export_command
+    from euclip_cli.evaluate.sets import check_probe_set
+    from euclip_cli.protocol.tasks import select
+
+    root = eval_root or Path(Config().eval.root)
+    with errors():
+        chosen = [t for t in select(tasks) if t.kind == "probe"]
+        if not chosen:
+            fail(f"--tasks '{tasks}' names no probe task (meru-probe, or meru-probe/DATASET)", 2)
+        differ, found = [], 0
+        for task in chosen:
+            folder = task.data_dir(root, world or Path("data/world"))
+            if not (folder / "test" / "nshards.txt").exists():
+                console.print(f"{task.key}: missing in {folder}; make it with {export_command(task, str(root))}",
+                              highlight=False, soft_wrap=True)
+                continue
+            found += 1
+            r = check_probe_set(task, folder)
+            m = r["meru"]
+            sizes = (f"train {r['train']:,}, val {r['val']:,}, test {r['test']:,}" if r["own_val"] else
+                     f"train {r['train']:,} (euclip holds out its val), test {r['test']:,}")
+            ok = r["sizes_match_meru"] and r["classes_match_meru"] and not r["test_in_train"]
+            console.print(f"{task.key}: {sizes}; MERU's {m['train']:,} + {m['val']:,} / {m['test']:,}: sizes "
+                          f"{'match' if r['sizes_match_meru'] else 'DIFFER'}; {r['classes']} classes (MERU's "
+                          f"{m['classes']}); {r['test_in_train']:,} test images also in train or val"
+                          f"{'' if ok else '  <- differs'}", highlight=False, soft_wrap=True)
+            if not ok:
+                differ.append(task.key)
+    if not found:
+        fail(f"no probe set of --tasks '{tasks}' under {root}: make them with clip-benchmark's exporter "
+             f"(docs/meru.md)", 2)
+    if differ:
+        fail(f"{len(differ)} of {found} probe sets differ from MERU's Table 6: {', '.join(differ)} (docs/meru.md "
+             f"says which exporter and split make each)", 1)

@@ -222,17 +222,15 @@ def evaluate_probe(model: EuclipModel, task: Task, data_dir: Path, device: torch
 
 def meru_sizes(task: Task, found: dict, own_val: bool) -> dict:
     """The probe set's split sizes against MERU's Table 6: ``meru_sizes`` (its train, val, test) and
-    ``sizes_match_meru``. A set without a val split of its own is held to MERU's train + val (euclip draws
-    its own validation from it, ``probe.stratified_holdout``)."""
+    ``sizes_match_meru`` (``sets.sizes_match_meru``)."""
+    from euclip_cli.evaluate.sets import sizes_match_meru
     from euclip_cli.published import meru_split_sizes
 
     published = meru_split_sizes().get(task.key.split("/", 1)[1])
     if published is None:
         return {}
-    ours = (found["train"], found["val"], found["test"])
-    theirs = (published["train"], published["val"], published["test"])
-    match = ours == theirs if own_val else (ours[0] + ours[1], ours[2]) == (theirs[0] + theirs[1], theirs[2])
-    return {"meru_sizes": dict(zip(("train", "val", "test"), theirs)), "sizes_match_meru": match}
+    return {"meru_sizes": {split: published[split] for split in ("train", "val", "test")},
+            "sizes_match_meru": sizes_match_meru(found, published, own_val)}
 
 
 def test_in_train(train: np.ndarray, test: np.ndarray) -> int:
