@@ -149,7 +149,7 @@ def test_probes_run_through_eval_with_their_splits_and_cached_features(world, pr
     assert result.exit_code == 1 and sun["key"] == "meru-probe/sun397" and sun["failed"]
     assert f"{n} of the {n} test images" in sun["error"] and "--dataset vtab/sun397" in sun["error"]
     result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/pets", "--eval-root", str(probe_sets)])
-    assert "clip_benchmark_export_wds for each split into EVAL_ROOT/wds_pets_probe" in " ".join(result.output.split())
+    assert "euclip download probesets --tasks meru-probe/pets --root EVAL_ROOT" in " ".join(result.output.split())
 
 
 def test_check_sets_counts_each_split_against_merus_table_6_before_any_model(probe_sets, monkeypatch):
@@ -166,7 +166,7 @@ def test_check_sets_counts_each_split_against_merus_table_6_before_any_model(pro
     assert "meru-probe/cifar10: train 120, val 120, test 120;" in out
     assert "meru-probe/sun397: train 120 (euclip holds out its val), test 120;" in out
     assert "120 test images also in train or val" in out
-    assert "meru-probe/pets: missing in" in out and "clip_benchmark_export_wds for each split" in out
+    assert "meru-probe/pets: missing in" in out and "euclip download probesets --tasks meru-probe/pets" in out
     # A set of MERU's sizes and classes passes: train + val against train alone where euclip holds out val.
     monkeypatch.setattr(sets, "meru_split_sizes", lambda: {"food101": {"classes": 12, "train": 108, "val": 12,
                                                                         "test": 120}})
@@ -183,3 +183,63 @@ def test_a_cut_shard_in_a_probe_set_is_named_with_what_to_do(probe_sets, tmp_pat
     result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/food101", "--eval-root", str(copy)])
     assert result.exit_code == 2 and "train/0.tar is not a readable tar" in result.output
     assert "export the split again" in result.output and "Traceback" not in result.output
+
+
+def test_probe_sets_are_made_by_clip_benchmarks_exporter_from_the_export_that_gives_merus_splits(tmp_path, monkeypatch):
+    """clip-benchmark's builder stood in for (no dataset host here): its exporter writes the sets, each folder
+    from the export docs/meru.md names, and --check-sets reads them back."""
+    from clip_benchmark.datasets import builder
+    from PIL import Image
+
+    sizes, calls = {"trainval": 12, "train": 9, "val": 3, "test": 6}, []
+
+    class StandIn(list):
+        classes = ["a", "b", "c"]
+
+    def build_dataset(name, root, split, transform, download):
+        calls.append((name, split))
+        if name == "cars":
+            raise OSError("connection refused")
+        start = 1000 * list(sizes).index(split)  # no image in two splits
+        return StandIn((transform(Image.new("RGB", (8, 8), (i % 256, i // 256, 7))), i % 3)
+                       for i in range(start, start + sizes[split]))
+
+    monkeypatch.setattr(builder, "build_dataset", build_dataset)
+    root, sources = tmp_path / "eval", tmp_path / "sources"
+    args = ["download", "probesets", "--tasks", "meru-probe/pets,meru-probe/aircraft,meru-probe/sun397",
+            "--root", str(root), "--sources", str(sources)]
+    result = runner.invoke(app, args)
+    out = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert calls == [("pets", "trainval"), ("pets", "test"), ("fgvc_aircraft", "train"), ("fgvc_aircraft", "val"),
+                     ("fgvc_aircraft", "test")]
+    assert "meru-probe/pets: 12 / 0 / 6 images, 3 classes; MERU's sizes DIFFER" in out
+    assert "meru-probe/aircraft: 9 / 3 / 6 images, 3 classes" in out
+    assert "meru-probe/sun397: no clip-benchmark export gives MERU's splits" in out
+    assert (root / "wds_pets_probe" / "classnames.txt").read_text().split() == ["a", "b", "c"]
+    result = runner.invoke(app, ["eval", "--check-sets", "--tasks", "meru-probe/pets", "--eval-root", str(root)])
+    assert "train 12 (euclip holds out its val), test 6;" in result.output
+    assert "0 test images also in train or val" in result.output
+    # Made splits are kept; a set no export makes, asked for alone, is a usage error; a host that fails, a failure.
+    calls.clear()
+    assert runner.invoke(app, args).exit_code == 0 and calls == []
+    result = runner.invoke(app, ["download", "probesets", "--tasks", "meru-probe/sun397", "--root", str(root)])
+    assert result.exit_code == 2 and "docs/meru.md" in result.output
+    result = runner.invoke(app, ["download", "probesets", "--tasks", "meru-probe/cars", "--root", str(root),
+                                 "--sources", str(sources)])
+    assert result.exit_code == 1 and "cars --split train could not be fetched" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_every_export_and_every_set_without_one_is_in_the_docs_table():
+    from pathlib import Path
+
+    from euclip_cli.download.probesets import EXPORTS, WITHOUT_EXPORT
+    from euclip_cli.published import meru_split_sizes
+
+    assert set(EXPORTS) | set(WITHOUT_EXPORT) == set(meru_split_sizes())
+    table = (Path(__file__).resolve().parents[1] / "docs" / "meru.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    for export in EXPORTS.values():
+        row = next(r for r in rows if f"`{export.dataset}`" in r.split("|")[2])
+        assert all(f"`{split}`" in row.split("|")[3] for split in export.splits.values()), row

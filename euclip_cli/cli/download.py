@@ -1,4 +1,4 @@
-"""``euclip download world | datacomp-like | datacomp | redcaps | urls | evalsets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp-like | datacomp | redcaps | urls | evalsets | probesets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -281,6 +281,44 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
             if "captions" in result:
                 what += f", {result['images']:,} images and {result['captions']:,} captions"
             console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
+
+
+@app.command()
+def probesets(tasks: str = typer.Option("meru-probe", help="Probe tasks: meru-probe, or meru-probe/DATASET,..."),
+              root: Path = typer.Option(Path("data/eval"), callback=writable_folder,
+                                        help="Where the probe sets go (eval.root in recipes)."),
+              sources: Path = typer.Option(Path("data/eval-sources"), callback=writable_folder,
+                                           help="Where clip-benchmark's builder fetches the datasets.")) -> None:
+    """Make MERU's linear-probe sets (Table 7) with clip-benchmark's exporter, each split from the export that
+    gives MERU's (docs/meru.md), then count them against MERU's Table 6 (euclip eval --check-sets).
+
+    Examples:
+      euclip download probesets --tasks meru-probe/food101,meru-probe/dtd
+      euclip download probesets             (every dataset with an export; SUN397, EuroSAT, RESISC45, CLEVR have none)
+    """
+    from euclip_cli.download.probesets import export_for, make_probe_set
+    from euclip_cli.errors import UsageError
+    from euclip_cli.evaluate.sets import check_probe_set
+    from euclip_cli.protocol.tasks import select
+
+    say = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
+    with errors():
+        chosen = [t for t in select(tasks) if t.kind == "probe"]
+        if not chosen:
+            fail(f"--tasks '{tasks}' names no probe task (meru-probe, or meru-probe/DATASET)", 2)
+        if len(chosen) == 1:
+            export_for(chosen[0])  # a set no export makes, asked for alone, is the user's to know at once
+        for task in chosen:
+            try:
+                export_for(task)
+            except UsageError as err:
+                say(str(err))
+                continue
+            folder = task.data_dir(root, Path("data/world"))
+            make_probe_set(task, folder, sources, say)
+            r = check_probe_set(task, folder)
+            say(f"{task.key}: {r['train']:,} / {r['val']:,} / {r['test']:,} images, {r['classes']} classes; MERU's "
+                f"sizes {'match' if r['sizes_match_meru'] else 'DIFFER'}")
 
 
 @app.command()

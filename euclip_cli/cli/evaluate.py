@@ -134,8 +134,8 @@ def check_probe_sets(tasks: str, eval_root: Optional[Path], world: Optional[Path
             if not ok:
                 differ.append(task.key)
     if not found:
-        fail(f"no probe set of --tasks '{tasks}' under {root}: make them with clip-benchmark's exporter "
-             f"(docs/meru.md)", 2)
+        fail(f"no probe set of --tasks '{tasks}' under {root}: make them with 'euclip download "
+             f"probesets --tasks {tasks} --root {root}' (docs/meru.md)", 2)
     if differ:
         fail(f"{len(differ)} of {found} probe sets differ from MERU's Table 6: {', '.join(differ)} (docs/meru.md "
              f"says which exporter and split make each)", 1)

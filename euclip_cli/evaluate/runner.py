@@ -72,7 +72,7 @@ def has_data(task: Task, data_dir: Path) -> bool:
 def export_command(task: Task, root: str = "EVAL_ROOT") -> str:
     """How to make a set on no host: clip-benchmark's exporter, one split at a time (docs/meru.md)."""
     if task.kind == "probe":
-        return f"clip_benchmark_export_wds for each split into {root}/{task.folder} (docs/meru.md)"
+        return f"euclip download probesets --tasks {task.key} --root {root} (docs/meru.md)"
     return (f"clip_benchmark_export_wds --dataset {task.exporter_name} --split test --output {root}/{task.folder} "
             f"(docs/meru.md)")
 
