@@ -1,0 +1,99 @@
+"""The published studies (docs/results/NAME) say what their runs measured: each table is recomputed here
+from the study's per-seed values (seeds.csv) and compared with what is committed, and their runs trace to
+commits. Means, standard deviations and Student's t intervals are recomputed by hand (scipy's t quantile);
+the paired differences from the seeds both configurations share."""
+
+import csv
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from scipy import stats as sps
+
+from euclip_cli.study import verdicts as V
+from euclip_cli.study.spec import load_claims, load_study
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+# The studies published with their per-seed values (every one republished since seeds.csv exists).
+WITH_SEEDS = sorted(p.parent for p in RESULTS.glob("*/seeds.csv"))
+
+
+def read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def number(text: str):
+    return None if text == "" else float(text)
+
+
+def per_seed(folder: Path) -> dict[str, dict[int, dict[str, float]]]:
+    by_config: dict[str, dict[int, dict[str, float]]] = {}
+    for r in read(folder / "seeds.csv"):
+        by_config.setdefault(r["config"], {}).setdefault(int(r["seed"]), {})[r["metric"]] = float(r["value"])
+    return by_config
+
+
+def study_of(folder: Path):
+    command = json.loads((folder / "provenance.json").read_text())["command"]
+    recipe = re.search(r"--recipe (\S+)", command)[1]
+    seeds = re.search(r"--seeds (\d+)", command)
+    return load_study(recipe, int(seeds[1]) if seeds else None)
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float, float]:
+    n, mean = len(values), statistics.fmean(values)
+    sd = statistics.stdev(values)
+    half = sps.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half
+
+
+@pytest.mark.parametrize("folder", WITH_SEEDS, ids=lambda p: p.name)
+def test_a_published_studys_runs_trace_to_commits(folder):
+    made = json.loads((folder / "provenance.json").read_text())
+    assert made["runs_from_uncommitted_changes"] == 0
+    assert made["euclip_commits"] and not any(c.endswith("+changes") for c in made["euclip_commits"])
+    seeds = {(r["config"], r["seed"]) for r in read(folder / "seeds.csv")}
+    assert len(seeds) == made["runs"]
+
+
+@pytest.mark.parametrize("folder", WITH_SEEDS, ids=lambda p: p.name)
+def test_a_published_studys_table_is_its_seeds_mean_spread_and_interval(folder):
+    by_config, study = per_seed(folder), study_of(folder)
+    assert study.interval == "t"  # the intervals recomputed here are Student's
+    base = by_config[study.baseline]
+    checked = 0
+    for row in read(folder / "study.csv"):
+        values = {s: v[row["metric"]] for s, v in by_config[row["config"]].items() if row["metric"] in v}
+        assert int(row["n_seeds"]) == len(values)
+        if len(values) < 2:
+            continue
+        mean, sd, low, high = t_interval(list(values.values()))
+        assert [float(row[k]) for k in ("mean", "sd", "ci_low", "ci_high")] == pytest.approx([mean, sd, low, high])
+        if number(row["diff_mean"]) is not None:
+            shared = sorted(set(values) & {s for s, v in base.items() if row["metric"] in v})
+            diffs = [values[s] - base[s][row["metric"]] for s in shared]
+            d_mean, d_sd, d_low, d_high = t_interval(diffs)
+            assert [float(row[k]) for k in ("diff_mean", "diff_sd", "diff_low", "diff_high")] == pytest.approx(
+                [d_mean, d_sd, d_low, d_high])
+        checked += 1
+    assert checked >= len(study.configs)
+
+
+@pytest.mark.parametrize("folder", WITH_SEEDS, ids=lambda p: p.name)
+def test_a_published_studys_verdicts_are_what_its_seeds_give(folder):
+    """The claims table as the study's code reads the committed per-seed values: a table edited by hand,
+    or left from other runs, differs."""
+    by_config, study = per_seed(folder), study_of(folder)
+    scale = json.loads((folder / "regime.json").read_text())["scale"]
+    expected = {c["claim"]: c for c in V.evaluate_claims(study, load_claims(), by_config, scale)}
+    committed = read(folder / "claims.csv")
+    assert [c["claim"] for c in committed] == list(expected)
+    for row in committed:
+        want = expected[row["claim"]]
+        assert row["verdict"] == want["verdict"], row["claim"]
+        for key in ("effect", "ci_low", "ci_high", "fw_low", "fw_high"):
+            assert number(row[key]) == pytest.approx(want[key], nan_ok=True), (row["claim"], key)
