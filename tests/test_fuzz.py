@@ -360,6 +360,7 @@ STOPPERS = {
     "download world": ["--out", "{tmp}/a-file"],
     "download datacomp-like": ["--out", "{tmp}/a-file"],
     "download evalsets": ["--root", "{tmp}/a-file"],
+    "download probesets": ["--root", "{tmp}/a-file"],
     "download wordnet": ["--out", "{tmp}/a-file"],
     "download redcaps": ["--out", "{tmp}/a-file"],
     "download datacomp": ["--scale", "small", "--out", "{tmp}/a-file"],
@@ -378,7 +379,7 @@ STOPPERS = {
 # file stops a command as its line is parsed: cli.common.writable_folder).
 UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("study", "--out"), ("download world", "--out"),
                     ("download datacomp-like", "--out"),
-                    ("download evalsets", "--root"), ("download datacomp", "--out"), ("download urls", "--out"),
+                    ("download evalsets", "--root"), ("download probesets", "--root"), ("download datacomp", "--out"), ("download urls", "--out"),
                     ("download wordnet", "--out"), ("download redcaps", "--out"),
                     *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops",
                                                               "decode"))}
