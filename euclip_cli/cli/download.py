@@ -178,8 +178,6 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
 
     Example: euclip download world --out data/world --samples 100000
     """
-    from euclip_cli import worlddir as W
-
     chosen = W.WorldSettings(**settings)
     bad = W.problems(chosen)
     if bad:
@@ -190,10 +188,9 @@ def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder,
 def _with_world_options(command: Callable) -> Callable:
     """``command`` with an option per world setting (``worlddir.WorldSettings``: its name, type, default and
     help), so that ``download world`` and the config keys ``data.world_*`` cannot drift apart."""
-    own = inspect.signature(command).parameters
+    own, hints = inspect.signature(command).parameters, typing.get_type_hints(W.WorldSettings)
     options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
-                                 default=typer.Option(f.default, help=f.metadata["help"]))
-               for hints in [typing.get_type_hints(W.WorldSettings)] for f in W.SETTINGS]
+                                 default=typer.Option(f.default, help=f.metadata["help"])) for f in W.SETTINGS]
     command.__signature__ = inspect.Signature([own["out"], *options, own["workers"].replace(
         kind=inspect.Parameter.KEYWORD_ONLY)])
     command.__annotations__ = {**{p.name: p.annotation for p in options}, "out": Path, "workers": int, "return": None}
@@ -306,12 +303,12 @@ def probesets(tasks: str = typer.Option("meru-probe", help="Probe tasks: meru-pr
         chosen = [t for t in select(tasks) if t.kind == "probe"]
         if not chosen:
             fail(f"--tasks '{tasks}' names no probe task (meru-probe, or meru-probe/DATASET)", 2)
-        if len(chosen) == 1:
-            export_for(chosen[0])  # a set no export makes, asked for alone, is the user's to know at once
         for task in chosen:
             try:
                 export_for(task)
             except UsageError as err:
+                if len(chosen) == 1:  # a set no export makes, asked for alone, is the user's to know at once
+                    raise
                 say(str(err))
                 continue
             folder = task.data_dir(root, Path("data/world"))

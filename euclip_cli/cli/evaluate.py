@@ -105,7 +105,7 @@ def eval_command(runs: Optional[list[str]] = typer.Argument(None, help="Run dire
 def check_probe_sets(tasks: str, eval_root: Optional[Path], world: Optional[Path]) -> None:
     """``--check-sets``: one line per probe task, its set against MERU's Table 6."""
     from euclip_cli.config import Config
-    from euclip_cli.evaluate.runner import export_command
+    from euclip_cli.evaluate.runner import export_command, has_data
     from euclip_cli.evaluate.sets import check_probe_set
     from euclip_cli.protocol.tasks import select
 
@@ -117,7 +117,7 @@ def check_probe_sets(tasks: str, eval_root: Optional[Path], world: Optional[Path
         differ, found = [], 0
         for task in chosen:
             folder = task.data_dir(root, world or Path("data/world"))
-            if not (folder / "test" / "nshards.txt").exists():
+            if not has_data(task, folder):
                 console.print(f"{task.key}: missing in {folder}; make it with {export_command(task, str(root))}",
                               highlight=False, soft_wrap=True)
                 continue

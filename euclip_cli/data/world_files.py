@@ -213,8 +213,9 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
     _write_hierarchy(world)
     files = {str(p.relative_to(out)): p.stat().st_size for part in (world.train, world.eval)
              for p in sorted(part.rglob("*")) if p.is_file()}
-    manifest = W.manifest_settings(settings, GENERATOR_VERSION) | {"train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
-                                    "seconds": round(time.time() - start, 1), "files": files}
+    manifest = W.manifest_settings(settings, GENERATOR_VERSION) | {
+        "train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
+        "seconds": round(time.time() - start, 1), "files": files}
     # Written last: its presence means the world is complete.
     world.manifest_file.write_text(json.dumps(manifest, indent=2))
     return manifest

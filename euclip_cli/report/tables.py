@@ -23,12 +23,11 @@ from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet,
 from euclip_cli.protocol.aggregate import aggregate
 from euclip_cli.protocol.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs, read_json
-from euclip_cli.stats import CLAIMS_HEADER, claim_cells, config_table
+from euclip_cli.stats import CLAIMS_HEADER, MISSING, claim_cells, config_table
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
                  "retrieval": "retrieval", "average": "avg38"}
-MISSING = "missing"
 
 
 @dataclass
@@ -430,6 +429,14 @@ def _interval(mean, low, high, digits: int = 1) -> str:
     return f"{mean:+.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def unpaired_configs(rows: pd.DataFrame) -> list[str]:
+    """The configurations of a published study.csv (``rows``, indexed by config and metric) whose main row
+    has no paired difference: its baseline, which study.csv does not name (every other configuration
+    shares its seeds)."""
+    return [c for c in dict.fromkeys(rows.index.get_level_values("config"))
+            if (c, "main") in rows.index and pd.isna(rows.loc[(c, "main"), "diff_mean"])]
+
+
 def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A study's results (``euclip study``) as two display tables: each configuration's groups as
     mean ± sd over seeds with the paired difference to the baseline, and the claims with verdicts."""
@@ -437,10 +444,8 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     names = SUITE_COLUMNS["world"]
     sun_li = sun_li_temperature() if "paper" in rows.columns and rows["paper"].notna().any() else None
     configs = list(dict.fromkeys(rows["config"]))
-    # study.csv does not name the baseline: it is the configuration whose main row has no paired
-    # difference (every other one shares its seeds).
-    unpaired = rows.loc[rows["diff_mean"].isna() & (rows["metric"] == "main"), "config"] if "diff_mean" in rows else []
-    table = config_table(rows.to_dict("records"), configs, unpaired.iloc[0] if len(unpaired) else "",
+    unpaired = unpaired_configs(rows.set_index(["config", "metric"])) if "diff_mean" in rows else []
+    table = config_table(rows.to_dict("records"), configs, unpaired[0] if unpaired else "",
                          {m: names[m] for m in METRICS})
     for row, (config, group) in zip(table, rows.groupby("config", sort=False)):
         label = group["paper"].dropna().iloc[0] if "paper" in group.columns and group["paper"].notna().any() else ""
@@ -479,7 +484,7 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
             raise UsageError(f"{folder / 'noise.csv'} has no ceilings (published by an older euclip): publish the "
                              f"study again (euclip study --recipe NAME ... --publish {folder})")
         configs = list(dict.fromkeys(rows.index.get_level_values("config")))
-        (baseline,) = [c for c in configs if pd.isna(rows.loc[(c, "main"), "diff_mean"])]
+        (baseline,) = unpaired_configs(rows)
         studies.append((regime["steps"], rows, noise, configs, baseline))
     baselines = {s[4] for s in studies}
     if len(baselines) != 1:
@@ -554,8 +559,7 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
         seeds = _published_seeds(folder)
         seeds = seeds[seeds["metric"] == metric].pivot(index="seed", columns="config", values="value")
         rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
-        (baseline,) = [c for c in dict.fromkeys(rows.index.get_level_values("config"))
-                       if pd.isna(rows.loc[(c, "main"), "diff_mean"])]
+        (baseline,) = unpaired_configs(rows)
         ceiling = pd.read_csv(folder / "noise.csv").set_index("metric").loc[metric, "ceiling"]
         budgets.append((regime["samples"], seeds.dropna(), baseline, ceiling, regime["batch_size"]))
     if len({b[2] for b in budgets}) != 1:
