@@ -18,7 +18,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from euclip_cli import config as C
 from euclip_cli.errors import Failure
@@ -86,21 +86,42 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
     return plans
 
 
+def step_key(command: Sequence[str], run_dir: Path) -> list[str]:
+    """A run's command as its marker records it: the euclip arguments alone, the interpreter that ran them
+    dropped and the run's folder and its parent written ``<run>`` and ``<runs>``. A study started again by
+    another Python, from another directory or with ``--out`` spelled another way (relative, absolute, a
+    moved folder) then finds the steps its runs finished instead of running them again."""
+    args = list(command)
+    if args[1:3] == ["-m", "euclip_cli"]:
+        args = args[3:]
+    key = []
+    for i, arg in enumerate(args):
+        path = Path(arg)
+        if i and args[i - 1] == "--runs-dir":
+            key.append("<runs>")
+        elif "/" in arg and path.name == run_dir.name and path.parent.name == run_dir.parent.name:
+            key.append("<run>")
+        else:
+            key.append(arg)
+    return key
+
+
 def done_commands(p: RunPlan) -> list[list[str]]:
-    """The plan's commands that finished, as the run's marker lists them; none when its training
-    command is not among them (the configuration changed: everything runs again)."""
+    """The plan's commands that finished (as ``step_key``s), as the run's marker lists them; none when its
+    training command is not among them (the configuration changed: everything runs again)."""
     marker = p.run_dir / DONE
     if not marker.exists():
         return []
     done = read_json(marker)
     if done and isinstance(done[0], str):  # a marker of euclip before 2026-11-24: the training command alone
         done = [done]
-    return done if list(p.commands[0]) in done else []
+    done = [step_key(c, p.run_dir) for c in done]
+    return done if step_key(p.commands[0], p.run_dir) in done else []
 
 
 def is_done(p: RunPlan) -> bool:
     done = done_commands(p)
-    return all(list(c) in done for c in p.commands)
+    return all(step_key(c, p.run_dir) in done for c in p.commands)
 
 
 # A run's commands never outlive the process running them: each starts through this prologue, which
@@ -143,7 +164,7 @@ def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = No
     child = child or Child()
     with log.open("a") as f:
         for command in p.commands:
-            if list(command) in done:
+            if step_key(command, p.run_dir) in done:
                 continue
             if child.stopping:
                 return "stopped before its next command (the job was asked to stop)"
@@ -156,7 +177,7 @@ def execute(p: RunPlan, threads: int, log_dir: Path, child: Optional[Child] = No
             child.process = None
             if code != 0:
                 return f"'{' '.join(command[3:5])}' exited {code}: {last_line(log)} (log: {log})"
-            done.append(list(command))
+            done.append(step_key(command, p.run_dir))
             write_text_atomic(p.run_dir / DONE, json.dumps(done))
     return None
 
