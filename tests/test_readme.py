@@ -61,7 +61,9 @@ def test_a_study_with_primary_claims_shows_them_in_words_and_counts_the_rest(tmp
     claims = pd.read_csv(folder / "claims.csv")
     claims["family"] = ["primary" if c in ("euclip-beats-clip", "no-final-ln-helps-euclip") else "secondary"
                         for c in claims["claim"]]
-    claims.loc[claims["claim"] == "euclip-beats-meru", "verdict"] = "reproduced"
+    # Verdicts set here, so that the rendering is checked whatever the published study decided.
+    claims["verdict"] = ["reproduced" if c in ("euclip-beats-meru", "euclip-text-nearer-root") else "inconclusive"
+                         for c in claims["claim"]]
     claims.to_csv(folder / "claims.csv", index=False)
     page = tmp_path / "README.md"
     page.write_text("<!-- summary study -->\n<!-- /summary -->\n<!-- results study -->\n<!-- /results -->\n")
@@ -69,8 +71,8 @@ def test_a_study_with_primary_claims_shows_them_in_words_and_counts_the_rest(tmp
     text, full = page.read_text().split("<!-- results study -->")
     assert "- **EuCLIP matches or beats CLIP**: undetermined: the interval includes 0;" in text
     assert "- **Removing the final LayerNorm helps Euclidean d2 with entailment**: undetermined" in text
-    assert "12 secondary claims, adjusted among themselves, are in [study/study.md](study/study.md): 2 decided " \
-           "(euclip-beats-meru, euclip-text-nearer-root)." in text
+    assert f"{len(claims) - 2} secondary claims, adjusted among themselves, are in [study/study.md](study/study.md): " \
+           "2 decided (euclip-beats-meru, euclip-text-nearer-root)." in text
     assert "| EuCLIP beats MERU" not in text and "β final" not in text  # the front page's short form
     # The full form (a results page): every column, the primary claims in words, then every claim's row.
     assert "β final" in full and "- **EuCLIP matches or beats CLIP**: undetermined" in full
@@ -100,6 +102,51 @@ def _budget(folder: Path, steps: int, rows: dict, noise: dict) -> None:
                                                 for m, (sd, se) in noise.items()))
     (folder / "regime.json").write_text(f'{{"steps": {steps}}}')
     (folder / "provenance.json").write_text("{}")
+
+
+def test_a_trend_block_names_a_change_only_where_its_interval_excludes_0(tmp_path):
+    """Each difference's change from the first budget to the last, with Welch's interval from the two
+    studies' paired sds (scipy's, from the summaries): a gain, a loss, and a change too noisy to name."""
+    from scipy.stats import ttest_ind_from_stats
+
+    metrics = ("main", "shifts", "retrieval", "average")
+    # (config, metric) -> (mean, diff mean, diff sd, diff n); the baseline has no difference.
+    early = {("base", m): (50.0, None, None, None) for m in metrics}
+    early.update({("a", m): (40.0, -10.0, 1.0, 3) for m in metrics})
+    early.update({("b", m): (52.0, 2.0, 1.0, 3) for m in metrics})
+    early.update({("c", m): (45.0, -5.0, 6.0, 3) for m in metrics})
+    late = {("base", m): (90.0, None, None, None) for m in metrics}
+    late.update({("a", m): (88.0, -2.0, 2.0, 6) for m in metrics})
+    late.update({("b", m): (82.0, -8.0, 1.5, 6) for m in metrics})
+    late.update({("c", m): (88.0, -2.0, 6.0, 6) for m in metrics})
+    for name, steps, rows in (("short", 256, early), ("long", 2048, late)):
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = ["config,metric,n_seeds,mean,sd,diff_mean,diff_sd,diff_n,diff_low,diff_high"]
+        lines += [f"{c},{m},{n or 6},{mean},1.0,{'' if d is None else d},{'' if sd is None else sd},"
+                  f"{'' if n is None else n},," for (c, m), (mean, d, sd, n) in rows.items()]
+        (folder / "study.csv").write_text("\n".join(lines) + "\n")
+        (folder / "noise.csv").write_text("metric,paired_sd_median,paired_sampling_se_median,ceiling\n"
+                                          + "".join(f"{m},1,1,{70 if m == 'retrieval' else 100}\n" for m in metrics))
+        (folder / "regime.json").write_text(f'{{"steps": {steps}}}')
+        (folder / "provenance.json").write_text("{}")
+    page = tmp_path / "trend.md"
+    page.write_text("<!-- trend long,short -->\n<!-- /trend -->\n")
+    update_readme(page)
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in page.read_text().splitlines()
+            if line.startswith("|")]
+    assert rows[0] == ["config", "group", "Δ at 256 steps", "Δ at 2,048 steps", "change [95%, Welch]", "reading",
+                       "base below its ceiling at 2,048 steps"]
+    shapes = {row[0]: row for row in rows[2:] if row[1] == "Shapes"}
+    for config, reading in (("a", "gains on base"), ("b", "loses ground to base"), ("c", "undetermined")):
+        (_, d_late, sd_late, n_late), (_, d_early, sd_early, n_early) = late[(config, "main")], early[(config, "main")]
+        test = ttest_ind_from_stats(d_late, sd_late, n_late, d_early, sd_early, n_early, equal_var=False)
+        assert shapes[config][4].startswith(f"{d_late - d_early:+.1f} [")
+        assert shapes[config][5] == reading
+        assert (test.pvalue < 0.05) == (reading != "undetermined")
+    assert shapes["a"][6] == "10.0"
+    assert [row[6] for row in rows[2:] if row[0] == "a"][2] == "-20.0"  # retrieval: the baseline over its ceiling
+    update_readme(page, check=True)
 
 
 def test_a_budget_curve_block_sets_each_budget_against_the_baseline_by_hand(tmp_path):

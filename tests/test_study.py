@@ -5,6 +5,7 @@ import json
 import math
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,7 +18,8 @@ from euclip_cli.study import summaries as R
 from euclip_cli.study import tables as T
 from euclip_cli.config import is_study_recipe
 from euclip_cli.study import verdicts as V
-from euclip_cli.study.spec import load_claims, load_study
+from euclip_cli.errors import UsageError
+from euclip_cli.study.spec import StudyOptions, load_claims, load_study
 
 runner = CliRunner()
 
@@ -158,6 +160,20 @@ def test_paired_sampling_errors_read_both_runs_outcomes_on_the_same_examples(tmp
     assert "world/shapes" not in R.paired_sampling_errors(other, theirs, ["world/shapes", "world/retrieval"])
 
 
+def test_welchs_interval_of_two_independent_means_is_scipys():
+    from scipy.stats import ttest_ind
+
+    rng = random.Random(3)
+    for na, nb in ((3, 3), (3, 6), (6, 2), (10, 4)):
+        a = [rng.gauss(-2, 2) for _ in range(na)]
+        b = [rng.gauss(-10, 5) for _ in range(nb)]
+        mean, low, high = stats.welch_difference(stats.estimate(a), stats.estimate(b))
+        ci = ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+        assert (mean, low, high) == pytest.approx((statistics.fmean(a) - statistics.fmean(b), ci.low, ci.high))
+    assert stats.welch_difference(stats.estimate([1.0]), stats.estimate([1.0, 2.0])) is None  # one seed: no spread
+    assert stats.welch_difference(stats.estimate([2.0, 2.0]), stats.estimate([1.0, 1.0])) == (1.0, 1.0, 1.0)
+
+
 def test_the_bonferroni_level_by_hand():
     assert stats.family_level(0.95, 1) == pytest.approx(0.95)
     assert stats.family_level(0.95, 10) == pytest.approx(0.995)  # 0.05 / 10 in the two tails together
@@ -292,11 +308,17 @@ def test_a_claims_sentence_says_its_verdict_its_family_wise_interval_and_what_mo
     row.update(seeds_for_80pct_power=math.inf, seeds_for_80pct_power_here=4)
     assert ("more than 1,000 seeds would be needed to find the paper's effect; 6 seeds find an effect as large as "
             "this one 80% of the time (4 would), so the true effect is likely smaller.") in stats.claim_sentence(row)
-    row.update(verdict="excludes the paper's effect", paper_effect=6.75, read_against="Table 5 (medium)")
+    row.update(verdict="reproduced", fw_high=-0.5)
+    assert stats.claim_sentence(row).startswith(
+        "**EuCLIP matches or beats CLIP**: reproduced the other way round, as the paper found at this scale: the "
+        "interval excludes 0 below it; -3.0 [-7.9, -0.5]")
+    row.update(verdict="excludes the paper's effect", paper_effect=6.75, read_against="Table 5 (medium)", fw_high=1.81)
     assert stats.claim_sentence(row).startswith("**EuCLIP matches or beats CLIP**: undetermined in sign, but the "
                                                 "interval excludes the paper's effect; -3.0 [-7.9, 1.8]")
     assert "seeds would" not in stats.claim_sentence(row)  # decided: no power to plan
-    row.update(verdict="non-inferior", margin=1.0)
+    row.update(verdict="reproduced", fw_low=0.5)
+    assert "reproduced: the interval excludes 0 in the paper's direction; -3.0 [0.5, 1.8]" in stats.claim_sentence(row)
+    row.update(verdict="non-inferior", margin=1.0, fw_low=-7.9)
     assert "non-inferior: the interval excludes a deficit as large as its margin, 1; -3.0" in stats.claim_sentence(row)
     row.update(verdict="holds", read_against="", paper_effect=None)
     assert "holds: the interval excludes 0 in the claim's direction (euclip's own measure); -3.0" in \
@@ -552,6 +574,45 @@ def test_a_study_varied_from_the_command_line_keeps_the_configurations_asked_for
     assert "override 'optim.samples' is given more than once" in result.output
 
 
+def test_a_published_command_names_the_same_study_again():
+    given = StudyOptions("study-geometries", 3, ("optim.samples=65536", "data.train_dir=a dir/train"), "clip,euclip")
+    text = given.command()
+    assert text == ("euclip study --recipe study-geometries --seeds 3 --configs clip,euclip optim.samples=65536 "
+                    "'data.train_dir=a dir/train'")
+    assert StudyOptions.from_command(text) == given
+    # The commands of the studies published before the quoting: plain words, read the same way.
+    old = StudyOptions.from_command("euclip study --recipe study-geometries --configs clip,euclip,euclip-ln,"
+                                    "euclidean-d2-l0 optim.samples=131072")
+    assert (old.seeds, old.configs, old.overrides) == (None, "clip,euclip,euclip-ln,euclidean-d2-l0",
+                                                       ("optim.samples=131072",))
+    for bad in ("euclip train --recipe x", "euclip study --recipe x --seeds three", "euclip study --recipe x --jobs 2"):
+        with pytest.raises(UsageError, match="not"):
+            StudyOptions.from_command(bad)
+
+
+def test_a_study_started_again_from_elsewhere_finds_the_steps_its_runs_finished(tmp_path, monkeypatch):
+    """The marker records what each step did to its run, not the interpreter or the spelling of --out: run
+    again by another Python, or with the folder given relative, absolute or moved, no finished step reruns
+    (they would rewrite its analyses); a changed configuration still reruns everything."""
+    study, claims = load_study("study-geometries", only=["clip", "euclip"]), load_claims()
+    monkeypatch.setattr("sys.executable", "/opt/another/python3.12")
+    first = J.plan(study, tmp_path / "studies" / "g", claims)
+    for p in first:
+        p.run_dir.mkdir(parents=True)
+        (p.run_dir / J.DONE).write_text(json.dumps([list(c) for c in p.commands]))  # as euclip before keys wrote it
+    monkeypatch.setattr("sys.executable", "/work/.venv/bin/python3.11")
+    monkeypatch.chdir(tmp_path)
+    again = J.plan(study, Path("studies/g"), claims)
+    assert [str(p.run_dir) for p in again][0] == "studies/g/runs/clip-seed0"
+    assert all(J.is_done(p) for p in again)
+    assert J.step_key(again[0].commands[1], again[0].run_dir) == ["eval", "<run>", "--tasks", "world"]
+    (tmp_path / "studies").rename(tmp_path / "moved")
+    assert all(J.is_done(p) for p in J.plan(study, tmp_path / "moved" / "g", claims))
+    changed = J.plan(load_study("study-geometries", overrides=["optim.samples=65536"], only=["clip", "euclip"]),
+                     tmp_path / "moved" / "g", claims)
+    assert not any(J.is_done(p) for p in changed) and all(J.done_commands(p) == [] for p in changed)
+
+
 def test_a_bootstrap_study_of_three_seeds_is_refused(tmp_path):
     path = tmp_path / "study-boot.toml"
     path.write_text('[study]\nseeds = 3\ninterval = "bootstrap"\n[configs.a]\nrecipe = "tiny-clip"\n'
@@ -624,7 +685,6 @@ def test_a_world_study_places_every_runs_mistakes_in_the_class_tree(tmp_path):
     """Each run of a world study gets ``analyze hierarchy``; its Shapes numbers become study measures, and
     study.md tables them beside uniform guessing."""
     from euclip_cli.rundir import RunDir
-    from euclip_cli.study.spec import load_claims, load_study
     from euclip_cli.study.tables import hierarchy_section
 
     study = load_study("study-geometries")

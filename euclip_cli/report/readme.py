@@ -4,7 +4,9 @@
 A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results -->`` (``summary``
 for a front page's shorter form), or, for one
 study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->`` (its
-table) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the power laws fitted to it);
+table), ``<!-- trend FOLDER,FOLDER,... -->`` to ``<!-- /trend -->`` (each difference's change from the
+first budget to the last, with its interval) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the
+power laws fitted to it);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
 the README equal to that rendering.
 """
@@ -18,7 +20,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
 
@@ -77,7 +79,7 @@ def results_block(folder: Path, name: str, summary: bool = False) -> str:
 
 def block_folders(match: re.Match) -> list[str]:
     """The folders a block renders from (a curve's, comma-separated), relative to its page."""
-    return match["folder"].split(",") if match["kind"] in ("curve", "fit") else [match["folder"]]
+    return match["folder"].split(",") if match["kind"] in BUDGET_BLOCKS else [match["folder"]]
 
 
 def _published(folders: list[Path]) -> None:
@@ -88,21 +90,19 @@ def _published(folders: list[Path]) -> None:
                                  f"--publish {folder})")
 
 
-def curve_block(folders: list[Path]) -> str:
-    """One study at several budgets, as ``tables.budget_curve`` sets it out."""
-    from euclip_cli.report.tables import budget_curve
+# The blocks that render one study published at several budgets: the ``euclip_cli.report.tables`` function
+# that sets each out.
+BUDGET_BLOCKS = {"curve": "budget_curve", "trend": "budget_trend", "fit": "budget_fit"}
+
+
+def budget_block(kind: str, folders: list[Path]) -> str:
+    """One study at several budgets as a block of ``kind``: its curve, each difference's trend or the power
+    laws fitted to it (``tables.budget_curve``, ``budget_trend``, ``budget_fit``)."""
+    from euclip_cli.report import tables
 
     _published(folders)
     # Cells as written: tabulate would otherwise read "50.0" as a number and print "50".
-    return budget_curve(folders).to_markdown(index=False, disable_numparse=True) + "\n"
-
-
-def fit_block(folders: list[Path]) -> str:
-    """One study at several budgets, as power laws fitted to each configuration (``tables.budget_fit``)."""
-    from euclip_cli.report.tables import budget_fit
-
-    _published(folders)
-    return budget_fit(folders).to_markdown(index=False, disable_numparse=True) + "\n"
+    return getattr(tables, BUDGET_BLOCKS[kind])(folders).to_markdown(index=False, disable_numparse=True) + "\n"
 
 
 def update_readme(readme: Path, check: bool = False) -> list[str]:
@@ -115,10 +115,8 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
 
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
-        if match["kind"] == "curve":
-            body = curve_block([readme.parent / name for name in block_folders(match)])
-        elif match["kind"] == "fit":
-            body = fit_block([readme.parent / name for name in block_folders(match)])
+        if match["kind"] in BUDGET_BLOCKS:
+            body = budget_block(match["kind"], [readme.parent / name for name in block_folders(match)])
         else:
             body = results_block(readme.parent / match["folder"], match["folder"], match["kind"] == "summary")
         if check and body != match["body"]:

@@ -467,14 +467,9 @@ def study_tables(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 CURVE_METRICS = ("main", "shifts", "retrieval", "average")
 
 
-def budget_curve(folders: list[Path]) -> pd.DataFrame:
-    """One study published at several budgets (``euclip study --publish``), as a curve: a row per
-    budget and group with the group's ceiling (the best score any model can expect), the baseline's
-    mean, each other configuration's paired difference to it [95%] and its shortfall from the ceiling
-    over the baseline's (a ratio that stays put while the difference in points narrows is the ceiling
-    drawing near, not a catching up), and the noise floor's paired sd and paired sampling error of
-    the group. The configurations shown are those every budget has."""
-    names = SUITE_COLUMNS["world"]
+def _budgets(folders: list[Path]) -> tuple[list[tuple], str, list[str]]:
+    """The study at each budget, fewest steps first, as (steps, study.csv rows, noise.csv rows), with the
+    baseline they share and the configurations every budget has besides it."""
     studies = []
     for folder in folders:
         rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
@@ -491,8 +486,20 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
         raise UsageError(f"the budgets have different baselines ({', '.join(sorted(baselines))}): a curve compares one")
     baseline = baselines.pop()
     compared = [c for c in studies[0][3] if c != baseline and all(c in s[3] for s in studies)]
+    return [s[:3] for s in sorted(studies, key=lambda s: s[0])], baseline, compared
+
+
+def budget_curve(folders: list[Path]) -> pd.DataFrame:
+    """One study published at several budgets (``euclip study --publish``), as a curve: a row per
+    budget and group with the group's ceiling (the best score any model can expect), the baseline's
+    mean, each other configuration's paired difference to it [95%] and its shortfall from the ceiling
+    over the baseline's (a ratio that stays put while the difference in points narrows is the ceiling
+    drawing near, not a catching up), and the noise floor's paired sd and paired sampling error of
+    the group. The configurations shown are those every budget has."""
+    names = SUITE_COLUMNS["world"]
+    studies, baseline, compared = _budgets(folders)
     table = []
-    for steps, rows, noise, _, _ in sorted(studies, key=lambda s: s[0]):
+    for steps, rows, noise in studies:
         for metric in CURVE_METRICS:
             base, floor = rows.loc[(baseline, metric)], noise.loc[metric]
             ceiling = floor["ceiling"]
@@ -507,6 +514,40 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
             row["paired Δ sd"] = f"{floor['paired_sd_median']:.2f}"
             row["paired sampling error"] = f"{floor['paired_sampling_se_median']:.2f}"
             table.append(row)
+    return pd.DataFrame(table)
+
+
+def budget_trend(folders: list[Path]) -> pd.DataFrame:
+    """How each configuration's paired difference to the baseline changes from the fewest steps to the
+    most: the change with Welch's 95% interval (the two budgets' runs are independent; ``stats.welch_difference``),
+    named only where that interval excludes 0 ("gains on" or "loses ground to" the baseline; otherwise
+    "undetermined"), beside the baseline's distance from the group's ceiling at the last budget (a gain
+    in points there may be the ceiling's, which the curve's shortfall ratios show)."""
+    from euclip_cli.stats import Estimate, welch_difference
+
+    names = SUITE_COLUMNS["world"]
+    studies, baseline, compared = _budgets(folders)
+    (first, early, _), (last, late, noise) = studies[0], studies[-1]
+    if first == last:
+        raise UsageError("a trend needs the study at two budgets or more")
+
+    def delta(rows: pd.DataFrame, config: str, metric: str) -> Estimate:
+        r = rows.loc[(config, metric)]
+        return Estimate(int(r["diff_n"]), r["diff_mean"], None if pd.isna(r["diff_sd"]) else r["diff_sd"], None, None)
+
+    table = []
+    for config in compared:
+        for metric in CURVE_METRICS:
+            a, b = delta(early, config, metric), delta(late, config, metric)
+            change = welch_difference(b, a)
+            reading = ("undetermined (one seed)" if change is None else f"gains on {baseline}" if change[1] > 0
+                       else f"loses ground to {baseline}" if change[2] < 0 else "undetermined")
+            table.append({"config": config, "group": names[metric], f"Δ at {first:,} steps": f"{a.mean:+.1f}",
+                          f"Δ at {last:,} steps": f"{b.mean:+.1f}",
+                          "change [95%, Welch]": "–" if change is None else _interval(*change),
+                          "reading": reading,
+                          f"{baseline} below its ceiling at {last:,} steps":
+                              f"{noise.loc[metric, 'ceiling'] - late.loc[(baseline, metric), 'mean']:.1f}"})
     return pd.DataFrame(table)
 
 

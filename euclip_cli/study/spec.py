@@ -26,6 +26,7 @@ for is ``[study.resources]`` (every configuration), ``[configs.NAME.resources]``
 from __future__ import annotations
 
 import json
+import shlex
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -209,8 +210,30 @@ class StudyOptions:
 
     def command(self) -> str:
         """The ``euclip study`` command that names these runs (what a published study says made it)."""
-        return " ".join(["euclip study --recipe", self.recipe, *([f"--seeds {self.seeds}"] if self.seeds else []),
-                         *([f"--configs {self.configs}"] if self.configs else []), *self.overrides])
+        return " ".join(["euclip study --recipe", shlex.quote(self.recipe),
+                         *([f"--seeds {self.seeds}"] if self.seeds else []),
+                         *([f"--configs {shlex.quote(self.configs)}"] if self.configs else []),
+                         *map(shlex.quote, self.overrides)])
+
+    @classmethod
+    def from_command(cls, text: str) -> "StudyOptions":
+        """The options a study's ``command()`` names (a published study's provenance holds it), so that
+        its runs' configurations can be loaded again without the folder it ran in."""
+        words = shlex.split(text)
+        if words[:3] != ["euclip", "study", "--recipe"] or len(words) < 4:
+            raise UsageError(f"'{text}' is not an 'euclip study --recipe NAME ...' command")
+        recipe, rest, seeds, configs, overrides = words[3], words[4:], None, None, []
+        while rest:
+            word = rest.pop(0)
+            if word == "--seeds" and rest and rest[0].isdigit():
+                seeds = int(rest.pop(0))
+            elif word == "--configs" and rest:
+                configs = rest.pop(0)
+            elif "=" in word and not word.startswith("-"):
+                overrides.append(word)
+            else:
+                raise UsageError(f"'{text}': '{word}' is not an option that names a study's runs")
+        return cls(recipe, seeds, tuple(overrides), configs)
 
     def write(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
