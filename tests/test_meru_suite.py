@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +76,30 @@ def test_evalsets_fetches_the_datacomp_sets_the_suite_reads(tmp_path):
     result = runner.invoke(app, ["download", "evalsets", "--tasks", "meru/cub2011", "--root", str(tmp_path)])
     said = "".join(result.output.split())  # the terminal may wrap the long path anywhere
     assert result.exit_code == 0 and f"--datasetvtab/cub--splittest--output{tmp_path}/wds_cub2011_test" in said
+    # Its classes: the CUB branch of clip-benchmark's VTAB builder names none, so the export writes TFDS's names,
+    # which caltech_birds2011 declares by count alone ("0".."199"); the command says where the species come from.
+    vtab = inspect.getsource(builder.build_vtab_dataset)
+    cub = vtab[vtab.index('elif dataset_name == "cub"'):vtab.index("elif", vtab.index('elif dataset_name == "cub"') + 5)]
+    assert "classes" not in cub.replace("CUB2011Data", "") and "classes=classes" in vtab
+    assert ", then its classnames.txt from CUB_200_2011/classes.txt" in fetch_command(select("meru/cub2011"))
+
+
+@pytest.mark.slow
+def test_a_set_whose_class_names_are_its_label_numbers_is_refused_in_one_line(trained, meru_sets, tmp_path):
+    """As clip-benchmark's CUB-2011 export writes it: prompts such as "a photo of a 7, a type of bird" would score
+    a model on nothing; MNIST's digits are its names."""
+    import shutil
+
+    shutil.copytree(meru_sets / "wds_cub2011_test", tmp_path / "wds_cub2011_test")
+    n = len((tmp_path / "wds_cub2011_test" / "classnames.txt").read_text().split())
+    (tmp_path / "wds_cub2011_test" / "classnames.txt").write_text("".join(f"{i}\n" for i in range(n)))
+    result = runner.invoke(app, ["eval", str(trained), "--tasks", "meru/cub2011", "--eval-root", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"names the classes by their label numbers 0..{n - 1}" in said and "CUB_200_2011/classes.txt" in said
+    shutil.copytree(tmp_path / "wds_cub2011_test", tmp_path / "wds_mnist_test")
+    result = runner.invoke(app, ["eval", str(trained), "--tasks", "mnist", "--eval-root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +159,48 @@ def test_the_whole_suite_scores_with_merus_prompts_and_shares_the_image_features
     assert food["main_metric"] == food["mean_per_class_recall"]
     coco = lines["meru/coco"]["metrics"]
     assert coco["main_metric"] == coco["image_retrieval_recall@5"]
+
+
+def test_merus_suite_spaces_the_underscores_of_a_sets_class_names_where_datacomps_keeps_them():
+    """VTAB's RESISC45 export names "baseball_diamond" (TFDS's label), MERU's list "baseball diamond"; CLIP's
+    tokenizer reads the two as different tokens. DataComp's task scores the set as it is."""
+    (meru,), (datacomp,) = select("meru/resisc45"), select("vtab/resisc45")
+    found = ["airplane", "baseball_diamond", "ground_track_field"]
+    assert meru.class_names(found) == ["airplane", "baseball diamond", "ground track field"]
+    assert datacomp.class_names(found) == found
+    (clevr,) = select("meru/clevr")
+    assert clevr.class_names(["three"] * 8) == [str(n) for n in range(3, 11)]  # MERU's own list replaces the set's
+
+
+def test_the_class_list_comparison_rebuilds_the_exporters_lists_as_its_builder_does(tmp_path):
+    """tools/class_lists.py on a made-up TFDS tree and MERU file: Food-101 sorted as torchvision sorts it,
+    SUN397's prefix cut and separators spaced, VTAB's RESISC45 kept as TFDS names it, CUB by number."""
+    import subprocess
+    import sys
+
+    ic, ds = tmp_path / "tfds" / "image_classification", tmp_path / "tfds" / "datasets" / "resisc45"
+    ic.mkdir(parents=True)
+    ds.mkdir(parents=True)
+    (ic / "food-101_classes.txt").write_text("cheesecake\ncheese_plate\napple_pie\n")
+    (ic / "sun397_labels.txt").write_text("/a/abbey\n/j/jail/indoor\n/j/jail_cell\n")
+    (ic / "cars196.py").write_text("_NAMES = ['AM General Hummer SUV 2000']\n")
+    (ic / "dtd_key_attributes.txt").write_text("banded\n")
+    (ds / "resisc45_dataset_builder.py").write_text("_LABELS = ['airplane', 'baseball_diamond']\n")
+    meru = tmp_path / "class_names.py"
+    meru.write_text("CLASS_NAMES = dict(food101=['apple pie', 'cheese plate', 'cheesecake'], "
+                    "sun397=['abbey', 'jail cell', 'jail indoor'], cars=['am general hummer suv 2000'], "
+                    f"dtd=['Banded'], resisc45=['airplane', 'baseball diamond'], cub2011={['a bird'] * 200!r}, "
+                    "sst2=['negative', 'positive'], cifar10=[], cifar100=[], aircraft=[], stl10=[])\n")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "class_lists.py"
+    out = subprocess.run([sys.executable, str(tool), "--meru", str(meru), "--tfds", str(tmp_path / "tfds")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in out.stdout.splitlines()[2:]}
+    assert rows["food101"] == "equal" and rows["sst2"] == "equal" and rows["cifar10"] == "not compared"
+    assert rows["sun397"] == ("the same names, 2 at other labels (label: exporter / MERU): 1: 'jail indoor' / "
+                              "'jail cell'; 2: 'jail cell' / 'jail indoor'")
+    assert rows["cars"] == rows["dtd"] == "equal up to case and spacing"
+    assert rows["resisc45"].startswith("1 of 2 differ") and rows["cub2011"].startswith("200 of 200 differ")
+    missing = subprocess.run([sys.executable, str(tool), "--meru", str(tmp_path / "nope.py"), "--tfds", str(tmp_path)],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "nope.py is missing" in missing.stderr

@@ -26,7 +26,7 @@ from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, e
 from euclip_cli.errors import EuclipError, UsageError
 from euclip_cli.protocol.aggregate import suite_line
 from euclip_cli.protocol.hits import pack_hits
-from euclip_cli.protocol.tasks import Task, select
+from euclip_cli.protocol.tasks import DIGIT_SETS, NAMES_FROM, Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
                                           retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
 from euclip_cli.model import EuclipModel
@@ -73,8 +73,10 @@ def export_command(task: Task, root: str = "EVAL_ROOT") -> str:
     """How to make a set on no host: clip-benchmark's exporter, one split at a time (docs/meru.md)."""
     if task.kind == "probe":
         return f"euclip download probesets --tasks {task.key} --root {root} (docs/meru.md)"
-    return (f"clip_benchmark_export_wds --dataset {task.exporter_name} --split test --output {root}/{task.folder} "
-            f"(docs/meru.md)")
+    dataset = task.key.split("/", 1)[1]
+    then = f", then its classnames.txt from {NAMES_FROM[dataset]}" if dataset in NAMES_FROM else ""
+    return (f"clip_benchmark_export_wds --dataset {task.exporter_name} --split test --output {root}/{task.folder}"
+            f"{then} (docs/meru.md)")
 
 
 def fetch_command(tasks: list[Task]) -> str:
@@ -176,11 +178,15 @@ def classification_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_di
                                   lambda: embed_images(model, read_set(loader, task, data_dir), device, on_images),
                                   per_world=task.suite == "world")
     templates = list(task.templates) or ds.templates
+    if not task.classes and task.images_key not in DIGIT_SETS and ds.classes == [str(i) for i in range(len(ds.classes))]:
+        raise EvalError(f"task {task.key}: {data_dir / 'classnames.txt'} names the classes by their label numbers "
+                        f"0..{len(ds.classes) - 1}, not by what they are, so zero-shot prompts would read 'a photo of "
+                        f"a 7': write the names there, one per line in label order ({fetch_command([task])})")
     if task.classes and len(task.classes) != len(ds.classes):
         raise EvalError(f"task {task.key}: {data_dir / 'classnames.txt'} has {len(ds.classes)} classes where the "
                         f"task names {len(task.classes)} ({', '.join(task.classes)}); fetch the set again "
                         f"({fetch_command([task])})")
-    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), list(task.classes) or ds.classes, templates, device)
+    prototypes = _prototypes(model, tokenizer_for(cfg.model.arch), task.class_names(ds.classes), templates, device)
     return image_emb.to(device), prototypes, torch.tensor(labels, device=device)
 
 

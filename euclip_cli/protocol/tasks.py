@@ -52,6 +52,13 @@ class Task:
         """Whose image features these are: tasks reading the same set the same way share cached features."""
         return self.images_key if self.resize == "crop" else f"{self.images_key}@{self.resize}"
 
+    def class_names(self, found: list[str]) -> list[str]:
+        """The names a classification task's prompts are filled with, one per label: its own, else the set's
+        (``found``). MERU's suite writes underscores as spaces, as every list of MERU's does: VTAB's RESISC45
+        export keeps TFDS's "baseball_diamond", which CLIP's tokenizer reads as other tokens."""
+        names = list(self.classes) or list(found)
+        return [name.replace("_", " ") for name in names] if self.suite == "meru" else names
+
     def data_dir(self, eval_root: Path, world_root: Path) -> Path:
         if self.source:
             return TASKS[self.source].data_dir(eval_root, world_root)
@@ -150,14 +157,22 @@ _MERU = [
 ]
 MERU_PROMPTS = Path(__file__).with_name("meru-prompts.toml")
 # MERU names CLEVR's counts by digits ("a photo of 3 objects."), DataComp's set by words ("three"); label i of
-# VTAB's count_all task, which DataComp's set is, counts i + 3 objects. Every other list of MERU's is the
-# set's, up to case and spacing, which CLIP's tokenizer drops, or was not compared (docs/meru.md).
+# VTAB's count_all task, which DataComp's set is, counts i + 3 objects. Every other list of MERU's compared
+# is the set's up to case and spacing, which CLIP's tokenizer drops, and underscores (``Task.class_names``),
+# or differs where docs/meru.md says (tools/class_lists.py compares them).
 MERU_CLASSES = {"clevr": tuple(str(count) for count in range(3, 11))}
 
 
 # The sets MERU's suite reads that no host serves in DataComp's layout, by clip-benchmark's dataset name:
 # CUB-2011 is VTAB's (task_adaptation's caltech_birds2011); clip-benchmark has no plain "cub".
 UNHOSTED = {"cub2011": "vtab/cub"}
+# clip-benchmark's VTAB exports name the classes as TFDS does, and TFDS's caltech_birds2011 declares only a
+# count of labels, so the export's classnames.txt holds "0".."199": the species come from the dataset's own
+# list (MERU's names are its lines without the number and with spaces for underscores; docs/meru.md).
+NAMES_FROM = {"cub2011": "CUB_200_2011/classes.txt"}
+# The evaluation sets whose classes are the digits themselves (class i is "i"); any other set whose class
+# names are its label indices has lost its names.
+DIGIT_SETS = frozenset({"mnist"})
 
 
 def _meru_tasks() -> list[Task]:
