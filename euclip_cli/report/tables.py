@@ -468,8 +468,8 @@ CURVE_METRICS = ("main", "shifts", "retrieval", "average")
 
 
 def _budgets(folders: list[Path]) -> tuple[list[tuple], str, list[str]]:
-    """The study at each budget, fewest steps first, as (steps, study.csv rows, noise.csv rows), with the
-    baseline they share and the configurations every budget has besides it."""
+    """The study at each budget, fewest steps first, as (regime.json, study.csv rows, noise.csv rows, its
+    folder), with the baseline they share and the configurations every budget has besides it."""
     studies = []
     for folder in folders:
         rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
@@ -480,13 +480,13 @@ def _budgets(folders: list[Path]) -> tuple[list[tuple], str, list[str]]:
                              f"study again (euclip study --recipe NAME ... --publish {folder})")
         configs = list(dict.fromkeys(rows.index.get_level_values("config")))
         (baseline,) = unpaired_configs(rows)
-        studies.append((regime["steps"], rows, noise, configs, baseline))
-    baselines = {s[4] for s in studies}
+        studies.append((regime, rows, noise, folder, configs, baseline))
+    baselines = {s[5] for s in studies}
     if len(baselines) != 1:
         raise UsageError(f"the budgets have different baselines ({', '.join(sorted(baselines))}): a curve compares one")
     baseline = baselines.pop()
-    compared = [c for c in studies[0][3] if c != baseline and all(c in s[3] for s in studies)]
-    return [s[:3] for s in sorted(studies, key=lambda s: s[0])], baseline, compared
+    compared = [c for c in studies[0][4] if c != baseline and all(c in s[4] for s in studies)]
+    return [s[:4] for s in sorted(studies, key=lambda s: s[0]["steps"])], baseline, compared
 
 
 def budget_curve(folders: list[Path]) -> pd.DataFrame:
@@ -499,7 +499,8 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
     names = SUITE_COLUMNS["world"]
     studies, baseline, compared = _budgets(folders)
     table = []
-    for steps, rows, noise in studies:
+    for regime, rows, noise, _ in studies:
+        steps = regime["steps"]
         for metric in CURVE_METRICS:
             base, floor = rows.loc[(baseline, metric)], noise.loc[metric]
             ceiling = floor["ceiling"]
@@ -527,7 +528,8 @@ def budget_trend(folders: list[Path]) -> pd.DataFrame:
 
     names = SUITE_COLUMNS["world"]
     studies, baseline, compared = _budgets(folders)
-    (first, early, _), (last, late, noise) = studies[0], studies[-1]
+    (start, early, _, _), (end, late, noise, _) = studies[0], studies[-1]
+    first, last = start["steps"], end["steps"]
     if first == last:
         raise UsageError("a trend needs the study at two budgets or more")
 
@@ -594,22 +596,14 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
 
     from euclip_cli.stats import crossing, fit_power_law
 
+    studies, baseline, _ = _budgets(folders)
     budgets = []
-    for folder in folders:
-        regime = read_json(folder / "regime.json")
+    for regime, _, noise, folder in studies:
         seeds = _published_seeds(folder)
         seeds = seeds[seeds["metric"] == metric].pivot(index="seed", columns="config", values="value")
-        rows = pd.read_csv(folder / "study.csv").set_index(["config", "metric"])
-        (baseline,) = unpaired_configs(rows)
-        ceiling = pd.read_csv(folder / "noise.csv").set_index("metric").loc[metric, "ceiling"]
-        budgets.append((regime["samples"], seeds.dropna(), baseline, ceiling, regime["batch_size"]))
-    if len({b[2] for b in budgets}) != 1:
-        raise UsageError(f"the budgets have different baselines ({', '.join(sorted({b[2] for b in budgets}))}): "
-                         f"a fit compares one")
+        budgets.append((regime["samples"], seeds.dropna(), noise.loc[metric, "ceiling"], regime["batch_size"]))
     if len({b[0] for b in budgets}) < 2:
         raise UsageError("a curve fit needs the study at two budgets or more")
-    budgets.sort(key=lambda b: b[0])
-    baseline = budgets[0][2]
     configs = [c for c in budgets[0][1].columns if all(c in b[1].columns for b in budgets)]
     lowest, highest = budgets[0][0], budgets[-1][0]
 
@@ -617,14 +611,14 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
         out = {}
         for config in configs:
             short = [max(SHORTFALL_FLOOR, ceiling - values.loc[draw, config].mean())
-                     for (_, values, _, ceiling, _), draw in zip(budgets, draws)]
+                     for (_, values, ceiling, _), draw in zip(budgets, draws)]
             out[config] = fit_power_law([b[0] for b in budgets], short)
         return out
 
     whole = fits([list(b[1].index) for b in budgets])
     rng = random.Random(seed)
     again = [fits([rng.choices(list(b[1].index), k=len(b[1].index)) for b in budgets]) for _ in range(resamples)]
-    batch = budgets[0][4]
+    batch = budgets[0][3]
     table = []
     for config in configs:
         law = whole[config]
