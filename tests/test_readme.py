@@ -15,7 +15,7 @@ README = ROOT / "README.md"
 
 
 # Pages whose results blocks are rendered from committed study tables.
-PAGES = [README, *(ROOT / "docs" / "results" / name for name in ("budget.md", "beta0.md"))]
+PAGES = [README, *(ROOT / "docs" / "results" / name for name in ("budget.md", "beta0.md", "scalars.md"))]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -192,6 +192,63 @@ def test_a_curve_over_budgets_with_different_baselines_is_refused(tmp_path):
     page.write_text("<!-- curve one,two -->\n<!-- /curve -->\n")
     result = CliRunner().invoke(app, ["report", "--readme", str(page)])
     assert result.exit_code == 2 and "different baselines (x, y)" in result.output
+
+
+def test_a_trend_or_a_fit_over_one_budget_is_refused_in_one_line(tmp_path):
+    """Two folders of the same budget are one budget: there is no change to measure nor a curve to fit."""
+    metrics = ("main", "shifts", "retrieval", "average")
+    noise = {m: (1.0, 0.5) for m in metrics}
+    for name in ("one", "again"):
+        _budget(tmp_path / name, 256, {**{("base", m): (50.0, None, None, None) for m in metrics},
+                                       **{("a", m): (40.0, -10.0, -12.0, -8.0) for m in metrics}}, noise)
+        (tmp_path / name / "regime.json").write_text('{"steps": 256, "samples": 32768, "batch_size": 128}')
+        (tmp_path / name / "seeds.csv").write_text("config,seed,metric,value,outcomes_sha256\n" + "".join(
+            f"{c},{s},main,{v + s},\n" for c, v in (("base", 50.0), ("a", 40.0)) for s in range(3)))
+    for kind, words in (("trend", "a trend needs the study at two budgets or more"),
+                        ("fit", "a curve fit needs the study at two budgets or more")):
+        page = tmp_path / f"{kind}.md"
+        page.write_text(f"<!-- {kind} one,again -->\n<!-- /{kind} -->\n")
+        result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert page.read_text() == f"<!-- {kind} one,again -->\n<!-- /{kind} -->\n"  # nothing written
+
+
+def test_a_contrast_block_pairs_two_configurations_seed_by_seed(tmp_path):
+    """Known per-seed values: 'fast' is 'slow' plus 2, 3 and 7 points on the main task, seed by seed (mean 4,
+    sd sqrt(7), Student's t with 2 degrees of freedom), and equal on retrieval; 'other' has seeds 0 and 5
+    only, so it shares one seed with 'slow' and has no interval."""
+    from scipy import stats as sps
+
+    folder = tmp_path / "study"
+    _budget(folder, 2048, {("base", "main"): (50.0, None, None, None)}, {"main": (1.0, 0.5)})
+    slow = {0: 40.0, 1: 45.0, 2: 50.0}
+    fast = {s: v + d for (s, v), d in zip(slow.items(), (2.0, 3.0, 7.0))}
+    lines = ["config,seed,metric,value,outcomes_sha256"]
+    for config, by_seed in (("slow", slow), ("fast", fast), ("other", {0: 60.0, 5: 61.0})):
+        lines += [f"{config},{s},{m},{v if m == 'main' else 30.0},x" for s, v in by_seed.items()
+                  for m in ("main", "retrieval")]
+    (folder / "seeds.csv").write_text("\n".join(lines) + "\n")
+    (folder / "regime.json").write_text('{"steps": 2048, "scalars": [{"config": "fast", "scalar": "β", "init": 10.0, '
+                                        '"final": 31.25}, {"config": "slow", "scalar": "β", "init": 10.0, "final": 10.2}]}')
+    page = tmp_path / "page.md"
+    page.write_text("<!-- contrast study:fast/slow,other/slow -->\n<!-- /contrast -->\n")
+    result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in page.read_text().splitlines() if line.startswith("|")]
+    header, body = rows[0], {r[0]: dict(zip(rows[0], r)) for r in rows[2:]}
+    assert header[:4] == ["config", "against", "its scalars (initial → final)", "against's scalars"]
+    half = sps.t.ppf(0.975, 2) * (7 ** 0.5) / 3 ** 0.5
+    assert body["fast"]["Δ Shapes [95%]"] == f"+4.0 [{4 - half:.1f}, {4 + half:.1f}]"
+    assert body["fast"]["Δ Retrieval [95%]"] == "+0.0 [0.0, 0.0]" and body["fast"]["seeds"] == "3"
+    assert body["fast"]["its scalars (initial → final)"] == "β 10 → 31.2"
+    assert body["fast"]["against's scalars"] == "β 10 → 10.2"
+    assert body["other"]["Δ Shapes [95%]"] == "+20.0" and body["other"]["seeds"] == "1"
+    update_readme(page, check=True)
+    for spec, words in (("study:fast/nothere", "has no configuration 'nothere' (it has slow, fast, other)"),
+                        ("study:fast", "names no pairs"), ("study", "names no pairs")):
+        page.write_text(f"<!-- contrast {spec} -->\n<!-- /contrast -->\n")
+        result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+        assert result.exit_code == 2 and words in " ".join(result.output.split()), result.output
 
 
 def test_a_power_law_is_recovered_exactly_and_two_cross_where_their_shortfalls_meet():

@@ -6,7 +6,9 @@ for a front page's shorter form), or, for one
 study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->`` (its
 table), ``<!-- trend FOLDER,FOLDER,... -->`` to ``<!-- /trend -->`` (each difference's change from the
 first budget to the last, with its interval) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the
-power laws fitted to it);
+power laws fitted to it), or, for pairs of one study's configurations neither of which is its baseline,
+``<!-- contrast FOLDER:CONFIG/AGAINST,CONFIG/AGAINST,... -->`` to ``<!-- /contrast -->`` (each pair's
+paired differences, ``tables.contrast_table``);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
 the README equal to that rendering.
 """
@@ -20,7 +22,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|contrast) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
 
@@ -78,8 +80,24 @@ def results_block(folder: Path, name: str, summary: bool = False) -> str:
 
 
 def block_folders(match: re.Match) -> list[str]:
-    """The folders a block renders from (a curve's, comma-separated), relative to its page."""
+    """The folders a block renders from (a curve's, comma-separated; a contrast's before its colon),
+    relative to its page."""
+    if match["kind"] == "contrast":
+        return [match["folder"].split(":", 1)[0]]
     return match["folder"].split(",") if match["kind"] in BUDGET_BLOCKS else [match["folder"]]
+
+
+def contrast_block(spec: str, page: Path) -> str:
+    """``FOLDER:CONFIG/AGAINST,...`` (relative to ``page``'s folder) as ``tables.contrast_table``'s table."""
+    from euclip_cli.report import tables
+
+    folder, _, listed = spec.partition(":")
+    pairs = [tuple(pair.split("/")) for pair in listed.split(",")] if listed else []
+    if not pairs or any(len(pair) != 2 or not all(pair) for pair in pairs):
+        raise UsageError(f"{page}: '<!-- contrast {spec} -->' names no pairs: write it as "
+                         f"'<!-- contrast FOLDER:CONFIG/AGAINST,CONFIG/AGAINST -->'")
+    _published([page.parent / folder])
+    return tables.contrast_table(page.parent / folder, pairs).to_markdown(index=False, disable_numparse=True) + "\n"
 
 
 def _published(folders: list[Path]) -> None:
@@ -115,7 +133,9 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
 
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
-        if match["kind"] in BUDGET_BLOCKS:
+        if match["kind"] == "contrast":
+            body = contrast_block(match["folder"], readme)
+        elif match["kind"] in BUDGET_BLOCKS:
             body = budget_block(match["kind"], [readme.parent / name for name in block_folders(match)])
         else:
             body = results_block(readme.parent / match["folder"], match["folder"], match["kind"] == "summary")

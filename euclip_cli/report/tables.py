@@ -562,11 +562,11 @@ FIT_RESAMPLES = 2000
 FIT_AGREEMENT = 0.95
 
 
-def _published_seeds(folder: Path) -> pd.DataFrame:
+def _published_seeds(folder: Path, needs: str = "a curve fit resamples seeds") -> pd.DataFrame:
     path = folder / "seeds.csv"
     if not path.exists():
-        raise UsageError(f"{path} is missing: a curve fit resamples seeds, which a study publishes from euclip's "
-                         f"seeds.csv on: publish the study again (euclip study --recipe NAME ... --publish {folder})")
+        raise UsageError(f"{path} is missing: {needs}, which a study publishes from euclip's seeds.csv on: "
+                         f"publish the study again (euclip study --recipe NAME ... --publish {folder})")
     return pd.read_csv(path)
 
 
@@ -647,6 +647,42 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
                             else f"undetermined (most often {place}: {share / resamples:.0%})")
         table.append(row)
     return pd.DataFrame(table).fillna("baseline")
+
+
+def contrast_table(folder: Path, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """Pairs of one published study's configurations, each against the other on the seeds both ran, where
+    the study's baseline is neither (say a recipe with and without a learning-rate multiplier): a row per
+    pair with how far each one's learnable scalars moved (``regime.json``: the mean over seeds of the
+    final value) and the paired difference on each of ``CURVE_METRICS``'s groups with its Student's t 95%
+    interval, from the per-seed values (``seeds.csv``). Raw intervals: such a pair is a reading beside the
+    study's claims, not one of them."""
+    from euclip_cli.stats import paired_difference
+
+    seeds = _published_seeds(folder, "a contrast pairs the seeds")
+    regime = read_json(folder / "regime.json")
+    ran = list(dict.fromkeys(seeds["config"]))
+    for name in (n for pair in pairs for n in pair):
+        if name not in ran:
+            raise UsageError(f"contrast: {folder.name} has no configuration '{name}' (it has {', '.join(ran)})")
+    names = SUITE_COLUMNS["world"]
+    values = {config: {metric: dict(zip(group["seed"], group["value"]))
+                       for metric, group in by_config.groupby("metric")}
+              for config, by_config in seeds.groupby("config")}
+
+    def moved(config: str) -> str:
+        scalars = [r for r in regime["scalars"] if r["config"] == config]
+        return "; ".join(f"{r['scalar']} {r['init']:.3g} → {r['final']:.3g}" for r in scalars) or MISSING
+
+    table = []
+    for config, against in pairs:
+        row = {"config": config, "against": against, "its scalars (initial → final)": moved(config),
+               "against's scalars": moved(against)}
+        for metric in CURVE_METRICS:
+            diff = paired_difference(values[config].get(metric, {}), values[against].get(metric, {}), "t")
+            row[f"Δ {names[metric]} [95%]"] = MISSING if diff is None else _interval(diff.mean, diff.low, diff.high)
+        row["seeds"] = len(set(values[config].get("main", {})) & set(values[against].get("main", {})))
+        table.append(row)
+    return pd.DataFrame(table)
 
 
 def noise_table(folder: Path) -> Optional[pd.DataFrame]:
