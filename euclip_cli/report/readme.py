@@ -87,14 +87,16 @@ def block_folders(match: re.Match) -> list[str]:
     return match["folder"].split(",") if match["kind"] in BUDGET_BLOCKS else [match["folder"]]
 
 
-def contrast_block(spec: str, page: Path) -> str:
-    """``FOLDER:CONFIG/AGAINST,...`` (relative to ``page``'s folder) as ``tables.contrast_table``'s table."""
+def contrast_block(match: re.Match, page: Path) -> str:
+    """A contrast block's ``FOLDER:CONFIG/AGAINST,...`` (the folder relative to ``page``'s) as
+    ``tables.contrast_table``'s table."""
     from euclip_cli.report import tables
 
-    folder, _, listed = spec.partition(":")
+    (folder,) = block_folders(match)
+    listed = match["folder"][len(folder) + 1:]
     pairs = [tuple(pair.split("/")) for pair in listed.split(",")] if listed else []
     if not pairs or any(len(pair) != 2 or not all(pair) for pair in pairs):
-        raise UsageError(f"{page}: '<!-- contrast {spec} -->' names no pairs: write it as "
+        raise UsageError(f"{page}: '<!-- contrast {match['folder']} -->' names no pairs: write it as "
                          f"'<!-- contrast FOLDER:CONFIG/AGAINST,CONFIG/AGAINST -->'")
     _published([page.parent / folder])
     return tables.contrast_table(page.parent / folder, pairs).to_markdown(index=False, disable_numparse=True) + "\n"
@@ -134,7 +136,7 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
         if match["kind"] == "contrast":
-            body = contrast_block(match["folder"], readme)
+            body = contrast_block(match, readme)
         elif match["kind"] in BUDGET_BLOCKS:
             body = budget_block(match["kind"], [readme.parent / name for name in block_folders(match)])
         else:
