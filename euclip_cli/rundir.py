@@ -98,10 +98,28 @@ def folder_problem(path: Path) -> Optional[str]:
     return None
 
 
+# The lock files this process holds (folder_lock). A child forked without exec (a DataLoader worker)
+# inherits their descriptors, and an flock lives while any descriptor of it is open: the child would hold
+# its parent's run after a SIGKILL of the parent until it noticed the death (seconds), and the same
+# command restarted at once would be refused as busy. The child closes its copies as it starts; exec'd
+# children never get them (Python opens files close-on-exec).
+_HELD_LOCKS: set = set()
+
+
+def _close_inherited_locks() -> None:
+    for handle in list(_HELD_LOCKS):
+        handle.close()  # the child's copy only: the parent's descriptor keeps the lock
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, busy: Callable[[str], Exception]):
     """Hold ``folder`` for this process, or raise ``busy(holder's pid)`` when another holds it. The lock is
-    the kernel's (flock on ``folder/.lock``), so it dies with its process: nothing stale is left to remove."""
+    the kernel's (flock on ``folder/.lock``), so it dies with its process, forked children included
+    (``_HELD_LOCKS``): nothing stale is left to remove."""
     import fcntl
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -111,6 +129,7 @@ def folder_lock(folder: Path, busy: Callable[[str], Exception]):
         except BlockingIOError:
             handle.seek(0)
             raise busy(handle.read().strip() or "unknown") from None
+        _HELD_LOCKS.add(handle)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -118,6 +137,7 @@ def folder_lock(folder: Path, busy: Callable[[str], Exception]):
         try:
             yield
         finally:
+            _HELD_LOCKS.discard(handle)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

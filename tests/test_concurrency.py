@@ -82,3 +82,42 @@ def test_eval_and_analyze_run_beside_the_trainer_holding_the_run(trained, world)
     assert [line["key"] for line in run.eval_lines()] == ["world/shapes"]
     assert (run.analysis_dir / "distances.json").exists()
     assert {k: v for k, v in snapshot(trained).items() if k in trainer_files} == trainer_files
+
+
+HOLDER = """
+import multiprocessing, sys, time
+from pathlib import Path
+from euclip_cli.rundir import folder_lock
+
+with folder_lock(Path(sys.argv[1]), RuntimeError):
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))  # as a DataLoader's
+    worker.start()
+    print(worker.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_lock_dies_with_its_holder_though_a_worker_it_forked_lives_on(tmp_path):
+    """A trainer killed with SIGKILL leaves its forked loader workers alive for a few seconds; they must
+    not hold its run, or the same command restarted at once is refused as busy (found by
+    tests/test_resume.py's device-decode case under load)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    worker = int(holder.stdout.readline())
+    try:
+        with pytest.raises(RuntimeError):  # held while the holder lives
+            with folder_lock(folder, RuntimeError):
+                pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        os.kill(worker, 0)  # the worker outlived it (raises if not: then this test would prove nothing)
+        with folder_lock(folder, RuntimeError):
+            pass
+    finally:
+        holder.kill()
+        os.kill(worker, signal.SIGKILL)
