@@ -89,9 +89,19 @@ import multiprocessing, sys, time
 from pathlib import Path
 from euclip_cli.rundir import folder_lock
 
+
+
+def work(started):  # as a DataLoader's worker: forked, running, never exec'd
+    started.set()
+    time.sleep(120)
+
+
+fork = multiprocessing.get_context("fork")
 with folder_lock(Path(sys.argv[1]), RuntimeError):
-    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))  # as a DataLoader's
+    started = fork.Event()
+    worker = fork.Process(target=work, args=(started,))
     worker.start()
+    started.wait()  # running: on a loaded machine a child just forked may not have run at all yet
     print(worker.pid, flush=True)
     time.sleep(120)
 """
