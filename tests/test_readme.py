@@ -1,5 +1,6 @@
 """The README's results are the committed study tables, rendered: a test holds them equal."""
 
+import math
 import shutil
 from pathlib import Path
 
@@ -306,3 +307,13 @@ def test_the_budget_fit_places_a_crossing_only_where_the_resampled_seeds_agree(t
     (tmp_path / "b512" / "seeds.csv").unlink()
     result = CliRunner().invoke(app, ["report", "--readme", str(page)])
     assert result.exit_code == 2 and "b512/seeds.csv is missing" in " ".join(result.output.split())
+
+
+def test_a_crossing_far_beyond_or_before_the_first_step_is_written_short():
+    """Nearly parallel fits cross at 1e40 steps, or before the first: the fit table writes that in a few
+    characters (a budget page showed forty-digit step counts before)."""
+    from euclip_cli.report.tables import _steps
+
+    assert _steps(576 * 128, 128) == "576" and _steps(2_763.4 * 128, 128) == "2,763"
+    assert _steps(0.3 * 128, 128) == "< 1" and _steps(3.4e40 * 128, 128) == "3.4e+40"
+    assert _steps(9_999_999 * 128, 128) == "9,999,999" and _steps(math.inf, 128) == "∞"

@@ -582,6 +582,15 @@ def _interval95(ordered: list[float]) -> tuple[float, float]:
     return ordered[int(0.025 * last)], ordered[int(math.ceil(0.975 * last))]
 
 
+def _steps(samples: float, batch: int) -> str:
+    """Samples as steps of ``batch`` for a crossing: nearly parallel fits meet absurdly far away or before
+    the first step, where thirty digits would say no more than "beyond" or "before" does."""
+    if samples == math.inf:
+        return "∞"
+    steps = samples / batch
+    return "< 1" if steps < 1 else f"{steps:,.0f}" if steps < 1e7 else f"{steps:.1e}"
+
+
 def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_RESAMPLES,
                seed: int = 0) -> pd.DataFrame:
     """One study published at several budgets, as fitted curves: each configuration's shortfall from
@@ -636,11 +645,9 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
             at = crossing(law, whole[baseline])
             c_low, c_high = _interval95(sorted(math.inf if c is None else c for c in met))
 
-            def steps(samples: float) -> str:
-                return "∞" if samples == math.inf else f"{samples / batch:,.0f}"
-
             row["curves cross at (steps) [95%]"] = ("never (parallel)" if at is None else
-                                                    f"{steps(at)} [{steps(c_low)}, {steps(c_high)}]")
+                                                    f"{_steps(at, batch)} [{_steps(c_low, batch)}, "
+                                                    f"{_steps(c_high, batch)}]")
             row["where"] = (f"{place} the budgets measured ({share / resamples:.0%} of resamples)"
                             if share >= FIT_AGREEMENT * resamples and place != "never" else
                             f"never ({share / resamples:.0%} of resamples)" if share >= FIT_AGREEMENT * resamples
