@@ -197,7 +197,7 @@ def one_error_line(result, code, *words):
 
 
 def test_the_cli_exports_pushes_privately_and_sends_the_token_to_the_hub_alone(tmp_path, hub):
-    run = make_run(tmp_path / "runs", "tiny-hyperbolic-d2", name="hyp")
+    make_run(tmp_path / "runs", "tiny-hyperbolic-d2", name="hyp")
     out = tmp_path / "exports" / "hyp"
     result = runner.invoke(app, ["export", "hyp", str(out), "--push", "me/hyp", "--license", "mit",
                                  "--runs-dir", str(tmp_path / "runs")])
