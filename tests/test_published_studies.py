@@ -20,7 +20,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 # The studies published with their per-seed values (every one republished since seeds.csv exists).
 WITH_SEEDS = sorted(p.parent for p in RESULTS.glob("*/seeds.csv"))
 # Published before euclip wrote seeds.csv; each leaves this list when it is published again (issue #60).
-WITHOUT_SEEDS = {"beta0", "budget-2048"}
+WITHOUT_SEEDS = {"beta0"}
 
 
 def read(path: Path) -> list[dict]:
