@@ -48,7 +48,11 @@ demo: $(STAMP)  ## Generate the embedded world, train the sweep, evaluate, write
 	@for r in $(DEMO_RECIPES); do $(EUCLIP) train --recipe $$r || exit 1; done
 	$(EUCLIP) eval $(addprefix results/runs/,$(DEMO_RECIPES))
 	$(EUCLIP) report
-	@echo "report: results/tables/embedded.md (all tables in results/tables/)"
+	@echo
+	@echo "trained: $(DEMO_RECIPES), one seed each, in results/runs/ (a tour of the geometries, not a comparison)"
+	@echo "next:  make analyze   distances, isotropy and traversals of each run, then results/tables/report.html"
+	@echo "       make study     the paper's ten configurations over six seeds, with intervals (about 2 h 30 min)"
+	@echo "       $(EUCLIP) report --format html   the report page of what is there now"
 
 study: $(STAMP)  ## The embedded study: the ten configurations of recipes/study-geometries.toml over six seeds, with intervals (about 2 h 30 min on 2 cores).
 	$(EUCLIP) download --recipe tiny-clip

@@ -1,7 +1,8 @@
 """Measure a page's layout in a real headless Chromium (Debian's ``chromium`` package).
 
 A script appended to a copy of the page records, once everything has loaded, the window's and the
-document's widths, every image's rendered and natural width and every second-level heading; with
+document's widths, every image's rendered and natural width, every second-level heading, and every
+table and figure in page order (whether it is shown, a table's header and columns); with
 ``--dump-dom`` Chromium prints the DOM after load, and the record is read back from it.
 """
 
@@ -25,6 +26,15 @@ window.addEventListener("load", () => {
     body: document.body.getBoundingClientRect().width,
     images: [...document.images].map(i => ({rendered: i.getBoundingClientRect().width, natural: i.naturalWidth})),
     headings: [...document.querySelectorAll("h2")].map(h => h.textContent),
+    // Tables and figures in page order: shown (not inside a closed <details>), and for a table its
+    // header and each column's cells.
+    items: [...document.querySelectorAll("table, figure")].map(e => ({
+      kind: e.tagName.toLowerCase(), shown: e.checkVisibility(),
+      caption: e.tagName === "FIGURE" ? e.querySelector("figcaption").textContent : "",
+      header: [...e.querySelectorAll("thead th")].map(c => c.textContent),
+      columns: e.tagName === "TABLE" ? [...e.querySelectorAll("thead th")].map((_, i) =>
+        [...e.querySelectorAll("tbody tr")].map(r => (r.children[i] || {}).textContent || "")) : [],
+    })),
   });
   document.body.appendChild(out);
 });

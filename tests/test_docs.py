@@ -25,7 +25,7 @@ DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # "About 250 lines" (the figure), with room for a table.
 MOST_LINES = 300
-README_LINES, README_WORDS = 150, 1300
+README_LINES, README_WORDS = 150, 1200
 
 
 def test_the_guards_catch_what_they_are_for():

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -67,6 +68,11 @@ def test_train_eval_report_through_the_cli(world, tmp_path):
     rows = [[c.strip() for c in l.strip("|").split("|")] for l in table.splitlines() if l.startswith("|")]
     assert dict(zip(rows[0], next(r for r in rows if r[0] == "tiny-clip")))["seeds"] == "1"
     assert "missing" in (out / "table1.md").read_text()  # paper rows without our runs stay, marked
+    # make demo's last screen: this report, then the lines the Makefile's demo target echoes after it.
+    demo = (Path(__file__).resolve().parents[1] / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    closing = demo.split("$(EUCLIP) report", 1)[1].count("@echo")
+    assert len(report.output.splitlines()) + closing <= 40, report.output
+    assert "tiny-clip" in report.output and "no run of yours yet in 7 tables" in " ".join(report.output.split())
 
 
 @pytest.mark.slow

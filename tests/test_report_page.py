@@ -1,8 +1,9 @@
 """The HTML report as a person opens it: in a real headless Chromium, in laptop-sized windows.
 
-The study is the shipped ``study-geometries`` (ten configurations, three seeds) with invented
-per-run results in place of training, so the page has a study's real shape and width; no run of
-ours exists, so every published row belongs in the compact published-numbers table.
+The user's own work is one tiny run, trained and evaluated through the CLI, and the shipped
+``study-geometries`` (ten configurations, three seeds) with invented per-run results in place of
+training, so the page has a study's real shape and width; no run matches a published row, so every
+published table belongs in the closed reference section.
 """
 
 import random
@@ -18,13 +19,17 @@ from euclip_cli.study import summaries as R
 from euclip_cli.study import tables as T
 from euclip_cli.study.spec import load_claims, load_study
 from tests import browser
+from tests.test_e2e import train
 
 pytestmark = pytest.mark.skipif(browser.CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")
-def report_page(tmp_path_factory):
+def report_page(tmp_path_factory, world):
     tmp = tmp_path_factory.mktemp("page")
+    train(world, tmp / "runs", "tiny-clip", name="my-clip")
+    evaluated = CliRunner().invoke(app, ["eval", str(tmp / "runs" / "my-clip"), "--world", str(world)])
+    assert evaluated.exit_code == 0, evaluated.output
     study, claims = load_study("study-geometries"), load_claims()
     folder = tmp / "studies" / study.name
     plans = J.plan(study, folder, claims)
@@ -43,7 +48,7 @@ def report_page(tmp_path_factory):
     T.write_tables(study, summary, folder)
     study_figure(summary["rows"], list(study.configs), study.baseline, {**SUITE_COLUMNS["world"]}, folder / "study")
     result = CliRunner().invoke(app, ["report", "--format", "html", "--studies-dir", str(tmp / "studies"),
-                                      "--runs-dir", str(tmp / "no-runs"), "--out", str(tmp / "tables")])
+                                      "--runs-dir", str(tmp / "runs"), "--out", str(tmp / "tables")])
     assert result.exit_code == 0, result.output
     return tmp / "tables" / "report.html", tmp
 
@@ -61,13 +66,29 @@ def test_the_page_fits_a_laptop_window_and_shows_figures_at_a_readable_size(repo
         assert image["rendered"] >= min(image["natural"], 0.9 * seen["body"]) - 1, seen
 
 
-def test_the_page_leads_with_the_study_and_folds_published_rows_into_one_table(report_page):
+def test_the_page_opens_on_the_users_runs_then_their_studies_with_published_tables_folded(report_page):
     page, work = report_page
-    headings = browser.layout(page, 1366, 768, work)["headings"]
-    assert headings[:3] == ["Study geometries: zero-shot (%), mean ± sd over seeds",
-                            "Study geometries: the paper's claims", "Study geometries: the noise floor (points)"], headings
-    assert not any(h.startswith("Paper Table") for h in headings), headings
-    assert "Published numbers without a run of ours (the EuCLIP paper, %)" in headings
-    text = page.read_text()
-    assert text.index("means and paired differences") < text.index("Published numbers without")
-    assert "missing" not in text
+    seen = browser.layout(page, 1366, 768, work)
+    assert seen["headings"][:4] == [
+        "Embedded world: zero-shot results (%) (one seed per row: a difference between rows may be seed noise; euclip "
+        "study compares configurations over seeds, with intervals)", "Figures of your runs",
+        "Study geometries: zero-shot (%), mean ± sd over seeds", "Study geometries: the paper's claims"], seen["headings"]
+    shown = [item for item in seen["items"] if item["shown"]]
+    first_table = next(item for item in shown if item["kind"] == "table")
+    assert first_table["columns"][0] == ["my-clip"], first_table  # the run's name heads the first table
+    first_figure = next(item for item in shown if item["kind"] == "figure")
+    assert first_figure["caption"].startswith("Training curves"), first_figure
+    # Every published table is on the page, whole, but folded away until opened.
+    folded = [item for item in seen["items"] if item["kind"] == "table" and not item["shown"]]
+    assert len(folded) == 6 and all(len(item["columns"][0]) >= 3 for item in folded), folded
+    assert not any(item["shown"] and "(paper)" in " ".join(item["header"]) for item in seen["items"])
+
+
+def test_no_table_on_the_page_has_a_column_without_a_value(report_page):
+    page, work = report_page
+    tables = [item for item in browser.layout(page, 1366, 768, work)["items"] if item["kind"] == "table"]
+    assert len(tables) >= 10
+    for table in tables:
+        for name, cells in zip(table["header"], table["columns"]):
+            assert name.strip(), table["header"]  # no header cell over nothing (MERU's pivot once had one)
+            assert any(c.strip() not in ("", "missing") for c in cells), (name, table["header"])

@@ -19,6 +19,7 @@ th { background: #f3f3f3; }
 td:first-child, th:first-child { text-align: left; }
 figure { margin: 1em 0; }
 figcaption { font-size: 13px; color: #555; }
+summary { font-size: 1.3em; font-weight: bold; margin: 1em 0; cursor: pointer; }
 img { display: block; max-width: 100%; height: auto; }
 """
 
@@ -31,18 +32,24 @@ def _figure(caption: str, png: Path) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def page(title: str, sections: list[tuple[str, str, list[Figure]]], figures: list[Figure]) -> str:
-    """``sections``: (heading, HTML table, the figures that belong to it), in order; ``figures``: the
-    rest, after every section. PNGs are embedded as data URIs."""
+def page(title: str, sections: list[tuple[str, str, list[Figure]]],
+         reference: list[tuple[str, str]] = ()) -> str:
+    """``sections``: (heading, HTML table or "", the figures that belong to it), in order; ``reference``:
+    (heading, HTML table) pairs in one closed ``<details>`` at the end, opened on a click. PNGs are
+    embedded as data URIs."""
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
              f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
              f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>euclip report --format html</code>.</p>"]
     for heading, table, own in sections:
-        parts += [f"<h2>{html.escape(heading)}</h2>", f"<div class='table'>{table}</div>"]
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if table:
+            parts.append(f"<div class='table'>{table}</div>")
         parts += [_figure(caption, png) for caption, png in own]
-    if figures:
-        parts.append("<h2>Figures</h2>")
-    parts += [_figure(caption, png) for caption, png in figures]
+    if reference:
+        parts.append(f"<details><summary>Published numbers, for reference ({len(reference)} tables)</summary>")
+        for heading, table in reference:
+            parts += [f"<h3>{html.escape(heading)}</h3>", f"<div class='table'>{table}</div>"]
+        parts.append("</details>")
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -84,66 +84,94 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
     return f"Paper Table {name}: published vs ours (%)", paper_table(runs, int(name))
 
 
+def _table_name(name: str) -> str:
+    """How a line names report table ``name``."""
+    return f"Table {name}" if name.isdigit() else {"traversal": "Tables 6 and 7", "released": "released",
+                                                   "meru": "MERU's"}.get(name, name)
+
+
 def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR, studies_dir: Path = STUDIES_DIR,
                  out: Path = Path("results") / "tables") -> list[Shown]:
     """Write ``table`` (or all) in ``fmt`` to ``out`` and the figures to ``out/../figures``; returns what
-    to show. A table without runs of ours keeps its published rows in the file and is one line on the
-    terminal; with no runs at all, a table already written is left as it was."""
+    to show: the runs' tables, then the studies'. A table without runs of ours keeps its published rows
+    in the file and is one line on the terminal (one line for all of them, with ``all``); with no runs at
+    all, a table already written is left as it was."""
     check_options(table, fmt, runs_dir, out)
     runs = load_runs(runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = [t for t in TABLES if t != "all"] if table == "all" else [table]
-    study_folders = sorted(p.parent for p in studies_dir.glob("*/study.csv"))
+    study_folders = sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []
+    studies = [(folder, section) for folder in study_folders for section in _study_sections(folder, fmt)]
+    if fmt == "html":
+        frames = [(name, *_table(name, runs, runs_dir, study_folders)) for name in wanted]
+        figures = write_figures(runs, runs_dir, out.parent / "figures")
+        return [Shown(_write_page(out / "report.html", frames, figures, [section for _, section in studies], runs_dir,
+                                  study_folders))]
     shown: list[Shown] = []
-    sections: list[tuple[str, str, list]] = []  # the HTML page's (title, table, figures)
-    frames = []
-    # Studies first: seeds and intervals are what a comparison stands on.
-    for folder in study_folders if table == "all" else []:
-        for title, text, own in _study_sections(folder, fmt):
-            sections.append((title, text, own))
-            shown.append(Shown(title, str(folder), text))
+    published_only, empty, unanalysed, kept = [], [], [], []
     for name in wanted:
         title, df = _table(name, runs, runs_dir, study_folders)
-        if fmt == "html":
-            frames.append((name, title, df))
-            continue
-        if name in ("equilibrium", "hierarchy") and df.empty:
-            shown.append(Shown(f"no run has the analysis the {name} table needs ({ANALYSIS_COMMANDS[name]}): that table "
-                               f"is not written"))
+        if name in ANALYSIS_COMMANDS and df.empty:
+            unanalysed.append(name)
             continue
         text = render(df, fmt)
         path = out / f"{name if not name.isdigit() else 'table' + name}.{fmt}"
         if not runs and path.exists():
             # No runs (a mistyped --runs-dir, or studies only): an empty table must not replace a filled one.
-            shown.append(Shown(f"no runs in {runs_dir}: {path} left as it was"))
+            kept.append(path)
             continue
         path.write_text((f"## {title}\n\n" if fmt == "md" else "") + text)
         if name != "embedded" and without_runs(name, df):
-            shown.append(Shown(f"{title}: no run of ours yet ({fill_command(name)}); published rows in {path}"))
+            if table != "all":
+                shown.append(Shown(f"{title}: no run of ours yet ({fill_command(name)}); published rows in {path}"))
+            (published_only if not df.empty else empty).append(name)
         else:
             shown.append(Shown(title, str(path), text))
-    figures = write_figures(runs, runs_dir, out.parent / "figures")
-    if fmt != "html":
-        return shown + [Shown(f"tables written to {out}; figures to {out.parent / 'figures'}")]
-    return [Shown(_write_page(out / "report.html", sections, frames, figures, runs_dir, study_folders))]
+    shown += [Shown(title, str(folder), text) for folder, (title, text, _) in studies]
+    if kept:
+        shown.append(Shown(f"no runs in {runs_dir}: {', '.join(p.name for p in kept)} in {out} left as they were"))
+    if (published_only or empty) and table == "all":
+        parts = [f"{', '.join(map(_table_name, published_only))} keep their published rows in {out}"] if published_only else []
+        parts += [f"{', '.join(map(_table_name, empty))} {'is' if len(empty) == 1 else 'are'} empty"] if empty else []
+        shown.append(Shown(f"no run of yours yet in {len(published_only) + len(empty)} tables: {'; '.join(parts)} "
+                           f"(euclip report --table NAME says what fills one)"))
+    if unanalysed:
+        shown.append(Shown("no run has the analysis " + " or ".join(
+            f"the {name} table needs ({ANALYSIS_COMMANDS[name]})" for name in unanalysed)
+            + (": that table is not written" if len(unanalysed) == 1 else ": those tables are not written")))
+    write_figures(runs, runs_dir, out.parent / "figures")
+    return shown + [Shown(f"tables written to {out}; figures to {out.parent / 'figures'}")]
 
 
-def _write_page(path: Path, sections: list, frames: list, figures: list, runs_dir: Path,
+def _write_page(path: Path, frames: list, figures: list, studies: list, runs_dir: Path,
                 study_folders: list[Path]) -> str:
-    """The self-contained HTML page; returns the line that says what it holds."""
+    """The self-contained HTML page: the runs' tables and figures, then the studies', then every
+    published table whole in a closed reference section. Returns the line that says what it holds."""
     from euclip_cli.report.html import page
-    from euclip_cli.report.tables import fold_published
+    from euclip_cli.report.tables import own_rows, published_reference, without_empty_columns
     from euclip_cli.rundir import all_runs
 
-    sections = sections + [(title, render(df, "html"), []) for title, df in fold_published(frames)]
-    analysis = [(f"{run.name}: {p.stem}", p) for run in all_runs(runs_dir) for p in sorted(run.analysis_dir.glob("*.png"))]
+    sections = [(title, render(without_empty_columns(mine), "html"), []) for name, title, df in frames
+                if not (mine := own_rows(name, df)).empty]
+    figures = figures + [(f"{run.name}: {p.stem}", p) for run in all_runs(runs_dir)
+                         for p in sorted(run.analysis_dir.glob("*.png"))]
+    if figures:
+        sections.append(("Figures of your runs", "", figures))
+    sections += studies
     # Of a study's many runs only the equilibrium figures, which the equilibrium table summarises.
-    analysis += [(f"{folder.name}/{run.name}: equilibrium", run.analysis_dir / "equilibrium.png")
-                 for folder in study_folders for run in all_runs(folder / "runs")
-                 if (run.analysis_dir / "equilibrium.png").exists()]
-    path.write_text(page("euclip report", sections, figures + analysis))
-    return (f"report page: {path} ({len(sections)} tables, "
-            f"{sum(len(own) for *_, own in sections) + len(figures) + len(analysis)} figures)")
+    equilibria = [(f"{folder.name}/{run.name}: equilibrium", run.analysis_dir / "equilibrium.png")
+                  for folder in study_folders for run in all_runs(folder / "runs")
+                  if (run.analysis_dir / "equilibrium.png").exists()]
+    if equilibria:
+        sections.append(("Figures of the studies' runs: the equilibrium", "", equilibria))
+    reference = [(title, render(df, "html")) for title, df in published_reference()]
+    path.write_text(page("euclip report", sections, reference))
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    return (f"report page: {path} ({count(sum(bool(table) for _, table, _ in sections), 'table')} of yours and your "
+            f"studies', {count(sum(len(own) for *_, own in sections), 'figure')}, "
+            f"{count(len(reference), 'published table')} for reference)")
 
 
 def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:

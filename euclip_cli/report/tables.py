@@ -356,45 +356,47 @@ def meru_table(runs: list[Run]) -> pd.DataFrame:
                          for _, ref in published.iterrows()])
 
 
-def fold_published(frames: list[tuple[str, str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:
-    """The report page's tables, leading with what the user has: ``frames`` are (name, title, table)
-    as ``euclip report`` builds them. Empty tables are left out; a paper table keeps only its rows
-    with a run of ours, and every published row without one goes to one compact table of the papers'
-    values (the traversal rows and MERU's to one each of their own), at the end."""
-    kept, published, traversal, meru = [], [], [], pd.DataFrame()
-    for name, title, df in frames:
-        if df.empty:
-            continue
-        if name.isdigit():
-            ours = [c for c in df.columns if c.endswith(" (ours)")]
-            has_run = (df[ours] != MISSING).any(axis=1)
-            paper = [c for c in df.columns if c.endswith(" (paper)")]
-            published.append(df.loc[~has_run, ["model", *paper]].rename(columns=lambda c: c.removesuffix(" (paper)"))
-                             .assign(table=f"Table {name}"))
-            df = df[has_run]
-        elif name == "traversal":
-            no_run = df["run"] == MISSING
-            traversal.append(df.loc[no_run, ["paper", "filter", "published"]])
-            df = df[~no_run]
-        elif name == "meru":
-            no_run = df["run"] == MISSING
-            meru = df[no_run].pivot_table(index=["table", "embed_dim", "dataset", "metric"], columns="model", values="MERU",
-                                          sort=False).reset_index()
-            df = df[~no_run]
-        if not df.empty:
-            kept.append((title, df))
-    published = [df for df in published if not df.empty]
-    if published:
-        table = pd.concat(published, ignore_index=True)
-        kept.append(("Published numbers without a run of ours (the EuCLIP paper, %)",
-                     table[["table", *[c for c in table.columns if c != "table"]]]))
-    traversal = [df for df in traversal if not df.empty]
-    if traversal:
-        kept.append(("Published traversal counts without a run of ours (Tables 6 and 7)",
-                     pd.concat(traversal, ignore_index=True)))
-    if not meru.empty:
-        kept.append(("MERU's published numbers without a run of ours (Tables 1, 2, 3 and 7, %)", meru))
-    return kept
+def own_rows(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of report table ``name`` that hold a run of ours (every row of a table made of runs alone)."""
+    if df.empty:
+        return df
+    if name.isdigit():
+        return df[(df[[c for c in df.columns if c.endswith(" (ours)")]] != MISSING).any(axis=1)]
+    if name in ("traversal", "meru"):
+        return df[df["run"] != MISSING]
+    return df
+
+
+def published_reference() -> list[tuple[str, pd.DataFrame]]:
+    """Every published table the report sets runs beside, whole and with its published columns alone:
+    the EuCLIP paper's Tables 1, 4, 5 and 8, its traversal counts (Tables 6 and 7), and MERU's Tables 1,
+    2, 3 and 7 with one column per model."""
+    tables = []
+    for number in (1, 4, 5, 8):
+        df = paper_table([], number)
+        paper = [c for c in df.columns if c.endswith(" (paper)")]
+        tables.append((f"The EuCLIP paper's Table {number} (%)",
+                       df[["model", *paper]].rename(columns=lambda c: c.removesuffix(" (paper)"))))
+    published = euclip_traversal()
+    tables.append(("The EuCLIP paper's Tables 6 and 7: captions per image along image traversals, [ROOT] excluded",
+                   pd.DataFrame({"paper": [f"Table {r['table']}: {r['model']}" for _, r in published.iterrows()],
+                                 "filter": published["filter"], "published": published["avg_captions_retrieved"]})))
+    meru = meru_tables().assign(model=lambda d: d["model"] + " " + d["arch"])
+    # The pivot's column axis keeps the name "model", which a rendered table shows as a header cell
+    # over nothing: dropped.
+    tables.append(("MERU's Tables 1, 2, 3 and 7 (%), one column per model",
+                   meru.pivot_table(index=["table", "embed_dim", "dataset", "metric"], columns="model", values="value",
+                                    sort=False).reset_index().rename_axis(columns=None)
+                   .assign(table=lambda d: "Table " + d["table"].astype(str))))
+    return [(title, without_empty_columns(df)) for title, df in tables]
+
+
+def without_empty_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without the columns that hold nothing in any row (missing, blank or NaN)."""
+    def empty(cell) -> bool:
+        return cell is None or (isinstance(cell, float) and math.isnan(cell)) or str(cell).strip() in ("", MISSING)
+
+    return df[[c for c in df.columns if not df[c].map(empty).all()]]
 
 
 def render(df: pd.DataFrame, fmt: str) -> str:
