@@ -94,6 +94,12 @@ class LossConfig:
     # instead of (B x B), through a gather that carries gradients (DataComp's --local-loss
     # --gather-with-grad); the same loss and gradients, less memory and compute per rank. One process: no effect.
     local_loss: bool = False
+    # The pairwise term on the geometry's logits beta * sim: "infonce", the softmax over the batch both ways
+    # (CLIP's and the paper's); "siglip", SigLIP's sigmoid loss (Zhai et al., 2023) on every (image, text)
+    # pair, beta * sim + b with a learnable bias b, summed and divided by the batch (open_clip's SigLipLoss).
+    kind: Literal["infonce", "siglip"] = "infonce"
+    # SigLIP's start for b, its paper's -10 (its logit scale starts at t = ln 10: initial_logit_scale).
+    siglip_bias_init: float = -10.0
 
 
 @dataclass
@@ -625,9 +631,13 @@ def resolved_logit(cfg: Config) -> str:
 
 
 def initial_logit_scale(cfg: Config) -> float:
-    """t at initialization: ln(1/0.07) for distance-like logits, 0 for squared ones (the paper, section 4.4)."""
+    """t at initialization: ln(1/0.07) for distance-like logits, 0 for squared ones (the paper, section 4.4);
+    with SigLIP's loss, its paper's ln 10 in every geometry (a choice of euclip's off the CLIP geometry,
+    where nobody has published SigLIP)."""
     if cfg.geometry.logit_scale_init is not None:
         return cfg.geometry.logit_scale_init
+    if cfg.loss.kind == "siglip":
+        return math.log(10.0)
     squared = resolved_logit(cfg) in geometry_facts.describe(cfg.geometry.name).squared_logits
     return 0.0 if squared else math.log(1 / 0.07)
 

@@ -1,4 +1,5 @@
-"""Symmetric InfoNCE over geometry logits, plus lambda times the mean entailment loss.
+"""Symmetric InfoNCE over geometry logits, or SigLIP's sigmoid loss on them plus a learnable bias, plus
+lambda times the mean entailment loss.
 
 ``objective`` is the loss of a whole batch. ``local_objective`` is one rank's share of the loss of
 the global batch (DataComp's ``--local-loss --gather-with-grad``): its images' logits against every
@@ -28,10 +29,22 @@ def contrastive(logits: torch.Tensor) -> torch.Tensor:
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
+def sigmoid_pairs(logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """SigLIP's loss summed over every pair, -log sigmoid(z * logit) with z = 1 for a matching pair and -1
+    for every other: ``logits (b, B)`` are images ``offset ..`` of the batch against all its texts, so row i
+    matches column ``offset + i``. ``-> ()``, a sum (SigLIP divides by the batch)."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    signs = torch.full_like(logits, -1.0)
+    signs[rows, rows + offset] = 1.0
+    return -F.logsigmoid(signs * logits).sum()
+
+
 def objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor,
               curv: Optional[torch.Tensor] = None, entail_weight: float = 0.0,
-              min_radius: float = 0.1) -> dict[str, torch.Tensor]:
+              min_radius: float = 0.1, logit_bias: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """The training loss on matching pairs ``image[i], text[i]`` (output-space embeddings, ``(B, D)`` each).
+    ``logit_bias``: SigLIP's bias b (0-dim); given, the pairwise term is its sigmoid loss on
+    ``logit_scale * sim + b`` over every pair, divided by B, instead of InfoNCE.
 
     Returns ``{"loss": total, "contrastive": ..., "entailment": ...}``: every entry is a 0-dim tensor
     the trainer can log without knowing its name. Runs in fp32 with autocast disabled.
@@ -39,7 +52,8 @@ def objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, logit
     with torch.autocast(image.device.type, enabled=False):
         image, text = at_least_fp32(image), at_least_fp32(text)
         logits = logit_scale * geometry.similarity(image, text, curv)
-        cont = contrastive(logits)
+        cont = (contrastive(logits) if logit_bias is None
+                else sigmoid_pairs(logits + logit_bias) / logits.shape[0])
         out = {"contrastive": cont}
         total = cont
         if entail_weight > 0:
@@ -62,18 +76,22 @@ def local_contrastive(rows: torch.Tensor, columns: torch.Tensor, offset: int, to
 def local_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, all_images: torch.Tensor,
                     all_texts: torch.Tensor, offset: int, logit_scale: torch.Tensor,
                     curv: Optional[torch.Tensor] = None, entail_weight: float = 0.0,
-                    min_radius: float = 0.1) -> dict[str, torch.Tensor]:
+                    min_radius: float = 0.1, logit_bias: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """This rank's share of ``objective`` on the global batch ``all_images, all_texts`` (``(B, D)``), whose
     pairs ``offset ..`` are this rank's ``image, text`` (``(b, D)``): summed over ranks, each entry is the
-    global batch's. The entailment term is a mean over pairs, so each rank adds its own pairs' over B."""
+    global batch's. The entailment term is a mean over pairs, so each rank adds its own pairs' over B.
+    SigLIP's loss (``logit_bias`` given) counts each pair once: a rank's share is its images' rows."""
     with torch.autocast(image.device.type, enabled=False):
         image, text = at_least_fp32(image), at_least_fp32(text)
         all_images, all_texts = at_least_fp32(all_images), at_least_fp32(all_texts)
         total = all_images.shape[0]
         rows = logit_scale * geometry.similarity(image, all_texts, curv)
-        # The global matrix's columns for this rank's texts, as objective's logits.T holds them.
-        columns = (logit_scale * geometry.similarity(all_images, text, curv)).T
-        cont = local_contrastive(rows, columns, offset, total)
+        if logit_bias is not None:
+            cont = sigmoid_pairs(rows + logit_bias, offset) / total
+        else:
+            # The global matrix's columns for this rank's texts, as objective's logits.T holds them.
+            columns = (logit_scale * geometry.similarity(all_images, text, curv)).T
+            cont = local_contrastive(rows, columns, offset, total)
         out = {"contrastive": cont}
         loss = cont
         if entail_weight > 0:

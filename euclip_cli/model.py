@@ -107,6 +107,10 @@ class EuclipModel(nn.Module):
             with torch.no_grad():
                 self.clip.logit_scale.fill_(initial_logit_scale(cfg))
         self.clip.logit_scale.requires_grad_(g.learn_logit_scale)
+        # SigLIP's learnable bias b on every logit (loss.kind = "siglip"); None with InfoNCE, whose softmax
+        # a bias would not change.
+        self.logit_bias: Optional[nn.Parameter] = (nn.Parameter(torch.tensor(float(cfg.loss.siglip_bias_init)))
+                                                   if cfg.loss.kind == "siglip" else None)
         # The encoders' own autocast, for inference: evaluation on a GPU sets the run's precision
         # (``encode.load_model``), as DataComp evaluates under AMP. Training leaves it at fp32 and
         # wraps the whole step in its autocast instead. The geometry stays fp32 either way.
@@ -162,9 +166,10 @@ class EuclipModel(nn.Module):
         return at_least_fp32(self.log_curv).exp() if self.geometry.has_curvature else None
 
     def loss_scalars(self) -> list[nn.Parameter]:
-        """The learnable parameters that enter only the loss, not an encoder (t, and log c where
-        learned): under several ranks they are live on rank 0 alone (``euclip_cli.step``)."""
+        """The learnable parameters that enter only the loss, not an encoder (t, log c where learned, and
+        SigLIP's b): under several ranks they are live on rank 0 alone (``euclip_cli.step``)."""
         found = [self.clip.logit_scale] + ([self.log_curv] if self.geometry.has_curvature else [])
+        found += [self.logit_bias] if self.logit_bias is not None else []
         return [q for q in found if q.requires_grad]
 
     def compile_encoders(self) -> None:
@@ -196,6 +201,8 @@ class EuclipModel(nn.Module):
         if self.geometry.learned_scales:
             out["alpha_img"] = self.log_alpha_img.exp().item()
             out["alpha_txt"] = self.log_alpha_txt.exp().item()
+        if self.logit_bias is not None:
+            out["logit_bias"] = self.logit_bias.item()
         return out
 
 

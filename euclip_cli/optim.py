@@ -10,8 +10,9 @@ from torch import nn
 from euclip_cli.config import OptimConfig
 
 
-# The learnable scalars that enter only the loss (EuclipModel.loss_scalars): t of beta = exp(t), log c.
-SCALAR_NAMES = ("logit_scale", "log_curv")
+# The learnable scalars that enter only the loss (EuclipModel.loss_scalars): t of beta = exp(t), log c,
+# SigLIP's bias b.
+SCALAR_NAMES = ("logit_scale", "log_curv", "logit_bias")
 # Every 0-dim learned scalar, the embedding scales too: MERU's code exempts these (and only these) from decay.
 LEARNED_SCALARS = (*SCALAR_NAMES, "log_alpha_img", "log_alpha_txt")
 
@@ -24,7 +25,7 @@ def param_groups(model: nn.Module, weight_decay: float, scalar_lr_scale: float =
     the logit scale, curvature and embedding scales, all 0-dim. A Multi(n, m) tower's extra class
     tokens (``extra_class_embedding``, one matrix) are exempt like open_clip's single class token,
     a vector. Every group carries ``lr_scale``, its learning rate's multiple of the schedule's;
-    with ``scalar_lr_scale`` other than 1 the temperature and curvature get a third group of their own.
+    with ``scalar_lr_scale`` other than 1 the temperature, curvature and SigLIP's bias get a third group.
     ``decay_rule="meru-code"`` decays everything but the learned scalars (``LEARNED_SCALARS``) instead.
     """
     decay, no_decay, scalars = [], [], []

@@ -4,9 +4,9 @@ OpenCLIP's scheme: embed every micro-batch once without gradients, then for each
 micro-batch j recompute its embeddings with gradients, splice them into the cached ones
 and back-propagate the loss of the whole accumulated batch. Each sample's embeddings carry
 gradients in exactly one pass, so encoder weights and the embedding scales get the
-full-batch gradient. The logit scale and curvature appear in every pass, though, and the
-EuCLIP fork back-propagates them k times (k x their gradient); here they are live in the
-first pass only, which gives them exactly the full-batch gradient too.
+full-batch gradient. The logit scale and curvature (and SigLIP's bias) appear in every pass,
+though, and the EuCLIP fork back-propagates them k times (k x their gradient); here they are
+live in the first pass only, which gives them exactly the full-batch gradient too.
 
 Across ranks, ``gather`` turns the rank's batch into the global one (see
 ``euclip_cli.train.distributed``) and ``owns_scalars`` is true on rank 0 only.
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from euclip_cli.loss import local_objective, objective
+from euclip_cli.loss import at_least_fp32, local_objective, objective
 from euclip_cli.model import EuclipModel
 from euclip_cli.towers.text import TextPlan
 
@@ -51,14 +51,17 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
     """
     plans = plans or [None] * accum_steps
     def loss(image_emb, text_emb, live_scalars: bool):
-        scale, curv = model.logit_scale(), model.curvature()
+        scale, curv, bias = model.logit_scale(), model.curvature(), model.logit_bias
+        bias = at_least_fp32(bias) if bias is not None else None
         if not (live_scalars and (owns_scalars or local is not None)):
             scale = scale.detach()
             curv = curv.detach() if curv is not None else None
+            bias = bias.detach() if bias is not None else None
         if local is not None:
             return local_objective(model.geometry, image_emb, text_emb, local.gather(image_emb), local.gather(text_emb),
-                                   local.offset(image_emb.shape[0]), scale, curv, entail_weight, min_radius)
-        return objective(model.geometry, gather(image_emb), gather(text_emb), scale, curv, entail_weight, min_radius)
+                                   local.offset(image_emb.shape[0]), scale, curv, entail_weight, min_radius, bias)
+        return objective(model.geometry, gather(image_emb), gather(text_emb), scale, curv, entail_weight, min_radius,
+                         bias)
 
     def finished(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         terms = {k: v.detach() for k, v in out.items()}

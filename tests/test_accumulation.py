@@ -14,6 +14,10 @@ RECIPES = {
     "euclidean-d2 + entailment": ["geometry.name=euclidean", "geometry.logit=d2", "model.final_ln=false",
                                   "loss.entail_weight=0.1", "loss.entail_min_radius=0.3", "geometry.logit_scale_init=1.0"],
     "hyperbolic + entailment": ["geometry.name=hyperbolic", "geometry.logit=d", "loss.entail_weight=0.2"],
+    # SigLIP's sigmoid loss, with its learnable bias: in CLIP's geometry (SigLIP's own) and in EuCLIP's.
+    "clip + siglip": ["loss.kind=siglip"],
+    "euclip + siglip": ["geometry.name=euclidean", "geometry.logit=d2", "model.final_ln=false", "loss.kind=siglip",
+                        "loss.entail_weight=0.1", "loss.entail_min_radius=0.3"],
 }
 
 
@@ -40,7 +44,7 @@ def test_accumulated_step_equals_full_batch(variant, k, arch):
     assert full.keys() == acc.keys()
     for key in full_terms:
         torch.testing.assert_close(acc_terms[key], full_terms[key])
-    scalars = [n for n in full if n in ("clip.logit_scale", "log_curv", "log_alpha_img", "log_alpha_txt")]
-    assert "clip.logit_scale" in scalars
+    scalars = [n for n in full if n in ("clip.logit_scale", "log_curv", "log_alpha_img", "log_alpha_txt", "logit_bias")]
+    assert "clip.logit_scale" in scalars and ("logit_bias" in scalars) == ("siglip" in variant)
     for name in full:
         torch.testing.assert_close(acc[name], full[name], rtol=1e-9, atol=1e-12, msg=f"{variant}, k={k}: {name}")

@@ -181,7 +181,7 @@ def test_the_ranks_local_shares_add_up_to_the_global_loss(variant):
     images, tokens = inputs()
     with torch.no_grad():
         image, text = model.encode_image(images), model.encode_text(tokens)
-    args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius)
+    args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius, model.logit_bias)
     whole = objective(model.geometry, image, text, *args)
     shares = [local_objective(model.geometry, image[s:e], text[s:e], image, text, s, *args)
               for s, e in ((0, 3), (3, 5), (5, BATCH))]
