@@ -534,3 +534,17 @@ def test_a_write_the_disk_cannot_hold_leaves_the_old_file_and_no_temporary_one(t
         write_text_atomic(target, '{"new": "a longer text than the old one"}')
     monkeypatch.undo()
     assert target.read_text() == '{"old": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("columns", ["0", "-1", "1", "abc"])
+def test_an_error_line_shows_whatever_width_columns_names(columns, tmp_path):
+    """Rich sizes lines by COLUMNS and printed nothing at all at 0: the consoles are made at import, so a
+    real process, with the width set before it starts."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "euclip_cli", "train", "--recipe", "no-such-recipe"], cwd=tmp_path,
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": columns}, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == ["error: recipe 'no-such-recipe' not found (run 'euclip recipes list' to see "
+                                        "the recipes)"], done.stderr

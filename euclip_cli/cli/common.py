@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sys
 import unicodedata
 import warnings
@@ -26,8 +27,17 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from euclip_cli.errors import DamagedLines, EuclipError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
 
-console = Console()
-err_console = Console(stderr=True)
+# Rich sizes its lines by COLUMNS where it is set, and at 0 or below prints nothing at all, errors
+# included: a width it cannot print in is replaced by 80 (narrow, positive ones still print whole lines).
+def _usable_width() -> Optional[int]:
+    try:
+        return None if int(os.environ.get("COLUMNS", "80")) > 0 else 80
+    except ValueError:
+        return None  # not a number: rich ignores it and asks the terminal
+
+
+console = Console(width=_usable_width())
+err_console = Console(stderr=True, width=_usable_width())
 
 def one_line(text: str) -> str:
     """``text`` with its control characters and line separators written as escapes (``\\n``): a value a
