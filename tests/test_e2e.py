@@ -139,3 +139,27 @@ def test_the_paper_scale_multi_token_recipe_trains_evaluates_and_analyses_throug
     distances = json.loads((run / "analysis" / "distances_train.json").read_text())
     assert 0 <= distances["auc_text_closer"] <= 1
     shutil.rmtree(runs)  # a 1.8 GB checkpoint, which pytest's kept temporary folders would hold on to
+
+
+def test_a_run_does_not_resume_on_a_world_regenerated_with_other_settings(tmp_path):
+    """The same command after the world under data.train_dir was generated again with another seed: refused
+    (exit 2) naming what differs, the run untouched; with its own world back, the same command goes on."""
+    from euclip_cli.data.world_files import generate
+    from euclip_cli.worlddir import WorldSettings
+
+    world, runs = tmp_path / "world", tmp_path / "runs"
+    generate(world, WorldSettings(seed=1, samples=300, mismatch=0.1, eval_size=40), workers=1)
+    args = ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}", *TINY, "--runs-dir", str(runs)]
+    assert runner.invoke(app, args).exit_code == 0
+    run = runs / "tiny-clip"
+    before = {p.name: p.read_bytes() for p in [run / "meta.json", *(run / "checkpoints").iterdir()]}
+    shutil.rmtree(world)
+    generate(world, WorldSettings(seed=2, samples=300, mismatch=0.1, eval_size=40), workers=1)
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    message = " ".join(refused.output.split())
+    assert "trained on another embedded world" in message and "seed 1 then, 2 now" in message and "--name NEW" in message
+    assert {p.name: p.read_bytes() for p in [run / "meta.json", *(run / "checkpoints").iterdir()]} == before
+    shutil.rmtree(world)
+    generate(world, WorldSettings(seed=1, samples=300, mismatch=0.1, eval_size=40), workers=1)
+    assert runner.invoke(app, args).exit_code == 0

@@ -141,6 +141,8 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
         init_source(cfg, runs_dir)  # a run to start from that is not there: before any data is read
     hint = f"euclip download --recipe {cfg.recipe}" if cfg.recipe else "euclip download world"
     downloaded = training_record(C.train_dir(cfg)) or world_record(cfg, hint)
+    if not fresh:
+        check_same_world(directory, downloaded, C.train_dir(cfg))
     shards = list_shards(C.train_dir(cfg), hint)
     model = initial_model(cfg, runs_dir, towers=fresh).to(device)
     with contextlib.ExitStack() as guard:
@@ -190,6 +192,21 @@ def world_record(cfg: C.Config, download: str) -> Optional[dict]:
     check_shared_world(cfg.data, world, found, f"delete {world} and run '{download}', or set those keys to its values")
     WorldDir(world).check_files(found, "train/")
     return {"source": "world", "fingerprint": fingerprint(found), **recorded_settings(found)}
+
+
+def check_same_world(run: RunDir, data: Optional[dict], train_dir: Path) -> None:
+    """Refuse to resume ``run`` on another embedded world than the one its ``meta.json`` records (``data``:
+    the one ``train_dir`` holds now, ``world_record``'s): the steps to come would train on other data than
+    the steps its checkpoint holds, under the same name, with nothing to tell them apart."""
+    recorded = run.meta().get("data") or {}
+    if not (data and "fingerprint" in data and "fingerprint" in recorded) or recorded["fingerprint"] == data["fingerprint"]:
+        return
+    changed = [f"{key} {recorded.get(key)!r} then, {data[key]!r} now" for key in data
+               if key != "fingerprint" and recorded.get(key) != data[key]]
+    raise UsageError(f"{run.path} trained on another embedded world than {train_dir.parent} now holds "
+                     f"({'; '.join(changed) or 'another generator'}): resuming would train its remaining steps on "
+                     f"other data. Regenerate that world with the run's settings (its meta.json, 'data'), or pass "
+                     f"--name NEW to train a new run on this one")
 
 
 def rank_mean(statistics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
