@@ -560,22 +560,44 @@ class RunDir:
     def append_eval(self, line: dict) -> None:
         append_jsonl(self.eval_file, line)
 
-    def latest_results(self) -> list[dict]:
-        """One successful line per task: the newest, by checkpoint step then file order."""
+    def home_world(self, lines: Optional[list[dict]] = None) -> Optional[str]:
+        """The fingerprint of the embedded world whose scores stand for this run: the one it trained on
+        (``meta.json``'s data), else the first one it was evaluated on (``lines``: its eval lines, if read
+        already); None before any world task."""
+        recorded = (self.meta().get("data") or {}).get("fingerprint")
+        lines = self.eval_lines() if lines is None and not recorded else lines
+        return recorded or next((line["world"] for line in lines if "world" in line), None)
+
+    def _scored_lines(self, world: Optional[str]) -> list[dict]:
+        """The successful lines of one embedded world (``world``, else ``home_world``) and of tasks of none."""
+        lines = self.eval_lines()
+        world = world or self.home_world(lines)
+        return [line for line in lines if not line.get("failed") and line.get("world", world) == world]
+
+    def latest_results(self, world: Optional[str] = None) -> list[dict]:
+        """One successful line per task: the newest, by checkpoint step then file order, of one embedded
+        world's scores (``world``, a fingerprint; by default the run's own, ``home_world``): another world
+        shares its task names, not its images, so its lines are never mixed in. Tasks of no world (DataComp's,
+        MERU's) are read whatever world."""
         best: dict[str, dict] = {}
-        for line in self.eval_lines():
-            if line.get("failed"):
-                continue
+        for line in self._scored_lines(world):
             key = line["key"]
             if key not in best or line.get("step", 0) >= best[key].get("step", 0):
                 best[key] = line
         return list(best.values())
 
+    def other_worlds(self) -> list[str]:
+        """The fingerprints of the embedded worlds besides the run's own that it has scores on."""
+        lines = self.eval_lines()
+        return sorted({line["world"] for line in lines if "world" in line and not line.get("failed")}
+                      - {self.home_world(lines)})
+
     def write_datacomp_results(self) -> Optional[Path]:
         """``eval_results.jsonl`` exactly as DataComp's ``evaluate.py`` writes it, for the newest
-        evaluated checkpoint: one ``{"key", "dataset", "metrics"}`` line per task, so DataComp's
-        ``aggregate_scores.py`` and leaderboard tools read it unchanged. None when nothing is scored."""
-        lines = [line for line in self.eval_lines() if not line.get("failed")]
+        evaluated checkpoint, on the run's own world: one ``{"key", "dataset", "metrics"}`` line per task,
+        so DataComp's ``aggregate_scores.py`` and leaderboard tools read it unchanged. None when nothing
+        is scored."""
+        lines = self._scored_lines(None)
         if not lines:
             return None
         newest = max(lines, key=lambda line: line.get("step", 0))["checkpoint"]

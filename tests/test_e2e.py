@@ -163,3 +163,34 @@ def test_a_run_does_not_resume_on_a_world_regenerated_with_other_settings(tmp_pa
     shutil.rmtree(world)
     generate(world, WorldSettings(seed=1, samples=300, mismatch=0.1, eval_size=40), workers=1)
     assert runner.invoke(app, args).exit_code == 0
+
+
+def test_scores_on_another_world_never_mix_with_the_runs_own(world, tmp_path):
+    """`eval --world OTHER` after the run's own world: the report's table, DataComp's results file and the run's
+    latest results keep its own world's score, eval's summary shows the other's, and the report says one is left out."""
+    from euclip_cli.data.world_files import generate
+    from euclip_cli.rundir import RunDir
+    from euclip_cli.worlddir import WorldDir, WorldSettings
+
+    runs = tmp_path / "runs"
+    train(world, runs, "tiny-clip")
+    run = runs / "tiny-clip"
+    assert runner.invoke(app, ["eval", str(run), "--tasks", "world/shapes"]).exit_code == 0
+    other = tmp_path / "other"
+    generate(other, WorldSettings(seed=3, samples=300, mismatch=0.1, eval_size=40), workers=1)
+    elsewhere = runner.invoke(app, ["eval", str(run), "--tasks", "world/shapes", "--world", str(other)])
+    assert elsewhere.exit_code == 0, elsewhere.output
+    scores = {line["world"]: line["metrics"]["main_metric"] for line in RunDir(run).eval_lines()}
+    own, theirs = scores[WorldDir(world).identity()], scores[WorldDir(other).identity()]
+    assert own != theirs  # else this test could not tell the two apart
+    assert f"world/shapes: {theirs:.4f}" in elsewhere.output
+    assert [line["metrics"]["main_metric"] for line in RunDir(run).latest_results()] == [own]
+    datacomp = [json.loads(line) for line in (run / "eval_results.jsonl").read_text().splitlines()]
+    assert [line["metrics"]["main_metric"] for line in datacomp] == [own]
+    report = runner.invoke(app, ["report", "--runs-dir", str(runs), "--out", str(tmp_path / "tables"),
+                                 "--studies-dir", str(tmp_path / "no-studies")])
+    assert report.exit_code == 0, report.output
+    assert "tiny-clip also has scores on another, left out" in " ".join(report.output.split())
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in (tmp_path / "tables" / "embedded.md").read_text()
+            .splitlines() if l.startswith("|")]
+    assert dict(zip(rows[0], rows[2]))["Shapes"] == f"{100 * own:.1f}"

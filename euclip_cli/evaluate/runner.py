@@ -407,4 +407,4 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         run.write_datacomp_results()
         if on_task:
             on_task(task, line)
-    return EvalOutcome(run.latest_results(), failed, missing_data)
+    return EvalOutcome(run.latest_results(world_id), failed, missing_data)  # the world just evaluated

@@ -130,6 +130,11 @@ def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR,
     shown += [Shown(title, str(folder), text) for folder, (title, text, _) in studies]
     if kept:
         shown.append(Shown(f"no runs in {runs_dir}: {', '.join(p.name for p in kept)} in {out} left as they were"))
+    elsewhere = [run.name for run in runs if run.other_worlds]
+    if elsewhere:
+        shown.append(Shown(f"each run's world scores are on its own embedded world (the one it trained on, else the "
+                           f"first it was evaluated on); {', '.join(elsewhere)} also {'has' if len(elsewhere) == 1 else 'have'} "
+                           f"scores on another, left out (euclip eval RUN --world DIR prints them)"))
     if (published_only or empty) and table == "all":
         parts = [f"{', '.join(map(_table_name, published_only))} keep their published rows in {out}"] if published_only else []
         parts += [f"{', '.join(map(_table_name, empty))} {'is' if len(empty) == 1 else 'are'} empty"] if empty else []

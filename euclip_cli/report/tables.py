@@ -38,7 +38,8 @@ class Run:
     scores: dict[str, dict]  # suite -> aggregate
     imported: Optional[str] = None  # the format of a released checkpoint brought in by ``euclip import``
     import_meta: Optional[dict] = None  # meta.json's "imported" record
-    results: dict = field(default_factory=dict)  # task key -> its newest metrics
+    results: dict = field(default_factory=dict)  # task key -> its newest metrics (of its own embedded world)
+    other_worlds: int = 0  # the embedded worlds besides its own it has scores on, which the tables leave out
 
 
 def completed_config(run: RunDir) -> dict:
@@ -64,7 +65,7 @@ def load_runs(runs_dir: Path) -> list[Run]:
         imported = run.meta().get("imported")
         runs.append(Run(run.name, config.get("recipe", ""), config, scores,
                         imported.get("format") if imported else None, imported,
-                        {line["key"]: line["metrics"] for line in results}))
+                        {line["key"]: line["metrics"] for line in results}, len(run.other_worlds())))
     return runs
 
 
