@@ -146,18 +146,45 @@ def read_described(folder: Path) -> dict:
     return described
 
 
+def contradictions(described: dict, header: dict) -> list[str]:
+    """Where an export's statements about itself disagree with the run's config it holds, which is what
+    rebuilds the model: the weights' safetensors header (its geometry), and the geometry, logit, blocks,
+    final LayerNorm, tokenizer and image size that euclip_config.json states beside the config. An edit of
+    one of them (a CLIP export relabelled Euclidean) would otherwise score the towers in another geometry."""
+    try:
+        cfg = C.from_dict(described["config"])
+    except C.ConfigError:
+        return []  # rebuild names a config this euclip cannot read
+    stated, geometry = described.get("geometry") or {}, described["config"]["geometry"]
+    checks = [(f"{WEIGHTS}'s header: geometry", header.get("geometry"), cfg.geometry.name),
+              (f"{CONFIG}: geometry.name", stated.get("name"), cfg.geometry.name),
+              (f"{CONFIG}: geometry.logit", stated.get("logit"), C.resolved_logit(cfg)),
+              (f"{CONFIG}: geometry.blocks", stated.get("blocks"), geometry.get("blocks")),
+              (f"{CONFIG}: final_ln", described.get("final_ln"), cfg.model.final_ln),
+              (f"{CONFIG}: tokenizer", described.get("tokenizer"), tokenizer_facts(described["config"])),
+              (f"{CONFIG}: preprocess.image_size", (described.get("preprocess") or {}).get("image_size"),
+               archs.lookup(cfg.model.arch).image_size)]
+    return [f"{where} says {said!r}, the run's config {meant!r}" for where, said, meant in checks if said != meant]
+
+
 def read(folder: Path) -> tuple[dict, dict]:
     """``(euclip config as written, EuclipModel state dict)`` of an export folder (``read_described``, then
-    the weights and the scalars)."""
-    from safetensors import SafetensorError
+    the weights and the scalars); an ``ExportError`` where the export contradicts itself (``contradictions``)."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     described = read_described(folder)
     config_file, weights_file = folder / CONFIG, folder / WEIGHTS
     try:
         towers = load_file(str(weights_file))
+        with safe_open(str(weights_file), "pt") as opened:
+            header = opened.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
         raise ExportError(f"{weights_file}: not a readable safetensors file ({str(err).splitlines()[0]})") from None
+    disagree = contradictions(described, header)
+    if disagree:
+        raise ExportError(f"{folder}: the export contradicts itself ({'; '.join(disagree)}): nothing was imported; "
+                          f"export the run again (euclip export RUN DIR)")
     state = {"clip." + key: value for key, value in towers.items()}
     for name, value in described["scalars"].items():
         if not isinstance(value, (int, float)) or not math.isfinite(value):

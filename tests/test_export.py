@@ -283,6 +283,30 @@ def test_bad_inputs_are_one_line_and_nothing_partial_is_left(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
+def _relabelled(described):  # the whole story changed to Euclidean d2; only the weights' header still says clip
+    for geometry in (described["geometry"], described["config"]["geometry"]):
+        geometry.update(name="euclidean", logit="d2")
+
+
+@pytest.mark.parametrize("edit, named", [
+    (_relabelled, "model.safetensors's header: geometry says 'clip', the run's config 'euclidean'"),
+    (lambda d: d["geometry"].update(name="hyperbolic"), "geometry.name says 'hyperbolic', the run's config 'clip'"),
+    (lambda d: d.update(final_ln=False), "final_ln says False, the run's config True"),
+    (lambda d: d["preprocess"].update(image_size=224), "preprocess.image_size says 224, the run's config 64")])
+def test_an_export_that_contradicts_itself_is_refused_naming_the_statement(tmp_path, edit, named):
+    """A CLIP export relabelled as another geometry once imported with exit 0 and scored in that geometry."""
+    runs = tmp_path / "runs"
+    make_run(runs, "tiny-clip", name="clip")
+    folder = tmp_path / "export"
+    assert runner.invoke(app, ["export", "clip", str(folder), "--runs-dir", str(runs)]).exit_code == 0
+    described = json.loads((folder / exported.CONFIG).read_text())
+    edit(described)
+    (folder / exported.CONFIG).write_text(json.dumps(described))
+    result = runner.invoke(app, ["import", "euclip-export", str(folder), "--name", "back", "--runs-dir", str(runs)])
+    one_error_line(result, 2, "contradicts itself", named)
+    assert not (runs / "back").exists()
+
+
 def test_a_failed_export_removes_its_staging_folder(tmp_path, monkeypatch):
     from euclip_cli import publish
 
