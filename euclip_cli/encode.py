@@ -15,7 +15,7 @@ from euclip_cli import config as C
 from euclip_cli.device import resolve_precision
 from euclip_cli.errors import UsageError
 from euclip_cli.model import EuclipModel, initial_model, load_run_weights
-from euclip_cli.rundir import RunDir
+from euclip_cli.rundir import RunDir, atomic_path
 
 # Bump when a change alters image embeddings (transforms, encoders): cached features are keyed by it.
 FEATURES = "features-1"
@@ -110,9 +110,8 @@ class FeatureCache:
                 pass
         image_emb, labels = compute()
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"image_emb": image_emb.cpu(), "labels": labels}, tmp)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            torch.save({"image_emb": image_emb.cpu(), "labels": labels}, tmp)
         return image_emb, labels
 
 

@@ -202,16 +202,25 @@ def read_json(path: Path) -> Any:
         raise Failure(f"{path} is not UTF-8 text; restore or delete it") from None
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file; a write that fails (a full
-    disk) removes its temporary file and leaves the old one in place."""
-    tmp = path.with_name(f".{path.name}.tmp")
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for one writer to fill, renamed onto ``path`` when the block ends: a
+    reader never sees half a file, a write that fails (a full disk) removes its temporary file and leaves the
+    old one in place, and two writers at once (two evaluations of one run) each fill a file of their own,
+    the last rename winning whole, where one shared temporary name would mix or lose their bytes."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through ``atomic_path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 # What every record of a run's JSON-lines file must hold, by file: the fields its readers index.

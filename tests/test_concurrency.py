@@ -131,3 +131,30 @@ def test_a_lock_dies_with_its_holder_though_a_worker_it_forked_lives_on(tmp_path
     finally:
         holder.kill()
         os.kill(worker, signal.SIGKILL)
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from euclip_cli.rundir import write_text_atomic
+path, letter = Path(sys.argv[1]), sys.argv[2]
+for _ in range(300):
+    write_text_atomic(path, letter * 200_000)
+"""
+
+
+def test_two_processes_writing_one_file_at_once_each_leave_it_whole(tmp_path):
+    """Two evaluations of one run rewrite its results and its feature cache at once (no lock holds an
+    evaluation): through one shared temporary name, one writer's rename took the file from under the other
+    (an error) or their bytes mixed. Each writer now fills a file of its own."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "eval_results.jsonl"
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(target), letter], stderr=subprocess.PIPE, text=True)
+               for letter in "ab"]
+    for writer in writers:
+        _, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err
+    assert target.read_text() in ("a" * 200_000, "b" * 200_000)
+    assert [p.name for p in tmp_path.iterdir()] == ["eval_results.jsonl"]  # no temporary file left behind
