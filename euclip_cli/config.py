@@ -676,8 +676,9 @@ def to_dict(cfg: Config) -> dict:
 RENAMED_KEYS = {("optim", "logit_scale_lr_scale"): "scalar_lr_scale"}
 
 
-def from_dict(data: dict) -> Config:
-    """Rebuild a Config stored in a run directory or checkpoint (strictly validated)."""
+def from_dict(data: dict, where: str = "stored config") -> Config:
+    """Rebuild a Config stored in a run directory or checkpoint (strictly validated); ``where`` names it in
+    each problem (the file it came from)."""
     cfg = Config()
     problems: list[str] = []
     for section, values in data.items():
@@ -686,7 +687,7 @@ def from_dict(data: dict) -> Config:
             continue
         for key, value in values.items():
             key = RENAMED_KEYS.get((section, key), key)
-            _apply(cfg, section, key, value, from_text=False, where="stored config", problems=problems)
+            _apply(cfg, section, key, value, from_text=False, where=where, problems=problems)
     if problems:
         raise ConfigError(problems)
     return cfg

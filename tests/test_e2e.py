@@ -194,3 +194,19 @@ def test_scores_on_another_world_never_mix_with_the_runs_own(world, tmp_path):
     rows = [[c.strip() for c in l.strip("|").split("|")] for l in (tmp_path / "tables" / "embedded.md").read_text()
             .splitlines() if l.startswith("|")]
     assert dict(zip(rows[0], rows[2]))["Shapes"] == f"{100 * own:.1f}"
+
+
+def test_a_stored_config_the_trainer_cannot_read_is_named_and_its_refusal_is_the_only_line(world, tmp_path):
+    """The run's config.json with a key this euclip does not know: the trainer names the file (it said
+    'stored config'), and prints no progress line before refusing (it printed 'starting')."""
+    runs = tmp_path / "runs"
+    train(world, runs, "tiny-clip")
+    stored = runs / "tiny-clip" / "config.json"
+    config = json.loads(stored.read_text())
+    config["train"]["bogus_key"] = 1
+    stored.write_text(json.dumps(config))
+    result = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}", *TINY,
+                                 "--runs-dir", str(runs)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {stored}: unknown key 'train.bogus_key'"), result.output

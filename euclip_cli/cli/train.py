@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -84,10 +85,14 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
-    with errors(), Progress(*columns, console=console) as progress:
-        bar = progress.add_task(run_dir.name, total=C.total_steps(cfg), info="starting")
-
+    # The bar is drawn from the first step on: a refusal that comes once the run has begun (a stored config it
+    # cannot read, another world) is then the only line on the terminal.
+    progress = Progress(*columns, console=console)
+    bar = progress.add_task(run_dir.name, total=C.total_steps(cfg), info="starting")
+    with errors(), contextlib.ExitStack() as drawn:
         def on_step(step: int, total: int, record: dict) -> None:
+            if not progress.live.is_started:
+                drawn.enter_context(progress)
             info = f"loss {record['loss']:.3f}"
             if "entailment" in record:
                 info += f" (contrastive {record['contrastive']:.3f}, entailment {record['entailment']:.3f})"

@@ -86,8 +86,11 @@ def write_study(study: Study, summary: dict, out: Path) -> list[Path]:
 def check_configurations(plans: list[RunPlan], out: Path) -> None:
     """Refuse a study folder holding runs trained with another configuration than the study's recipes
     now give (a recipe edited since): they would be counted as finished, or fail one by one."""
-    complete = lambda stored: C.to_dict(C.from_dict(stored))  # noqa: E731  (older runs, as the trainer reads them)
-    changed = [(p.name, keys) for p in plans if (keys := RunDir(p.run_dir).difference(p.resolved, complete))]
+    def changed_keys(plan: RunPlan) -> Optional[list[str]]:  # older runs read as the trainer reads them
+        run = RunDir(plan.run_dir)
+        return run.difference(plan.resolved, lambda stored: C.to_dict(C.from_dict(stored, str(run.config_file))))
+
+    changed = [(p.name, keys) for p in plans if (keys := changed_keys(p))]
     if changed:
         shown = "; ".join(f"{name} differs in {', '.join(keys[:3])}" for name, keys in changed[:3])
         raise UsageError(f"{out} holds {len(changed)} run(s) trained with another configuration than the study's "

@@ -151,7 +151,7 @@ def run(cfg: C.Config, run_dir: Path, argv: Optional[list[str]] = None,
             # ``data``: the download's manifest (subset, success rate, bytes) when the shards came from one.
             directory.claim(C.to_dict(cfg), run_meta(cfg, argv or sys.argv, precision) | {"data": downloaded,
                                                                            "init_from": model.started_from},
-                            complete=lambda stored: C.to_dict(C.from_dict(stored)))
+                            complete=lambda stored: C.to_dict(C.from_dict(stored, str(directory.config_file))))
         try:
             return _train(cfg, model, directory, shards, ranks, device, precision, on_step)
         except Exception as err:
