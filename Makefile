@@ -15,7 +15,7 @@ DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: help install lock wheelhouse demo study results temperature analyze test test-fast test-seconds clean-results
+.PHONY: help install lock wheelhouse rehearse-gpu demo study results temperature analyze test test-fast test-seconds clean-results
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ analyze: $(STAMP)  ## After `make demo`: distances, isotropy and traversals of e
 		$(EUCLIP) analyze distances $$r && $(EUCLIP) analyze isotropy $$r && $(EUCLIP) analyze traverse $$r || exit 1; \
 	done
 	$(EUCLIP) report --format html
+
+rehearse-gpu: $(STAMP)  ## The GPU checklist on a stand-in for the lent GPU machine, up to its first GPU row (needs the package index; about 5 min).
+	EUCLIP_LENT_MACHINE=1 $(BIN)/python -m pytest -q tests/test_lent_machine.py
 
 test: $(STAMP)  ## Run the whole test suite.
 	$(PYTEST)

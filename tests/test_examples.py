@@ -4,7 +4,6 @@ import importlib.util
 import math
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,23 +127,28 @@ def test_the_tower_probe_refuses_inconsistent_world_options_in_one_line(args, me
 def test_the_gpu_checklists_summary_tables_its_runs_and_the_matrix(tmp_path):
     """The checklist runs only on a GPU, rarely lent: its summary step is run here on runs made by hand."""
     import json
-    import re
 
-    script = (Path(__file__).resolve().parents[1] / "examples" / "gpu" / "checklist.sh").read_text()
-    summary_code = re.search(r"python - \"\$runs\" \"\$summary\" \"\$out\" <<'EOF'\n(.*?)\nEOF\n", script, re.S).group(1)
+    summarize = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "summarize.py"
     runs, out = tmp_path / "runs", tmp_path / "out"
     for name, rates in (("gpu-bf16", [100.0, 200.0, 300.0, 300.0]), ("matrix-as-is", [50.0, 400.0, 400.0, 200.0]),
-                        ("matrix-loaders-out", [60.0, 800.0, 800.0, 800.0])):
+                        ("matrix-loaders-out", [60.0, 800.0, 800.0, 800.0]),
+                        ("memory-b512-checkpointed", [10.0, 10.0, 10.0])):
         (runs / name).mkdir(parents=True)
         (runs / name / "metrics.jsonl").write_text("".join(
             json.dumps({"step": i + 1, "loss": 3.0, "samples_per_s": r, "data_wait_share": 0.5,
                         "loader_samples_per_s": 900.0, "loader_cpu_share": 0.9, "gpu_peak_mib": 1000.0}) + "\n"
             for i, r in enumerate(rates)))
     (out / "bench").mkdir(parents=True)
-    (out / "bench" / "train-1.json").write_text(json.dumps({"measurements": {"openclip": {
-        "samples_per_s": 1000.0, "overall_samples_per_s": 900.0, "data_wait_share": 0.1}}}))
+    (out / "bench" / "train-1.json").write_text(json.dumps({
+        "settings": {"arch": "bench-vit"}, "speedup_vs_openclip": {"median": 0.5, "min": 0.4, "max": 0.6},
+        "measurements": {"openclip": {"samples_per_s": 1000.0, "overall_samples_per_s": 900.0, "data_wait_share": 0.1},
+                         "euclip": {"samples_per_s": 500.0}}}))
+    # The plan's line as `euclip train --plan` prints it, wrapped by a narrow terminal.
+    (out / "logs").mkdir()
+    (out / "logs" / "plan-b512-checkpointed.log").write_text(
+        "  one GPU at batch 512: 12.50 GiB without checkpointing,\n1.25 GiB with\n")
     summary = tmp_path / "summary.md"
-    done = subprocess.run([sys.executable, "-", str(runs), str(summary), str(out)], input=summary_code, text=True,
+    done = subprocess.run([sys.executable, str(summarize), str(runs), str(summary), str(out)], text=True,
                           capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     text = summary.read_text()
@@ -154,6 +158,9 @@ def test_the_gpu_checklists_summary_tables_its_runs_and_the_matrix(tmp_path):
     assert "| loaders-out | 800 | 800 | 3.00 | 50% | 900 (90%) | 1000 |" in text
     assert "| openclip-trainer | 900 | 1000 | 3.37 | 10% | - | - |" in text
     assert "matrix-" not in text.split("The matrix")[0].split("| run |")[1]  # the matrix rows sit in their table
+    assert "| bench | bench-vit | 500 | 1000 | 0.50 (0.40-0.60) |" in text
+    # 1000 MiB measured against the checkpointed figure of the plan, 1.25 GiB.
+    assert "| b512-checkpointed | 0.98 | 1.25 | 0.78 |" in text
 
 
 @pytest.mark.slow
@@ -171,18 +178,14 @@ def test_the_bookkeeping_scale_script_builds_its_study_and_measures_both_readers
     assert (tmp_path / "scale" / "study.csv").exists() and (tmp_path / "scale" / "tables" / "embedded.md").exists()
 
 
-@pytest.mark.slow
-def test_the_gpu_checklist_rehearses_every_row_that_needs_no_gpu(tmp_path):
-    """EUCLIP_NO_GPU=1: the shards it trains on (the world, the JPEG shards) and the memory plan, through the
-    same script a GPU machine runs, up to the point where a GPU is needed."""
+@pytest.mark.parametrize("args, message", [
+    (["--part", "8"], "error: --part takes 1 to 7, not '8'"), (["--part"], "error: --part takes 1 to 7, not ''"),
+    (["--parts", "1"], "error: unknown argument '--parts'")])
+def test_the_gpu_checklist_refuses_a_part_it_does_not_have_before_it_installs_or_writes_anything(tmp_path, args, message):
+    """Its rows on a stand-in for the lent machine, up to the first that needs a GPU: tests/test_lent_machine.py."""
     script = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "checklist.sh"
-    env = {**os.environ, "EUCLIP": f"{sys.executable} -m euclip_cli", "EUCLIP_NO_GPU": "1",
-           "EUCLIP_WORLD_SAMPLES": "200", "EUCLIP_JPEG_SAMPLES": "20"}
-    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env,
-                          timeout=900)
-    summary = (tmp_path / "out" / "summary.md").read_text()
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    for row in ("world", "jpeg-shards", "plan"):
-        assert re.search(rf"\| {row} \| ok \|", summary), summary
-    assert "| train-bf16 |" not in summary and "H100 80GB: the fewest that fit" in summary  # the plan, summarised
-    assert len(list((tmp_path / "out" / "jpeg").glob("*.tar"))) == 1
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out"), *args], capture_output=True, text=True,
+                          env={**os.environ, "EUCLIP_WHEELHOUSE": str(tmp_path / "none")}, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines() == [f"{message}; usage: examples/gpu/checklist.sh OUT "
+                                                                  f"[--part N]...   (N: 1 to 7)"], done.stderr
+    assert done.stdout == "" and not (tmp_path / "out").exists()

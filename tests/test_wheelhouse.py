@@ -62,26 +62,30 @@ def test_a_wheelhouse_is_never_written_over_a_folder_that_holds_files(tmp_path):
     assert (tmp_path / "wh" / "mine.whl").read_text() == "x"
 
 
-LACKING = ("tabulate", "wordsegment")  # small, pure Python: what the simulated target lacks besides euclip
+LACKING = ("wordsegment",)  # small, pure Python: what the simulated target lacks besides euclip
+SMALL_UNKNOWN = "tabulate"  # listed without a version, its wheel small: carried all the same
+LARGE_UNKNOWN = "pandas"  # listed without a version, its wheel over 1 MiB: left to the machine
 
 
 @pytest.mark.slow
 def test_an_offline_install_beside_a_machines_own_packages_has_euclips_whole_tree(tmp_path):
-    """The target: this environment's packages (its torch among them) less euclip and two small ones,
-    seen by a fresh virtual environment through a .pth file, as a GPU image's preinstalled packages are.
-    The wheelhouse (resolved and downloaded from the package index) must carry exactly what it lacks,
-    and install.sh must install it with no index and check the tree."""
+    """The target: this environment's packages (its torch among them) less euclip and a small one, two of
+    them listed without a version, seen by a fresh virtual environment through a .pth file, as a GPU
+    image's preinstalled packages are. The wheelhouse (resolved and downloaded from the package index)
+    must carry exactly what it lacks and the small package of unknown version, and install.sh must
+    install it with no index and check the tree."""
     present = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     target = tmp_path / "target.txt"
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     target.write_text(f"# python: {python}\n" + "".join(
-        f"{name}=={version}\n" for name, version in sorted(present.items())
-        if wheelhouse.canonical(name) not in {"euclip", *LACKING}))
+        f"{name}\n" if wheelhouse.canonical(name) in (SMALL_UNKNOWN, LARGE_UNKNOWN) else f"{name}=={version}\n"
+        for name, version in sorted(present.items()) if wheelhouse.canonical(name) not in {"euclip", *LACKING}))
     built = run_tool("--target", str(target), "--out", str(tmp_path / "wh"))
     assert built.returncode == 0, built.stderr
     carried = {line.split("==")[0] for line in (tmp_path / "wh" / "lacking.txt").read_text().splitlines()}
-    assert carried == set(LACKING)
-    assert len(list((tmp_path / "wh").glob("*.whl"))) == len(LACKING) + 1  # and euclip's own
+    assert carried == {*LACKING, SMALL_UNKNOWN}
+    assert len(list((tmp_path / "wh").glob("*.whl"))) == len(LACKING) + 2  # and euclip's own
+    assert f"decided by euclip's run there (1): {LARGE_UNKNOWN}" in built.stdout
 
     machine = tmp_path / "machine"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(machine)], check=True)
@@ -95,14 +99,21 @@ def test_an_offline_install_beside_a_machines_own_packages_has_euclips_whole_tre
                                capture_output=True, text=True, env=env, timeout=600)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "0 unmet requirements" in installed.stdout
-    assert {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")} == {"euclip", *LACKING}
+    assert {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")} == {"euclip", *LACKING, SMALL_UNKNOWN}
     help_text = subprocess.run([machine / "bin" / "python", "-m", "euclip_cli", "--help"], capture_output=True,
                                text=True, cwd=tmp_path, timeout=300)
     assert help_text.returncode == 0 and "train" in help_text.stdout
 
-    # A requirement nothing installed satisfies is named by the check (exit 1): here one added to the
-    # installed euclip's metadata, since the machine sees this environment's packages (all of them).
+    # A version of the machine's own that the target file did not give and euclip's range does not admit is
+    # unverified, not unmet (exit 0): here a requirement added to the installed euclip's metadata.
     metadata = next(site.glob("euclip-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Requires-Dist:", f"Requires-Dist: {LARGE_UNKNOWN}>=99\n"
+                                                     "Requires-Dist:", 1))
+    check = subprocess.run([machine / "bin" / "python", str(tmp_path / "wh" / "check.py")], capture_output=True,
+                           text=True, env=env)
+    assert check.returncode == 0 and f"unverified: euclip needs {LARGE_UNKNOWN}>=99" in check.stdout, check.stdout
+    # A requirement nothing installed satisfies is named by the check (exit 1), since the machine sees this
+    # environment's packages (all of them).
     metadata.write_text(metadata.read_text().replace("Requires-Dist:", "Requires-Dist: no-such-package-euclip>=1\n"
                                                      "Requires-Dist:", 1))
     check = subprocess.run([machine / "bin" / "python", str(tmp_path / "wh" / "check.py")], capture_output=True,

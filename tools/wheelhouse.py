@@ -17,7 +17,11 @@ What it does, in order:
    of the project's lock (requirements/lock.txt) wherever the target allows them.
 3. What the target lacks, downloaded as binary wheels for its interpreter and platform
    (``pip download --no-deps``); a package that ships only a source archive is built here and kept
-   only if its wheel is pure Python (``py3-none-any``), which installs anywhere.
+   only if its wheel is pure Python (``py3-none-any``), which installs anywhere. A package the target
+   has at a version its file does not give is carried too where its wheel is small (``--carry-small``,
+   1 MiB): installed ahead of the machine's own, its version is the resolution's; a larger one is left
+   to the machine, and ``check.py`` reports its version, where euclip's range does not admit it, as
+   unverified instead of unmet (the GPU checklist's smoke test, a tiny run of euclip, decides).
 4. ``requirements.txt`` (the resolution), ``lacking.txt`` (what the wheelhouse carries),
    ``install.sh`` and ``check.py`` (which verifies the installed tree) beside the wheels, and a summary
    of their sizes. Packages named by ``--leave-out`` (ones the target's work never imports) are
@@ -151,17 +155,31 @@ def fetch(name: str, version: str, python: str, tags: list[str], out: Path) -> s
 INSTALL_SH = """#!/bin/sh
 # Install euclip from this wheelhouse with no network, beside the packages the machine has, then
 # check that every requirement of euclip's tree is met (check.py). PYTHON: the interpreter (python3
-# by default); further arguments go to pip (e.g. --target DIR, then PYTHONPATH=DIR for the check).
+# by default); further arguments go to pip. With --target DIR the check reads DIR first, as a
+# PYTHONPATH=DIR run of euclip will.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
+target=
+previous=
+for argument in "$@"; do
+    [ "$previous" = --target ] && target=$argument
+    case $argument in --target=*) target=${argument#--target=} ;; esac
+    previous=$argument
+done
 "${PYTHON:-python3}" -m pip install --no-index --no-deps --no-cache-dir "$@" "$here"/*.whl
-"${PYTHON:-python3}" "$here/check.py"
+if [ -n "$target" ]; then
+    PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" "$here/check.py"
+else
+    "${PYTHON:-python3}" "$here/check.py"
+fi
 """
 
 CHECK_PY = """\"\"\"Check that euclip's installed dependency tree is whole: every requirement of euclip and of the
 packages it needs is installed at a version it admits, except those the wheelhouse left out by
 choice (LEFT_OUT), and with the requirements the project restates (OVERRIDES, from
-requirements/overrides.txt) read as restated. Exit 1 naming each unmet requirement.\"\"\"
+requirements/overrides.txt) read as restated. Exit 1 naming each unmet requirement. A package the
+machine had at a version its target file did not know (UNKNOWN), and too large to carry, is not
+unmet but unverified: a line says so, and euclip's own run decides (the GPU checklist's smoke test).\"\"\"
 import sys
 from importlib import metadata
 
@@ -172,13 +190,14 @@ except ImportError:  # pip carries its own copy
 
 LEFT_OUT = {left_out!r}
 OVERRIDES = {overrides!r}
+UNKNOWN = {unknown!r}
 
 
 def canonical(name):
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-unmet, seen, queue = [], set(), ["euclip"]
+unmet, unverified, seen, queue = [], [], set(), ["euclip"]
 while queue:
     name = queue.pop()
     if canonical(name) in seen:
@@ -197,17 +216,43 @@ while queue:
             unmet.append(f"{{name}} needs {{req}}, which is not installed")
             continue
         if req.specifier and not req.specifier.contains(version, prereleases=True):
-            unmet.append(f"{{name}} needs {{req}}, and {{req.name}} {{version}} is installed")
+            line = f"{{name}} needs {{req}}, and {{req.name}} {{version}} is installed"
+            (unverified if canonical(req.name) in UNKNOWN else unmet).append(line)
         queue.append(req.name)
 for line in unmet:
     print("unmet:", line)
+for line in unverified:
+    print("unverified:", line, "(the machine's own version, which the target file did not know: euclip's own run decides)")
 print(f"euclip {{metadata.version('euclip')}}: {{len(seen)}} packages checked, "
-      f"{{len(unmet)}} unmet requirements" + (f"; left out by choice: {{', '.join(sorted(LEFT_OUT))}}" if LEFT_OUT else ""))
+      f"{{len(unmet)}} unmet requirements, {{len(unverified)}} unverified"
+      + (f"; left out by choice: {{', '.join(sorted(LEFT_OUT))}}" if LEFT_OUT else ""))
 sys.exit(1 if unmet else 0)
 """
 
 
-def build(target_file: Path, out: Path, python: str | None, platform: str | None, left_out: set[str]) -> int:
+def carry_small(candidates: dict[str, str], python: str, tags: list[str], out: Path, most_mib: float) -> set[str]:
+    """Of the target's packages whose version it does not know (``name -> the resolution's version``), put
+    the wheel of each that is at most ``most_mib`` MiB into ``out``: installed ahead of the machine's own,
+    it holds the version euclip's range admits, with no luck needed. Returns the rest, left to the
+    machine (one whose wheel cannot be had is left too)."""
+    left = set()
+    for name, version in sorted(candidates.items()):
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                fetch(name, version, python, tags, Path(scratch))
+            except SystemExit:
+                left.add(name)
+                continue
+            wheel, = Path(scratch).glob("*.whl")
+            if wheel.stat().st_size > most_mib * 2 ** 20:
+                left.add(name)
+            else:
+                shutil.move(str(wheel), out / wheel.name)
+    return left
+
+
+def build(target_file: Path, out: Path, python: str | None, platform: str | None, left_out: set[str],
+          carry_mib: float = 1.0) -> int:
     try:
         target, settings = read_target(target_file)
     except (OSError, UnicodeDecodeError) as err:
@@ -240,9 +285,16 @@ def build(target_file: Path, out: Path, python: str | None, platform: str | None
         if built.returncode != 0:
             raise SystemExit(f"error: euclip's own wheel did not build:\n{built.stderr.strip()[-800:]}")
         how = {name: fetch(name, version, python, tags, staging) for name, version in sorted(lacking.items())}
+        unknown = carry_small({name: version for name, version in resolved.items() if name in target
+                               and target[name] is None and name not in left_out}, python, tags, staging, carry_mib)
+        carried = {name: resolved[name] for name in resolved if name in target and target[name] is None
+                   and name not in left_out and name not in unknown}
+        how |= {name: "carried: small, and the target's version is not known" for name in carried}
+        lacking |= carried
         (staging / "lacking.txt").write_text("".join(f"{n}=={v}  # {how[n]}\n" for n, v in sorted(lacking.items())))
         (staging / "install.sh").write_text(INSTALL_SH)
-        (staging / "check.py").write_text(CHECK_PY.format(left_out=set(sorted(left_out)), overrides=overrides()))
+        (staging / "check.py").write_text(CHECK_PY.format(left_out=set(sorted(left_out)), overrides=overrides(),
+                                                          unknown=set(sorted(unknown))))
         (staging / "target-constraints.txt").unlink()
         out.mkdir(parents=True, exist_ok=True)
         for item in staging.iterdir():
@@ -254,10 +306,14 @@ def build(target_file: Path, out: Path, python: str | None, platform: str | None
     print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB, for Python {python} on {platform}, in {out}")
     for wheel in wheels[:5]:
         print(f"  {wheel.stat().st_size / 2**20:6.1f} MiB  {wheel.name}")
-    present = sorted(n for n in resolved if n in target)
+    present = sorted(n for n in resolved if n in target and n not in lacking)
     print(f"left to the target ({len(present)}): {', '.join(present)}")
     if left_out:
         print(f"left out by choice: {', '.join(sorted(left_out))}")
+    unknown = sorted(n for n in present if target[n] is None and n not in lacking)
+    if unknown:
+        print(f"the target's own version, not known here, decided by euclip's run there ({len(unknown)}): "
+              f"{', '.join(unknown)}")
     print(f"install there: sh {out.name}/install.sh")
     return 0
 
@@ -271,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leave-out", action="append", default=[], metavar="NAME[,NAME]",
                         help="Packages euclip's tree names but the target's work never imports, left out of the "
                              "wheelhouse (and of the install's check); also '# leave-out: NAME' lines in the target file.")
+    parser.add_argument("--carry-small", type=float, default=1.0, metavar="MIB",
+                        help="Carry a package the target has at an unknown version when its wheel is at most this "
+                             "many MiB (default 1); larger ones are left to the target, and its version to euclip's run.")
     args = parser.parse_args(argv)
+    if not args.carry_small >= 0:  # NaN fails too
+        print(f"error: --carry-small {args.carry_small} is not a size in MiB (0 or more)", file=sys.stderr)
+        return 2
     left_out = {canonical(n) for arg in args.leave_out for n in arg.split(",") if n.strip()}
-    return build(args.target, args.out, args.python, args.platform, left_out)
+    return build(args.target, args.out, args.python, args.platform, left_out, args.carry_small)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,8 @@ def train(recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (e
 
 # GPU memory of the kinds a plan names (GiB as the vendors sell them, usable a little less).
 GPU_MEMORY_GIB = {"H100 80GB": 80, "A100 40GB": 40, "H200": 141}
+# Room under the 90% bound below which a plan calls its fit tight (GiB).
+TIGHT_GIB = 2.0
 
 
 def print_memory_plan(cfg) -> None:
@@ -151,9 +153,21 @@ def print_memory_plan(cfg) -> None:
                       f"{p.per_gpu(gpus, True) / gib:.1f}")
         gpus *= 2
     console.print(table)
+    # One plain line a script can read (examples/gpu/summarize.py sets it beside a run's measured peak).
+    console.print(f"  one GPU at batch {p.global_batch}: {p.per_gpu(1, False) / gib:.2f} GiB without checkpointing, "
+                  f"{p.per_gpu(1, True) / gib:.2f} GiB with", highlight=False)
     for kind, size in GPU_MEMORY_GIB.items():
         # 10% kept back for the CUDA context, the allocator's slack and transient peaks.
-        fits = [p.gpus_needed(0.9 * size * gib, ckpt) for ckpt in (False, True)]
-        words = [f"{n} GPU{'s' if n > 1 else ''}" if n else "more than fit a node's share of the batch" for n in fits]
+        bound = 0.9 * size * gib
+        fits = [p.gpus_needed(bound, ckpt) for ckpt in (False, True)]
+        words = []
+        for n, ckpt in zip(fits, (False, True)):
+            word = f"{n} GPU{'s' if n > 1 else ''}" if n else "more than fit a node's share of the batch"
+            spare = bound - p.per_gpu(n, ckpt) if n else None
+            # A fit with less room than a CUDA context (about 0.5 GiB) and the allocator's fragmentation
+            # take is a fit on paper only.
+            if spare is not None and spare < TIGHT_GIB * gib:
+                word += f" (only {spare / gib:.1f} GiB left under the 90% bound: tight)"
+            words.append(word)
         console.print(f"  {kind}: the fewest that fit: {words[0]} without checkpointing, {words[1]} with "
                       f"(train.grad_checkpointing=true)", highlight=False)
