@@ -693,5 +693,10 @@ def from_dict(data: dict, where: str = "stored config") -> Config:
     return cfg
 
 
+def run_config(run) -> Config:
+    """A run's stored ``config.json`` (``run``: a ``RunDir``) as a Config, its problems naming the file."""
+    return from_dict(run.config(), str(run.config_file))
+
+
 def dumps(cfg: Config) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True)

@@ -32,7 +32,7 @@ def load_model(run: RunDir, device: torch.device, at_init: bool = False
     if at_init:
         if not run.config_file.exists():
             raise UsageError(f"{run.path} is not a run directory (no {run.config_file.name}): name a run's folder")
-        cfg, found, step = C.from_dict(run.config(), str(run.config_file)), None, 0
+        cfg, found, step = C.run_config(run), None, 0
         model = initial_model(cfg, run.path.parent)
     else:
         found, state = run.readable_checkpoint()

@@ -577,27 +577,28 @@ class RunDir:
         lines = self.eval_lines() if lines is None and not recorded else lines
         return recorded or next((line["world"] for line in lines if "world" in line), None)
 
-    def _scored_lines(self, world: Optional[str]) -> list[dict]:
-        """The successful lines of one embedded world (``world``, else ``home_world``) and of tasks of none."""
-        lines = self.eval_lines()
+    def _scored_lines(self, world: Optional[str], lines: Optional[list[dict]] = None) -> list[dict]:
+        """The successful lines of one embedded world (``world``, else ``home_world``) and of tasks of none
+        (``lines``: the eval lines, if read already)."""
+        lines = self.eval_lines() if lines is None else lines
         world = world or self.home_world(lines)
         return [line for line in lines if not line.get("failed") and line.get("world", world) == world]
 
-    def latest_results(self, world: Optional[str] = None) -> list[dict]:
+    def latest_results(self, world: Optional[str] = None, lines: Optional[list[dict]] = None) -> list[dict]:
         """One successful line per task: the newest, by checkpoint step then file order, of one embedded
         world's scores (``world``, a fingerprint; by default the run's own, ``home_world``): another world
         shares its task names, not its images, so its lines are never mixed in. Tasks of no world (DataComp's,
         MERU's) are read whatever world."""
         best: dict[str, dict] = {}
-        for line in self._scored_lines(world):
+        for line in self._scored_lines(world, lines):
             key = line["key"]
             if key not in best or line.get("step", 0) >= best[key].get("step", 0):
                 best[key] = line
         return list(best.values())
 
-    def other_worlds(self) -> list[str]:
+    def other_worlds(self, lines: Optional[list[dict]] = None) -> list[str]:
         """The fingerprints of the embedded worlds besides the run's own that it has scores on."""
-        lines = self.eval_lines()
+        lines = self.eval_lines() if lines is None else lines
         return sorted({line["world"] for line in lines if "world" in line and not line.get("failed")}
                       - {self.home_world(lines)})
 

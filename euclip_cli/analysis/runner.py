@@ -156,7 +156,7 @@ def _traversal_start(run_dir: Path, device: torch.device, ks: tuple[Optional[flo
     """``(the run's config, [ROOT], the pairs it was averaged over)`` for a traversal: entailment radii
     need a geometry with cones; [ROOT] comes from training pairs where the protocol says so and the
     geometry's root is a mean, else ``(None, None)`` (the pool's embeddings give it)."""
-    cfg = C.from_dict(RunDir(run_dir).config(), str(RunDir(run_dir).config_file))
+    cfg = C.run_config(RunDir(run_dir))
     facts = describe(cfg.geometry.name)
     if any(k is not None for k in ks) and not facts.has_entailment:
         raise UsageError(f"--entail: run {run_dir.name} has the {cfg.geometry.name} geometry, which has no "
@@ -227,7 +227,7 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
                                       world_tree)
 
     run_dir, device = resolve(run, runs_dir).path, resolve_device(device)
-    cfg = C.from_dict(RunDir(run_dir).config(), str(RunDir(run_dir).config_file))
+    cfg = C.run_config(RunDir(run_dir))
     generic = [caption_text({"level": "family", "mentions": [{"family": f}]}) for f in FAMILIES]
     named = [caption_text({"level": "shape", "mentions": [{"shape": s}]}) for s in SHAPES]
     specs, pairs = caption_order_pairs()

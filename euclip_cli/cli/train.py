@@ -153,7 +153,7 @@ def print_memory_plan(cfg) -> None:
                       f"{p.per_gpu(gpus, True) / gib:.1f}")
         gpus *= 2
     console.print(table)
-    # One plain line a script can read (examples/gpu/summarize.py sets it beside a run's measured peak).
+    # One GPU's figure also as a plain line: a table's box drawing is no format for a script to parse.
     console.print(f"  one GPU at batch {p.global_batch}: {p.per_gpu(1, False) / gib:.2f} GiB without checkpointing, "
                   f"{p.per_gpu(1, True) / gib:.2f} GiB with", highlight=False)
     for kind, size in GPU_MEMORY_GIB.items():

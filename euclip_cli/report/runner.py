@@ -100,8 +100,8 @@ def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR,
     runs = load_runs(runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = [t for t in TABLES if t != "all"] if table == "all" else [table]
-    study_folders = sorted(p.parent for p in studies_dir.glob("*/study.csv")) if table == "all" else []
-    studies = [(folder, section) for folder in study_folders for section in _study_sections(folder, fmt)]
+    study_folders = sorted(p.parent for p in studies_dir.glob("*/study.csv"))
+    studies = [(folder, section) for folder in study_folders if table == "all" for section in _study_sections(folder, fmt)]
     if fmt == "html":
         frames = [(name, *_table(name, runs, runs_dir, study_folders)) for name in wanted]
         figures = write_figures(runs, runs_dir, out.parent / "figures")

@@ -60,12 +60,13 @@ def load_runs(runs_dir: Path) -> list[Run]:
     runs = []
     for run in all_runs(runs_dir):
         config = completed_config(run)
-        results = run.latest_results()
+        lines = run.eval_lines()
+        results = run.latest_results(lines=lines)
         scores = {suite: aggregate(results, suite) for suite in SUITE_COLUMNS}
         imported = run.meta().get("imported")
         runs.append(Run(run.name, config.get("recipe", ""), config, scores,
                         imported.get("format") if imported else None, imported,
-                        {line["key"]: line["metrics"] for line in results}, len(run.other_worlds())))
+                        {line["key"]: line["metrics"] for line in results}, len(run.other_worlds(lines))))
     return runs
 
 

@@ -53,7 +53,7 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
         order = found.get("order", {})
         values.update({metric: order[s]["roc_auc"] for metric, s in ORDER_MEASURES.items() if s in order})
     last = run.last_training_record()
-    cfg = C.from_dict(run.config(), str(run.config_file)) if last else None
+    cfg = C.run_config(run) if last else None
     if last and "logit_scale" in last:
         # β starts at exp(t0), capped at logit_scale_max after the first step.
         values["temperature_init"] = min(math.exp(C.initial_logit_scale(cfg)), cfg.geometry.logit_scale_max)
@@ -137,7 +137,7 @@ def ceilings(plans: list[RunPlan], tasks: list[str], world: Optional[Path] = Non
 
     if world is None:
         run = next((RunDir(p.run_dir) for p in plans if RunDir(p.run_dir).config_file.exists()), None)
-        world = C.world_dir(C.from_dict(run.config(), str(run.config_file))) if run else None
+        world = C.world_dir(C.run_config(run)) if run else None
     if world is None or not WorldDir(world).manifest_file.exists():
         return {}
     values = {key: 100 * task_ceiling(WorldDir(world).eval, key.split("/", 1)[1])
@@ -160,7 +160,7 @@ def sampling_errors(p: RunPlan, tasks: list[str], world: Optional[Path] = None) 
     run = RunDir(p.run_dir)
     if world is None and not run.config_file.exists():
         return {}
-    found = WorldDir(world or C.world_dir(C.from_dict(run.config(), str(run.config_file)))).manifest()
+    found = WorldDir(world or C.world_dir(C.run_config(run))).manifest()
     if found is None:
         return {}
     images = int(found["eval_size"])
