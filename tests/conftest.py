@@ -1,5 +1,6 @@
-"""Shared fixtures: one small embedded world per test session (per worker under pytest-xdist)."""
+"""Shared fixtures: one small embedded world per test run, shared by the xdist workers (tests/trained.py)."""
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -10,15 +11,27 @@ import torch
 
 from euclip_cli.data.world_files import generate
 from euclip_cli.worlddir import WorldSettings
+from tests.trained import built_once, shared_folder, trained_run
 
 SMALL_WORLD = WorldSettings(seed=7, samples=1500, mismatch=0.1, eval_size=120)
+# A few steps of a small batch in fp32: fast, and deterministic on a CPU.
+TINY = ["data.batch_size=32", "optim.samples=128", "optim.warmup_steps=2", "train.precision=fp32",
+        "train.log_every=1", "train.tensorboard=false", "data.shuffle_buffer=200"]
 
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("world") / "world"
-    generate(out, SMALL_WORLD, workers=2)
-    return out
+    """The small world, generated once per pytest run (not per xdist worker); no test writes into it."""
+    folder = built_once(shared_folder(tmp_path_factory), "world",
+                        lambda staging: generate(staging / "world", SMALL_WORLD, workers=2))
+    return folder / "world"
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory, world) -> Path:
+    """tiny-clip trained with TINY on the small world, once per test run (four steps, not evaluated): read it, or
+    ``copy_run`` it to evaluate or change it."""
+    return trained_run(tmp_path_factory, world, "tiny-clip", TINY)
 
 
 def pytest_configure(config):
@@ -42,6 +55,50 @@ GUESS_SLOW_SECONDS, GUESS_OTHER_SECONDS = 30.0, 1.0
 def pytest_addoption(parser):
     parser.addoption("--record-file-seconds", action="store_true",
                      help=f"write each test file's summed seconds to {FILE_SECONDS.name} (whole runs only)")
+    parser.addoption("--record-trainings", metavar="FILE",
+                     help="append a line for each trained run a test leaves in its temporary folders (what was "
+                          "trained, how many steps, by which test) to FILE; tools/suite_profile.py tables them")
+
+
+def _record_trainings(config, folder: Path, test: str) -> None:
+    target = config.getoption("--record-trainings")
+    if not target or not folder.is_dir():
+        return
+    lines = []
+    for found in folder.rglob("metrics.jsonl"):
+        run = found.parent
+        records = found.read_text().splitlines()
+        if (run / "config.json").is_file() and records:
+            # A copy of a run (tests/trained.py's copy_run) has its meta.json, and is no training of its own.
+            meta = run / "meta.json"
+            made = hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.is_file() else str(run)
+            lines.append(json.dumps({"test": test, "run": made, "config": json.loads((run / "config.json").read_text()),
+                                     "steps": json.loads(records[-1]).get("step")}))
+    if lines:
+        with open(target, "a") as out:  # one write per test: lines from two workers do not interleave
+            out.write("\n".join(lines) + "\n")
+
+
+@pytest.fixture(autouse=True)
+def _trainings_of_each_test(request):
+    """With --record-trainings: the runs a test trained in its tmp_path, read before pytest removes it."""
+    # Asked for here, tmp_path is torn down after this fixture, so its runs are still there to read.
+    folder = (request.getfixturevalue("tmp_path") if request.config.getoption("--record-trainings")
+              and "tmp_path" in request.fixturenames else None)
+    yield
+    if folder is not None:
+        _record_trainings(request.config, folder, request.node.nodeid)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trainings_of_shared_fixtures(request, tmp_path_factory):
+    """With --record-trainings: the runs module and session fixtures trained (in mktemp folders), at the end."""
+    yield
+    if request.config.getoption("--record-trainings"):
+        base = tmp_path_factory.getbasetemp()
+        for folder in [*base.iterdir(), *shared_folder(tmp_path_factory).glob("run-*")]:
+            if folder.is_dir() and not folder.name.endswith("current"):
+                _record_trainings(request.config, folder, f"(fixture) {folder.name}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,13 +11,10 @@ from euclip_cli import config as C
 from euclip_cli.cli.main import app
 from euclip_cli.worlddir import WorldDir
 
-from tests.conftest import SMALL_WORLD
+from tests.conftest import SMALL_WORLD, TINY
+from tests.trained import copy_run
 
 runner = CliRunner()
-
-# A few steps of a small batch in fp32: fast, and deterministic on a CPU.
-TINY = ["data.batch_size=32", "optim.samples=128", "optim.warmup_steps=2", "train.precision=fp32",
-        "train.log_every=1", "train.tensorboard=false", "data.shuffle_buffer=200"]
 
 
 def train(world, runs, recipe, *extra, name=None):
@@ -31,10 +28,9 @@ def train(world, runs, recipe, *extra, name=None):
 
 
 @pytest.mark.slow
-def test_train_eval_report_through_the_cli(world, tmp_path):
+def test_train_eval_report_through_the_cli(world, tiny_clip, tmp_path):
     runs = tmp_path / "runs"
-    train(world, runs, "tiny-clip")
-    run = runs / "tiny-clip"
+    run = copy_run(tiny_clip, runs)  # `euclip train --recipe tiny-clip` with TINY's overrides
     assert {"config.json", "meta.json", "metrics.jsonl", "checkpoints"} <= {p.name for p in run.iterdir()}
     meta = json.loads((run / "meta.json").read_text())
     assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta and meta["precision"] == "fp32"
@@ -98,22 +94,22 @@ EXPECTED_TINY_LOSSES = [3.62912, 3.57692, 3.51353, 3.49937]
 
 
 @pytest.mark.slow
-def test_regression_loss_values_of_the_tiny_recipe(world, tmp_path):
-    """Pinned values: a change to the model, loss, data order or schedule shows up here."""
-    train(world, tmp_path / "runs", "tiny-clip")
-    losses = [json.loads(l)["loss"] for l in (tmp_path / "runs" / "tiny-clip" / "metrics.jsonl").read_text().splitlines()]
+def test_regression_loss_values_of_the_tiny_recipe(tiny_clip):
+    """Pinned values: a change to the model, loss, data order or schedule shows up here (the shared run is trained
+    by this run's code)."""
+    losses = [json.loads(l)["loss"] for l in (tiny_clip / "metrics.jsonl").read_text().splitlines()]
     assert losses == pytest.approx(EXPECTED_TINY_LOSSES, rel=2e-3)
 
 
 
 @pytest.mark.slow
-def test_restart_resumes_and_other_config_is_refused(world, tmp_path):
+def test_restart_resumes_and_other_config_is_refused(world, tiny_clip, tmp_path):
     runs = tmp_path / "runs"
-    train(world, runs, "tiny-clip", "optim.samples=64")
-    again = train(world, runs, "tiny-clip", "optim.samples=64")
+    copy_run(tiny_clip, runs)
+    again = train(world, runs, "tiny-clip")
     assert "already complete" in again.output
-    conflict = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}", *TINY,
-                                   "--runs-dir", str(runs)])
+    conflict = runner.invoke(app, ["train", "--recipe", "tiny-clip", f"data.train_dir={world / 'train'}",
+                                   *C.layered_overrides(TINY, ["optim.samples=64"]), "--runs-dir", str(runs)])
     assert conflict.exit_code == 2 and "optim.samples" in conflict.output and "--name" in conflict.output
 
 
@@ -165,7 +161,7 @@ def test_a_run_does_not_resume_on_a_world_regenerated_with_other_settings(tmp_pa
     assert runner.invoke(app, args).exit_code == 0
 
 
-def test_scores_on_another_world_never_mix_with_the_runs_own(world, tmp_path):
+def test_scores_on_another_world_never_mix_with_the_runs_own(world, tiny_clip, tmp_path):
     """`eval --world OTHER` after the run's own world: the report's table, DataComp's results file and the run's
     latest results keep its own world's score, eval's summary shows the other's, and the report says one is left out."""
     from euclip_cli.data.world_files import generate
@@ -173,8 +169,7 @@ def test_scores_on_another_world_never_mix_with_the_runs_own(world, tmp_path):
     from euclip_cli.worlddir import WorldDir, WorldSettings
 
     runs = tmp_path / "runs"
-    train(world, runs, "tiny-clip")
-    run = runs / "tiny-clip"
+    run = copy_run(tiny_clip, runs)
     assert runner.invoke(app, ["eval", str(run), "--tasks", "world/shapes"]).exit_code == 0
     other = tmp_path / "other"
     generate(other, WorldSettings(seed=3, samples=300, mismatch=0.1, eval_size=40), workers=1)
@@ -196,12 +191,11 @@ def test_scores_on_another_world_never_mix_with_the_runs_own(world, tmp_path):
     assert dict(zip(rows[0], rows[2]))["Shapes"] == f"{100 * own:.1f}"
 
 
-def test_a_stored_config_the_trainer_cannot_read_is_named_and_its_refusal_is_the_only_line(world, tmp_path):
+def test_a_stored_config_the_trainer_cannot_read_is_named_and_its_refusal_is_the_only_line(world, tiny_clip, tmp_path):
     """The run's config.json with a key this euclip does not know: the trainer names the file (it said
     'stored config'), and prints no progress line before refusing (it printed 'starting')."""
     runs = tmp_path / "runs"
-    train(world, runs, "tiny-clip")
-    stored = runs / "tiny-clip" / "config.json"
+    stored = copy_run(tiny_clip, runs) / "config.json"
     config = json.loads(stored.read_text())
     config["train"]["bogus_key"] = 1
     stored.write_text(json.dumps(config))

@@ -19,15 +19,15 @@ from euclip_cli.study import summaries as R
 from euclip_cli.study import tables as T
 from euclip_cli.study.spec import load_claims, load_study
 from tests import browser
-from tests.test_e2e import train
+from tests.trained import copy_run
 
 pytestmark = pytest.mark.skipif(browser.CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")
-def report_page(tmp_path_factory, world):
+def report_page(tmp_path_factory, world, tiny_clip):
     tmp = tmp_path_factory.mktemp("page")
-    train(world, tmp / "runs", "tiny-clip", name="my-clip")
+    copy_run(tiny_clip, tmp / "runs", "my-clip")
     evaluated = CliRunner().invoke(app, ["eval", str(tmp / "runs" / "my-clip"), "--world", str(world)])
     assert evaluated.exit_code == 0, evaluated.output
     study, claims = load_study("study-geometries"), load_claims()
