@@ -12,6 +12,7 @@ This module imports only the standard library: ``euclip --help`` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import tomllib
@@ -268,7 +269,14 @@ def _sections() -> dict[str, type]:
 
 
 def schema() -> dict[str, dict[str, Any]]:
-    """``{section: {key: type}}`` for every configurable key."""
+    """``{section: {key: type}}`` for every configurable key (a copy the caller may change)."""
+    return {name: dict(keys) for name, keys in _schema().items()}
+
+
+@functools.cache
+def _schema() -> dict[str, dict[str, Any]]:
+    # typing.get_type_hints evaluates every annotation again at each call: reading a study's 100 configs
+    # called it 35,000 times (20 s). The dataclasses do not change while euclip runs.
     return {name: typing.get_type_hints(cls) for name, cls in _sections().items()}
 
 

@@ -65,15 +65,21 @@ def _record_trainings(config, folder: Path, test: str) -> None:
     if not target or not folder.is_dir():
         return
     lines = []
-    for found in folder.rglob("metrics.jsonl"):
-        run = found.parent
-        records = found.read_text().splitlines()
-        if (run / "config.json").is_file() and records:
+    # os.walk does not follow links (tests make links to folders, and loops).
+    for where, _, names in os.walk(folder):
+        if "metrics.jsonl" not in names:
+            continue
+        run = Path(where)
+        try:  # many tests damage a run's files on purpose: those runs are not counted
+            records = (run / "metrics.jsonl").read_text().splitlines()
+            stored = json.loads((run / "config.json").read_text())
+            steps = json.loads(records[-1])["step"]
             # A copy of a run (tests/trained.py's copy_run) has its meta.json, and is no training of its own.
             meta = run / "meta.json"
             made = hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.is_file() else str(run)
-            lines.append(json.dumps({"test": test, "run": made, "config": json.loads((run / "config.json").read_text()),
-                                     "steps": json.loads(records[-1]).get("step")}))
+        except (OSError, ValueError, LookupError, TypeError):
+            continue
+        lines.append(json.dumps({"test": test, "run": made, "config": stored, "steps": steps}))
     if lines:
         with open(target, "a") as out:  # one write per test: lines from two workers do not interleave
             out.write("\n".join(lines) + "\n")

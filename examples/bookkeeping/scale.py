@@ -1,6 +1,6 @@
 """How long, and in how much memory, the study summary and ``euclip report`` read a large study.
 
-Builds a study folder of study-geometries at 10 seeds (100 runs: each a config.json, an eval.jsonl
+Builds a study folder of study-geometries at --seeds seeds (10: 100 runs, each a config.json, an eval.jsonl
 over the world's tasks and a metrics.jsonl of --steps records; one run's metrics.jsonl has
 --long-steps records), then, each in a fresh process, times and measures the peak resident memory
 of (1) the study summary (``study.summaries.summarize`` and ``study.tables.write_tables``, what
@@ -31,7 +31,7 @@ from euclip_cli.study.summaries import summarize
 from euclip_cli.study.spec import load_claims, load_study
 from euclip_cli.study.tables import write_tables
 out = Path(sys.argv[1])
-study = load_study("study-geometries", 10)
+study = load_study("study-geometries", int(sys.argv[2]))
 began = time.perf_counter()
 summary = summarize(study, plan(study, out, load_claims()), load_claims())
 write_tables(study, summary, out)
@@ -50,7 +50,7 @@ print(time.perf_counter() - began, PEAK)
 """
 
 
-def build(out: Path, steps: int, long_steps: int) -> int:
+def build(out: Path, seeds: int, steps: int, long_steps: int) -> int:
     from euclip_cli import config as C
     from euclip_cli.evaluate.runner import PROTOCOL
     from euclip_cli.protocol.tasks import select
@@ -58,7 +58,7 @@ def build(out: Path, steps: int, long_steps: int) -> int:
     from euclip_cli.study.jobs import plan
     from euclip_cli.study.spec import load_claims, load_study
 
-    study = load_study("study-geometries", 10)
+    study = load_study("study-geometries", seeds)
     plans = plan(study, out, load_claims())
     tasks = [t.key for t in select(study.tasks)]
     rng = random.Random(0)
@@ -79,10 +79,11 @@ def build(out: Path, steps: int, long_steps: int) -> int:
     return len(plans)
 
 
-def measure(code: str, out: Path) -> tuple[float, float]:
+def measure(code: str, out: Path, seeds: int) -> tuple[float, float]:
     """``(seconds, peak resident MiB)`` of ``code`` in a fresh interpreter (imports not counted in the time)."""
     code = code.replace("PEAK", PEAK)
-    found = subprocess.run([sys.executable, "-c", code, str(out)], check=True, capture_output=True, text=True)
+    found = subprocess.run([sys.executable, "-c", code, str(out), str(seeds)], check=True, capture_output=True,
+                           text=True)
     seconds, peak_kib = map(float, found.stdout.split()[-2:])
     return seconds, peak_kib / 1024
 
@@ -90,14 +91,15 @@ def measure(code: str, out: Path) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, default=10, help="seeds of each of the study's ten configurations")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--long-steps", type=int, default=1_000_000)
     args = parser.parse_args()
-    runs = build(args.out, args.steps, args.long_steps)
+    runs = build(args.out, args.seeds, args.steps, args.long_steps)
     size = sum(f.stat().st_size for f in (args.out / "runs").rglob("*.jsonl"))
     print(f"{runs} runs, {size / 2**20:.0f} MiB of JSON lines")
     for name, code in (("study summary", SUMMARY), ("euclip report", REPORT)):
-        seconds, peak = measure(code, args.out)
+        seconds, peak = measure(code, args.out, args.seeds)
         print(f"{name}: {seconds:.1f} s, peak resident memory {peak:.0f} MiB")
 
 
