@@ -11,9 +11,11 @@ EUCLIP := $(BIN)/euclip
 # The sweep `make demo` trains on the embedded world (override: make demo DEMO_RECIPES="tiny-clip").
 DEMO_RECIPES ?= tiny-clip tiny-elliptic tiny-euclip tiny-meru
 # Test processes (pytest-xdist, one torch thread each; 0 runs the suite in this process). Whole files
-# go to one worker (--dist loadfile), so a module's shared fixture is built once.
+# go to one worker (--dist loadfile), so a module's shared fixture is built once, in the order
+# tests/conftest.py gives them (longest first); xdist's own order, files with the most tests first, handed
+# the real-SLURM file (two tests, the longest) out last.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help install lock wheelhouse rehearse-gpu demo study results temperature analyze test test-fast test-seconds clean-results
 

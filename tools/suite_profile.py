@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 # "12.34s call     tests/test_x.py::test_y[param]"
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+)")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S.*)$")
 # Keys that say how a run logs, not what it trains.
 WHERE = {("train", "checkpoints"), ("train", "log_every"), ("train", "tensorboard")}
 
