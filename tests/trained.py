@@ -2,8 +2,8 @@
 tests train on, and trained runs that many tests only read or evaluate.
 
 Each is built by the first worker to ask, under a file lock in the folder every worker of the run shares, and
-found there by the others. A run is keyed by what made it: the recipe, the overrides, the world, and a hash
-of euclip's own source (a cache that outlived a code change would hand back a run the code no longer makes).
+found there by the others. A run is keyed by what made it: the recipe, the overrides and the world (the folder
+lives as long as one pytest run, so the code that trained a run is the code under test).
 Tests get a copy (``copy_run``) when they add to or damage a run; a test that proves training itself (resume,
 accumulation, a loss's value) trains its own.
 """
@@ -18,21 +18,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def shared_folder(tmp_path_factory) -> Path:
     """The folder every worker of this pytest run shares (under xdist each worker's basetemp is a child of it)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def source_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "euclip_cli").rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".toml", ".json", ".csv"):
-            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def built_once(folder: Path, name: str, build) -> Path:
@@ -41,14 +30,17 @@ def built_once(folder: Path, name: str, build) -> Path:
     target, staging = folder / name, folder / f"{name}.building"
     with FileLock(str(folder / f"{name}.lock")):
         if not target.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-            build(staging)
+            try:
+                build(staging)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
             staging.rename(target)
     return target
 
 
 def run_key(recipe: str, overrides: list[str], world: Path) -> str:
-    what = json.dumps([recipe, overrides, str(world), source_hash()])
+    what = json.dumps([recipe, overrides, str(world)])
     return f"run-{recipe}-{hashlib.sha256(what.encode()).hexdigest()[:10]}"
 
 
@@ -63,7 +55,6 @@ def trained_run(tmp_path_factory, world: Path, recipe: str, overrides: list[str]
         result = CliRunner().invoke(app, ["train", "--recipe", recipe, f"data.train_dir={world / 'train'}", *overrides,
                                           "--runs-dir", str(staging)])
         if result.exit_code != 0:
-            shutil.rmtree(staging, ignore_errors=True)
             raise AssertionError(f"the shared {recipe} run did not train:\n{result.output}")
 
     return built_once(shared_folder(tmp_path_factory), run_key(recipe, overrides, world), build) / recipe

@@ -22,7 +22,7 @@ from pathlib import Path
 # "12.34s call     tests/test_x.py::test_y[param]"
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S.*)$")
 # Keys that say how a run logs, not what it trains.
-WHERE = {("train", "checkpoints"), ("train", "log_every"), ("train", "tensorboard")}
+LOGGING = {("train", "checkpoints"), ("train", "log_every"), ("train", "tensorboard")}
 
 
 def durations(log: Path) -> dict[str, dict[str, float]]:
@@ -46,7 +46,7 @@ def trainings(record: Path) -> list[tuple[str, str, int, str]]:
             continue
         seen.add(entry["run"])
         config = entry["config"]
-        what = {section: {k: v for k, v in values.items() if (section, k) not in WHERE}
+        what = {section: {k: v for k, v in values.items() if (section, k) not in LOGGING}
                 for section, values in config.items() if isinstance(values, dict)}
         what.get("data", {}).pop("train_dir", None)  # the world: the suite's shared one, or a test's own
         key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:10]
@@ -81,7 +81,7 @@ def main() -> None:
         runs = trainings(args.trainings)
         same = Counter(key for _, key, _, _ in runs)
         repeated = {key: n for key, n in same.items() if n > 1}
-        print(f"\n{len(runs)} trainings left run folders; {len(same)} distinct (config and world); "
+        print(f"\n{len(runs)} trainings left run folders; {len(same)} distinct configs; "
               f"{sum(repeated.values())} of them in {len(repeated)} groups trained the same thing more than once:\n")
         print("| what | trainings | steps | tests |\n|---|---:|---:|---|")
         for key, n in sorted(repeated.items(), key=lambda kv: -kv[1]):
