@@ -87,6 +87,9 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
                 openclip: bool = typer.Option(True, help="Also run OpenCLIP's trainer (--no-openclip skips it)."),
                 accumulation: bool = typer.Option(True, help="Also time accumulation 2 at the same global batch."),
                 tiny: bool = typer.Option(True, help="Also time the embedded study's run recipe as shipped."),
+                hycoclip: bool = typer.Option(False, help="Also time HyCoCLIP's step (loss.kind=hycoclip: a box per "
+                                                          "sample, both towers run twice) against the plain one; "
+                                                          "the embedded world's shards only."),
                 peak_tflops: Optional[float] = typer.Option(None, help="The device's spec-sheet TFLOP/s, for MFU "
                                                                        "(the measured peak is always printed)."),
                 shards: Optional[Path] = typer.Option(None, callback=common.checked_path, help="Training shards both trainers read (e.g. euclip "
@@ -119,6 +122,8 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
     _check_model_arch(arch)
     if shards is not None and not shards.is_dir():
         common.fail(f"--shards {shards} is not a folder: give a folder of training shards (*.tar)")
+    if hycoclip and shards is not None:
+        common.fail("--hycoclip trains on the embedded world's boxes: leave out --shards (or --no-hycoclip)")
     settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
                         precision=precision, device=device, workers=workers, compile=compile, rounds=rounds)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -127,7 +132,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
             with common.console.status("starting") as status:
                 result = bench_train(out / "scratch", settings, openclip=openclip, accumulation=accumulation,
                                      tiny=tiny, on_stage=lambda stage: status.update(f"running: {stage}"),
-                                     shards=shards)
+                                     shards=shards, hycoclip=hycoclip)
         except BenchError as err:
             common.fail(str(err), 1)
     if tiny:
@@ -186,6 +191,7 @@ def summary_lines(result: dict) -> list[str]:
     """The bench's verdict lines: each ratio with its spread over rounds and its target."""
     from euclip_cli.config import STUDY_RUN_RECIPE
     from euclip_bench.measure import TARGET_ACCUM_OVERHEAD as overhead
+    from euclip_bench.measure import TARGET_HYCOCLIP_STEP as hycoclip_cost
     from euclip_bench.measure import TARGET_FRACTION_OF_PEAK as fraction
     from euclip_bench.measure import TARGET_SPEEDUP as speedup
     from euclip_cli.data.loader import loader_reading
@@ -229,6 +235,10 @@ def summary_lines(result: dict) -> list[str]:
         ratio = result["accumulation_overhead"]
         lines.append(f"accumulation overhead (2 vs 1, same global batch): {_spread(ratio)} "
                      f"(target <= {overhead}x: {verdict(ratio['median'] <= overhead)})")
+    if "hycoclip_step_cost" in result:
+        ratio = result["hycoclip_step_cost"]
+        lines.append(f"HyCoCLIP's step (a box per sample) against the plain one, samples/s without / with: "
+                     f"{_spread(ratio)} (target <= {hycoclip_cost}x: {verdict(ratio['median'] <= hycoclip_cost)})")
     euclip = result["measurements"]["euclip"]
     if euclip.get("loader_samples_per_s") is not None:
         lines.append(f"euclip waited for data {euclip['data_wait_share']:.0%} of its time; its loaders could give "
@@ -353,7 +363,8 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
     """
     from rich.table import Table
 
-    from euclip_bench.measure import LOADERS, BenchError, bench_loader, ensure_world, loader_batches_timed
+    from euclip_bench.measure import (LOADERS, TARGET_BOXES_COST, BenchError, bench_loader, ensure_world,
+                                      loader_batches_timed)
 
     _check_model_arch(arch)
     _check_decoder(decoder)
@@ -375,7 +386,8 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
     table.add_column("loader", no_wrap=True)
     for column in ("samples/s (median)", "per round", "loaders could give (CPU)"):
         table.add_column(column, justify="right")
-    names = {"euclip": "euclip (one buffer a batch)", "openclip": "OpenCLIP's pipeline (reference)"}
+    names = {"euclip": "euclip (one buffer a batch)", "euclip-boxes": "euclip, a box per sample (HyCoCLIP's)",
+             "openclip": "OpenCLIP's pipeline (reference)"}
     for kind in LOADERS:
         m = result["measurements"][kind]
         could = (f"{m['loader_samples_per_s']:.1f} ({m['loader_cpu_share']:.0%})"
@@ -383,6 +395,8 @@ def loader_bench(arch: str = typer.Option("ViT-B-32", help="The model whose trai
         table.add_row(names[kind], f"{m['samples_per_s']:.1f}", ", ".join(f"{r:.1f}" for r in m["per_round"]), could)
     common.console.print(table)
     common.console.print(f"euclip / OpenCLIP: {_spread(result['euclip_vs_openclip'])}", highlight=False)
+    common.console.print(f"a sample with its box costs {_spread(result['boxes_cost'])} one without (samples/s "
+                         f"without / with; target at most {TARGET_BOXES_COST}x on one worker)", highlight=False)
     common.console.print(f"written: {write_result(out, 'loader', result)}")
 
 

@@ -47,6 +47,11 @@ OPENCLIP_TIMES = re.compile(r"Data \(t\): ([0-9.]+) Batch \(t\): ([0-9.]+)")
 # Targets of the trainer issue, for the verdict column.
 TARGET_SPEEDUP = 2.0
 TARGET_ACCUM_OVERHEAD = 1.40
+# The issue's ceiling on a sample with its box against one without, per core: two images and two
+# captions a sample, the box's small, plus the tar's extra files.
+TARGET_BOXES_COST = 2.2
+# And on a HyCoCLIP step against a plain one: both towers run on the samples and on their boxes.
+TARGET_HYCOCLIP_STEP = 2.2
 TARGET_FRACTION_OF_PEAK = 0.60
 # Captions of the bench's shards over which euclip's trimmed text FLOPs are averaged.
 CAPTIONS_COUNTED = 256
@@ -139,12 +144,13 @@ def ensure_world(work: Path) -> Path:
     return out / "train"
 
 
-def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int) -> Measurement:
-    return timed_training(work, f"euclip-accum{accum_steps}", world_train, s, s.batch_size,
+def euclip_run(work: Path, world_train: Path, s: Settings, accum_steps: int, loss: str = "infonce") -> Measurement:
+    """euclip's trainer with ``accum_steps`` and ``loss`` (``loss.kind``; "hycoclip" trains on a box per sample)."""
+    return timed_training(work, f"euclip-accum{accum_steps}-{loss}", world_train, s, s.batch_size,
                            [f"model.arch={s.arch}", f"data.batch_size={s.batch_size}",
                             f"optim.accum_steps={accum_steps}", f"data.workers={s.workers}",
                             f"train.precision={s.precision}", "optim.warmup_steps=2",
-                            f"train.compile={str(s.compile).lower()}"])
+                            f"train.compile={str(s.compile).lower()}", f"loss.kind={loss}"])
 
 
 def timed_training(work: Path, name: str, world_train: Path, s: Settings, batch: int,
@@ -323,14 +329,16 @@ def scratch(work: Path):
 
 
 def bench_train(work: Path, s: Settings, openclip: bool = True, accumulation: bool = True, tiny: bool = True,
-                on_stage: Callable[[str], None] = lambda stage: None, shards: Optional[Path] = None) -> dict:
-    """Both trainers on ``shards`` (a folder of training shards), or on the bench's embedded world."""
+                on_stage: Callable[[str], None] = lambda stage: None, shards: Optional[Path] = None,
+                hycoclip: bool = False) -> dict:
+    """Both trainers on ``shards`` (a folder of training shards), or on the bench's embedded world; with
+    ``hycoclip``, euclip's with HyCoCLIP's loss too (its boxes: the embedded world only)."""
     with scratch(work) as held:
-        return _bench_train(held, s, openclip, accumulation, tiny, on_stage, shards)
+        return _bench_train(held, s, openclip, accumulation, tiny, on_stage, shards, hycoclip)
 
 
 def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, tiny: bool,
-                 on_stage: Callable[[str], None], shards: Optional[Path]) -> dict:
+                 on_stage: Callable[[str], None], shards: Optional[Path], hycoclip: bool) -> dict:
     on_stage("embedded world for the loader")
     world_train = shards or ensure_world(work)
     stages: dict[str, Callable[[], Measurement]] = {"euclip": lambda: euclip_run(work, world_train, s, 1)}
@@ -343,6 +351,8 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
         stages["euclip_accum2"] = lambda: euclip_run(work, world_train, s, 2)
     if tiny:
         stages["tiny_recipe"] = lambda: tiny_recipe_run(work, world_train, s)
+    if hycoclip:
+        stages["euclip_hycoclip"] = lambda: euclip_run(work, world_train, s, 1, "hycoclip")
     rounds: dict[str, list[Measurement]] = {key: [] for key in stages}
     peaks, fp32_peaks = [], []
     for r in range(s.rounds):
@@ -376,6 +386,9 @@ def _bench_train(work: Path, s: Settings, openclip: bool, accumulation: bool, ti
             result["speedup_vs_openclip_math"] = ratio_over_rounds(rates["euclip"], rates["openclip_math"])
     if accumulation:
         result["accumulation_overhead"] = ratio_over_rounds(rates["euclip"], rates["euclip_accum2"])
+    if hycoclip:
+        # Samples/s without boxes over samples/s with: what a HyCoCLIP step costs against a plain one.
+        result["hycoclip_step_cost"] = ratio_over_rounds(rates["euclip"], rates["euclip_hycoclip"])
     return result
 
 
@@ -444,8 +457,9 @@ def bench_text(captions: list[str], arch: str, batch_size: int, rounds: int, pre
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-# The loaders a loader measurement can time: euclip's, and OpenCLIP's pipeline as its trainer builds it.
-LOADERS = ("euclip", "openclip")
+# The loaders a loader measurement can time: euclip's, euclip's with a box per sample (HyCoCLIP's batches:
+# two images and two texts a sample), and OpenCLIP's pipeline as its trainer builds it.
+LOADERS = ("euclip", "euclip-boxes", "openclip")
 
 
 def loader_batches_timed(workers: int) -> int:
@@ -467,7 +481,8 @@ def make_loader(kind: str, shards: list[str], parts: tuple[Callable, Callable], 
         return OpenCLIPBatches(shards, batch_size, parts[0], parts[1], seed=0, workers=workers, rank=0, world=1,
                                samples=10 ** 9)
     return TrainBatches(shards, batch_size, parts[0], parts[1], seed=0, shuffle_buffer=DataConfig().shuffle_buffer,
-                        segment_steps=segment_steps, workers=workers, sharing=sharing, decoder=decoder)
+                        segment_steps=segment_steps, workers=workers, sharing=sharing, decoder=decoder,
+                        boxes=kind == "euclip-boxes")
 
 
 def time_loader(make: Callable[[], object], batch_size: int, workers: int, batches: int, warmup: int,
@@ -528,7 +543,11 @@ def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, ba
                          "shards": str(world_train)},
             "measurements": measurements,
             "euclip_vs_openclip": ratio_over_rounds(measurements["euclip"]["per_round"],
-                                                    measurements["openclip"]["per_round"])}
+                                                    measurements["openclip"]["per_round"]),
+            # What a sample with its box costs against one without (samples/s plain over samples/s with boxes):
+            # a sample brings two images and two captions, so about 2 when decoding dominates.
+            "boxes_cost": ratio_over_rounds(measurements["euclip"]["per_round"],
+                                            measurements["euclip-boxes"]["per_round"])}
 
 
 # The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to

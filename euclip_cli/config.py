@@ -97,8 +97,11 @@ class LossConfig:
     local_loss: bool = False
     # The pairwise term on the geometry's logits beta * sim: "infonce", the softmax over the batch both ways
     # (CLIP's and the paper's); "siglip", SigLIP's sigmoid loss (Zhai et al., 2023) on every (image, text)
-    # pair, beta * sim + b with a learnable bias b, summed and divided by the batch (open_clip's SigLipLoss).
-    kind: Literal["infonce", "siglip"] = "infonce"
+    # pair, beta * sim + b with a learnable bias b, summed and divided by the batch (open_clip's SigLipLoss);
+    # "hycoclip", HyCoCLIP's loss (Pal et al., 2025) on (image, box image, text, box text): four InfoNCE
+    # terms and, with entail_weight, four cones (euclip_cli.loss.hycoclip_objective). It trains on data
+    # with boxes: the embedded world writes them (data.dataset = "world").
+    kind: Literal["infonce", "siglip", "hycoclip"] = "infonce"
     # SigLIP's start for b, its paper's -10 (its logit scale starts at t = ln 10: initial_logit_scale).
     siglip_bias_init: float = -10.0
 
@@ -575,6 +578,13 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"loss.entail_weight: geometry '{g.name}' has no entailment loss (only {with_cones}); set it to 0")
     if cfg.loss.entail_min_radius < 0:
         problems.append("loss.entail_min_radius: must be >= 0")
+    if cfg.loss.kind == "hycoclip":
+        if cfg.data.dataset != "world":
+            problems.append(f"loss.kind: hycoclip trains on boxes, which only the embedded world has so far "
+                            f"(data.dataset={cfg.data.dataset}); set data.dataset=\"world\"")
+        if cfg.data.pipeline != "euclip":
+            problems.append(f"loss.kind: hycoclip's boxes come through euclip's loader, not data.pipeline="
+                            f"{cfg.data.pipeline}; set data.pipeline=\"euclip\"")
     if cfg.data.batch_size < 2:
         problems.append("data.batch_size: a contrastive batch needs at least 2 pairs")
     elif cfg.data.batch_size % max(cfg.optim.accum_steps, 1):

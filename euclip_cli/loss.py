@@ -1,5 +1,6 @@
 """Symmetric InfoNCE over geometry logits, or SigLIP's sigmoid loss on them plus a learnable bias, plus
-lambda times the mean entailment loss.
+lambda times the mean entailment loss; or HyCoCLIP's compositional loss on (image, box image, text, box
+text) quadruples (``hycoclip_objective``).
 
 ``objective`` is the loss of a whole batch. ``local_objective`` is one rank's share of the loss of
 the global batch (DataComp's ``--local-loss --gather-with-grad``): its images' logits against every
@@ -100,3 +101,73 @@ def local_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor,
             loss = loss + entail_weight * entail
         out["loss"] = loss
         return out
+
+
+# HyCoCLIP's cones (hycoclip/models.py, HyCoCLIP.forward): across modalities (text over its image, box text
+# over its box image) the half-aperture is narrowed to 0.7 of its value; within one (box image over its
+# image, box text over its text) widened to 1.2.
+INTER_MODAL_APERTURE = 0.7
+INTRA_MODAL_APERTURE = 1.2
+
+
+def _rows_cross_entropy(logits: torch.Tensor, offset: int) -> torch.Tensor:
+    """Summed cross-entropy of rows ``logits (b, B)`` whose row i matches column ``offset + i``. ``-> ()``."""
+    labels = torch.arange(offset, offset + logits.shape[0], device=logits.device)
+    return F.cross_entropy(logits, labels, reduction="sum")
+
+
+def local_hycoclip_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, box_image: torch.Tensor,
+                             box_text: torch.Tensor, all_images: torch.Tensor, all_texts: torch.Tensor, offset: int,
+                             logit_scale: torch.Tensor, curv: Optional[torch.Tensor] = None,
+                             entail_weight: float = 0.0, min_radius: float = 0.1) -> dict[str, torch.Tensor]:
+    """This rank's share of ``hycoclip_objective`` on a global batch of ``all_images, all_texts`` (``(B, D)``),
+    whose pairs ``offset ..`` are this rank's quadruples ``image, text, box_image, box_text`` (``(b, D)``
+    each). HyCoCLIP's own code computes exactly this share on each rank (its features gathered with their
+    gradients, its cross-entropies averaged over the rank's rows, and DDP's mean over ranks), so the shares
+    summed are the global loss. Box images and box texts are never negatives: only the whole images and
+    texts are gathered."""
+    with torch.autocast(image.device.type, enabled=False):
+        image, text, box_image, box_text, all_images, all_texts = (
+            at_least_fp32(x) for x in (image, text, box_image, box_text, all_images, all_texts))
+        total = all_images.shape[0]
+
+        def rows(x: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+            return _rows_cross_entropy(logit_scale * geometry.similarity(x, others, curv), offset)
+
+        # Four terms at a quarter each: an image and its box image against every text, a text and its box
+        # text against every image.
+        cont = (rows(image, all_texts) + rows(text, all_images) + rows(box_image, all_texts)
+                + rows(box_text, all_images)) / (4 * total)
+        out = {"contrastive": cont}
+        loss = cont
+        if entail_weight > 0:
+            def cone(generic: torch.Tensor, specific: torch.Tensor, factor: float) -> torch.Tensor:
+                return geometry.entailment(generic, specific, min_radius, curv, factor).sum() / total
+
+            parts = {"entail_text_image": cone(text, image, INTER_MODAL_APERTURE),
+                     "entail_box_text_box_image": cone(box_text, box_image, INTER_MODAL_APERTURE),
+                     "entail_box_image_image": cone(box_image, image, INTRA_MODAL_APERTURE),
+                     "entail_box_text_text": cone(box_text, text, INTRA_MODAL_APERTURE)}
+            # HyCoCLIP halves the sum of its four means (not a mean of them).
+            entail = 0.5 * sum(parts.values())
+            out |= parts | {"entailment": entail}
+            loss = loss + entail_weight * entail
+        out["loss"] = loss
+        return out
+
+
+def hycoclip_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, box_image: torch.Tensor,
+                       box_text: torch.Tensor, logit_scale: torch.Tensor, curv: Optional[torch.Tensor] = None,
+                       entail_weight: float = 0.0, min_radius: float = 0.1) -> dict[str, torch.Tensor]:
+    """HyCoCLIP's loss (Pal et al., 2025; ``HyCoCLIP.forward`` in its code) on quadruples ``image[i], text[i],
+    box_image[i], box_text[i]`` (output-space embeddings, ``(B, D)`` each), on the geometry's logits:
+
+    - contrastive, a quarter each: image -> every text, text -> every image, box image -> every text, box
+      text -> every image;
+    - entailment (where ``entail_weight`` > 0), half the sum of four mean cone losses: text over image and box
+      text over box image with the aperture at 0.7, box image over image and box text over text at 1.2.
+
+    In the hyperbolic geometry with the d logit this is HyCoCLIP's; in Euclidean cones it is euclip's own.
+    Returns the terms as ``objective`` does, the four cone losses among them."""
+    return local_hycoclip_objective(geometry, image, text, box_image, box_text, image, text, 0, logit_scale, curv,
+                                    entail_weight, min_radius)

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from euclip_cli.loss import at_least_fp32, local_objective, objective
+from euclip_cli.loss import at_least_fp32, hycoclip_objective, local_hycoclip_objective, local_objective, objective
 from euclip_cli.model import EuclipModel
 from euclip_cli.towers.text import TextPlan
 
@@ -39,7 +39,7 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
                      backward: Callable[[torch.Tensor], None] = _plain_backward,
                      before_last_backward: Callable[[], None] = lambda: None,
                      plans: Optional[list[Optional[TextPlan]]] = None,
-                     local: Optional["LocalLoss"] = None) -> dict[str, torch.Tensor]:
+                     local: Optional["LocalLoss"] = None, boxes: bool = False) -> dict[str, torch.Tensor]:
     """Accumulate the gradient of the loss on the whole (global) batch; return the detached loss terms.
 
     ``backward`` lets a gradient scaler scale the loss first; ``before_last_backward`` runs before
@@ -48,15 +48,31 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
     ``tokens`` may sit on the device and nothing is read back; without them each pass makes its own.
     ``local``: the rank's share of the global loss instead of the whole of it (``LocalLoss``); the terms
     returned are then summed over ranks, the global batch's.
+    ``boxes``: ``images (2B, ...)`` and ``tokens (2B, L)`` hold the B samples and then their B boxes (a box
+    loader's batch, ``data.loader``), and the loss is HyCoCLIP's on the quadruples. ``plans`` then has one
+    plan per micro-batch of each half, the samples' first (``text_plans(tokens, 2 * accum_steps)``).
     """
-    plans = plans or [None] * accum_steps
-    def loss(image_emb, text_emb, live_scalars: bool):
+    halves = 2 if boxes else 1
+    pieces = accum_steps * halves
+    plans = plans or [None] * pieces
+
+    def loss(embedded: list[tuple[torch.Tensor, torch.Tensor]], live_scalars: bool):
+        """``embedded``: each half's (images, texts) embeddings, ``(B, D)`` each (the rank's, before a gather)."""
         scale, curv, bias = model.logit_scale(), model.curvature(), model.logit_bias
         bias = at_least_fp32(bias) if bias is not None else None
         if not (live_scalars and (owns_scalars or local is not None)):
             scale = scale.detach()
             curv = curv.detach() if curv is not None else None
             bias = bias.detach() if bias is not None else None
+        (image_emb, text_emb), *box = embedded
+        if box:
+            (box_image, box_text), = box
+            if local is not None:
+                return local_hycoclip_objective(model.geometry, image_emb, text_emb, box_image, box_text,
+                                                local.gather(image_emb), local.gather(text_emb),
+                                                local.offset(image_emb.shape[0]), scale, curv, entail_weight, min_radius)
+            return hycoclip_objective(model.geometry, gather(image_emb), gather(text_emb), gather(box_image),
+                                      gather(box_text), scale, curv, entail_weight, min_radius)
         if local is not None:
             return local_objective(model.geometry, image_emb, text_emb, local.gather(image_emb), local.gather(text_emb),
                                    local.offset(image_emb.shape[0]), scale, curv, entail_weight, min_radius, bias)
@@ -67,23 +83,30 @@ def forward_backward(model: EuclipModel, images: torch.Tensor, tokens: torch.Ten
         terms = {k: v.detach() for k, v in out.items()}
         return terms if local is None else {k: local.sum(v) for k, v in terms.items()}
 
+    # Piece h * accum_steps + j: micro-batch j of half h (the samples, then their boxes).
+    image_chunks, token_chunks = images.chunk(pieces), tokens.chunk(pieces)
+
+    def encoded(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return model.encode_image(image_chunks[i]), model.encode_text(token_chunks[i], plans[i])
+
     if accum_steps == 1:
         with autocast():
-            out = loss(model.encode_image(images), model.encode_text(tokens, plans[0]), live_scalars=True)
+            out = loss([encoded(h) for h in range(halves)], live_scalars=True)
         before_last_backward()
         backward(out["loss"])
         return finished(out)
 
-    image_chunks, token_chunks = images.chunk(accum_steps), tokens.chunk(accum_steps)
     with torch.no_grad(), autocast():
-        cached_images = [model.encode_image(x) for x in image_chunks]
-        cached_texts = [model.encode_text(t, plan) for t, plan in zip(token_chunks, plans)]
+        cached = [encoded(i) for i in range(pieces)]
     for j in range(accum_steps):
         with autocast():
-            image_j, text_j = model.encode_image(image_chunks[j]), model.encode_text(token_chunks[j], plans[j])
-            all_images = torch.cat(cached_images[:j] + [image_j] + cached_images[j + 1:])
-            all_texts = torch.cat(cached_texts[:j] + [text_j] + cached_texts[j + 1:])
-            out = loss(all_images, all_texts, live_scalars=(j == 0))
+            embedded = []
+            for h in range(halves):
+                mine = h * accum_steps + j
+                live = encoded(mine)
+                parts = [live if i == mine else cached[i] for i in range(h * accum_steps, (h + 1) * accum_steps)]
+                embedded.append((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
+            out = loss(embedded, live_scalars=(j == 0))
         if j == accum_steps - 1:
             before_last_backward()
         backward(out["loss"])

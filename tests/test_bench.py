@@ -66,7 +66,8 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
     calls = []
     # Rates per round; the per-round ratios (2.0, 1.0, 3.0) have median 2.0, the medians' ratio 60/40 = 1.5.
     rates = {"euclip": [40.0, 60.0, 90.0], "openclip": [20.0, 60.0, 30.0], "openclip-math": [50.0, 50.0, 50.0],
-             "openclip-synthetic": [70.0, 70.0, 70.0], "euclip-accum2": [20.0, 40.0, 90.0], "tiny": [5.0, 6.0, 7.0]}
+             "openclip-synthetic": [70.0, 70.0, 70.0], "euclip-accum2": [20.0, 40.0, 90.0], "tiny": [5.0, 6.0, 7.0],
+             "euclip-hycoclip": [10.0, 40.0, 30.0]}
 
     def stand_in(name):
         calls.append(name)
@@ -74,7 +75,8 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
         return bench.Measurement(name, rates[name][r], [rates[name][r]], 3, 500.0)
 
     monkeypatch.setattr(bench, "ensure_world", lambda work: work)
-    monkeypatch.setattr(bench, "euclip_run", lambda work, w, s, k: stand_in("euclip" if k == 1 else f"euclip-accum{k}"))
+    monkeypatch.setattr(bench, "euclip_run", lambda work, w, s, k, loss="infonce": stand_in(
+        "euclip-hycoclip" if loss == "hycoclip" else "euclip" if k == 1 else f"euclip-accum{k}"))
     monkeypatch.setattr(bench, "openclip_run", lambda work, s, w, math_attention=False: stand_in(
         "openclip-math" if math_attention else "openclip" if w is not None else "openclip-synthetic"))
     monkeypatch.setattr(bench, "tiny_recipe_run", lambda work, w, s: stand_in("tiny"))
@@ -85,13 +87,14 @@ def test_rounds_interleave_the_stages_and_every_ratio_is_taken_within_a_round(tm
     # The model's FLOPs (OpenCLIP's) and the fewer euclip computes on the shards' captions.
     monkeypatch.setattr(bench, "flops_per_sample", lambda arch, captions=None: 8e9 if captions else 1e10)
 
-    report = bench.bench_train(tmp_path, bench.Settings(rounds=3))
+    report = bench.bench_train(tmp_path, bench.Settings(rounds=3), hycoclip=True)
     one_round = ["euclip", "openclip", "openclip-math", "openclip-synthetic", "euclip-accum2", "tiny",
-                 "peak-bf16", "peak-fp32"]
+                 "euclip-hycoclip", "peak-bf16", "peak-fp32"]
     assert calls == one_round * 3
     assert report["speedup_vs_openclip"] == {"median": 2.0, "min": 1.0, "max": 3.0, "per_round": [2.0, 1.0, 3.0]}
     assert report["speedup_vs_openclip_math"]["per_round"] == pytest.approx([0.8, 1.2, 1.8])
     assert report["accumulation_overhead"]["per_round"] == pytest.approx([2.0, 1.5, 1.0])
+    assert report["hycoclip_step_cost"]["per_round"] == pytest.approx([4.0, 1.5, 3.0])
     assert report["measurements"]["euclip"]["samples_per_s"] == 60.0
     assert report["measurements"]["euclip"]["steps_timed"] == 9
     assert report["peak_tflops"] == {"median": 2.0, "per_round": [1.0, 2.0, 3.0]}
@@ -345,18 +348,22 @@ def test_bench_loader_times_euclips_loader_and_openclips_interleaved_and_reports
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "euclip (one buffer a batch)" in text and "OpenCLIP's pipeline (reference)" in text
+    assert "euclip, a box per sample (HyCoCLIP's)" in text
     report = json.loads(next(tmp_path.glob("loader-*.json")).read_text())
     assert report["settings"] == {"arch": "tiny", "batch_size": 8, "workers": 1, "batches": 3, "warmup": 1,
                                   "rounds": 2, "device": "cpu", "decoder": "pil",
                                   "shards": str(tmp_path / "scratch" / "world-10000" / "train")}
     m = report["measurements"]
-    for kind in ("euclip", "openclip"):
+    for kind in ("euclip", "euclip-boxes", "openclip"):
         assert len(m[kind]["per_round"]) == 2 and all(r > 0 for r in m[kind]["per_round"])
     assert m["euclip"]["loader_samples_per_s"] > 0 and 0 < m["euclip"]["loader_cpu_share"] <= 1.5
     assert m["openclip"]["loader_samples_per_s"] is None  # OpenCLIP's loaders do not say what a batch cost
     ratios = [a / b for a, b in zip(m["euclip"]["per_round"], m["openclip"]["per_round"])]
     assert report["euclip_vs_openclip"]["per_round"] == pytest.approx(ratios)
     assert f"euclip / OpenCLIP: {report['euclip_vs_openclip']['median']:.2f}x" in text
+    boxes = [a / b for a, b in zip(m["euclip"]["per_round"], m["euclip-boxes"]["per_round"])]
+    assert report["boxes_cost"]["per_round"] == pytest.approx(boxes)
+    assert f"a sample with its box costs {report['boxes_cost']['median']:.2f}x" in text
 
 
 @pytest.mark.parametrize("args, message", [

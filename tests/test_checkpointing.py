@@ -109,3 +109,35 @@ def test_a_plan_needs_more_gpus_without_checkpointing_for_vit_b32_at_datacomps_b
     assert p.towers_checkpointed.per_sample < p.towers.per_sample / 2
     assert p.per_gpu(8, checkpointing=False) > p.per_gpu(16, checkpointing=False)
     assert p.gpus_needed(72 * 2 ** 30, checkpointing=True) < p.gpus_needed(72 * 2 ** 30, checkpointing=False)
+
+
+def test_a_hycoclip_plan_counts_each_samples_box_through_both_towers():
+    """A sample and its box: what the towers keep per sample is about twice MERU's (the same towers), and the loss
+    holds more than MERU's (four embeddings, four logit matrices where MERU has one)."""
+    from euclip_cli.train.memory import plan
+
+    meru, hycoclip = plan(C.load_config("tiny-meru")), plan(C.load_config("tiny-hycoclip"))
+    assert hycoclip.parameters == meru.parameters
+    assert hycoclip.towers.per_sample == pytest.approx(2 * meru.towers.per_sample, rel=0.01)
+    assert hycoclip.towers_checkpointed.per_sample == pytest.approx(2 * meru.towers_checkpointed.per_sample, rel=0.01)
+    assert hycoclip.loss_bytes > 2 * meru.loss_bytes
+
+
+def test_a_plan_counts_the_text_tower_on_its_whole_context():
+    """The plan's captions span the context, so trimming (which stops each caption at its largest token id) keeps
+    all of it: the text tower's share per sample is that of full-length captions, not of random lengths."""
+    from euclip_cli.model import EuclipModel
+    from euclip_cli.train.memory import _saved_bytes, plan
+
+    cfg = C.load_config("tiny-meru")
+    model = EuclipModel(cfg).train()
+    full = [torch.randint(1, 400, (b, model.clip.context_length)) for b in (2, 4)]
+    for tokens in full:
+        tokens[:, -1] = model.clip.token_embedding.num_embeddings - 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        text = [_saved_bytes(lambda t=t: model.encode_text(t)) for t in full]
+    per_caption = (text[1] - text[0]) / 2
+    towers = plan(cfg).towers.per_sample
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        images = [_saved_bytes(lambda b=b: model.encode_image(torch.randn(b, 3, 64, 64))) for b in (2, 4)]
+    assert towers == pytest.approx(per_caption + (images[1] - images[0]) / 2, rel=0.01)

@@ -11,7 +11,7 @@ from euclip_cli import config as C
 from euclip_cli.model import EuclipModel
 from euclip_cli.train.distributed import BUCKET_BYTES, Dist, GradientReducer
 from euclip_cli.step import LocalLoss, forward_backward
-from tests.test_accumulation import RECIPES
+from tests.test_accumulation import RECIPES, with_boxes
 
 CASES = [(variant, k) for variant in RECIPES for k in (1, 2)]
 RECIPES_FIRST = next(iter(RECIPES))
@@ -22,9 +22,16 @@ def config(variant):
     return C.load_config("tiny-clip", RECIPES[variant] + [f"data.batch_size={BATCH}", "model.arch=tiny-vit"])
 
 
-def inputs():
+def inputs(cfg):
+    """The global batch, its boxes after its samples where the loss needs them (``with_boxes``)."""
     torch.manual_seed(1)
-    return torch.randn(BATCH, 3, 64, 64, dtype=torch.float64), torch.randint(1, 400, (BATCH, 32))
+    return with_boxes(cfg, torch.randn(BATCH, 3, 64, 64, dtype=torch.float64), torch.randint(1, 400, (BATCH, 32)))
+
+
+def rank_share(x: torch.Tensor, rank: int) -> torch.Tensor:
+    """A rank's half of the global batch ``x``: of each of its halves where it holds boxes after the samples."""
+    halves = x.shape[0] // BATCH
+    return torch.cat([part[rank * BATCH // 2:(rank + 1) * BATCH // 2] for part in x.chunk(halves)])
 
 
 def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES, local_loss=False):
@@ -36,7 +43,7 @@ def step(cfg, images, tokens, k, ranks: Dist, bucket_bytes=BUCKET_BYTES, local_l
     reducer.attach()
     terms = forward_backward(model, images, tokens, k, cfg.loss.entail_weight, cfg.loss.entail_min_radius,
                              contextlib.nullcontext, gather=ranks.gather, owns_scalars=ranks.main,
-                             before_last_backward=reducer.arm,
+                             before_last_backward=reducer.arm, boxes=cfg.loss.kind == "hycoclip",
                              local=LocalLoss(ranks.gather_with_grad, ranks.offset, ranks.sum_tensor) if local_loss else None)
     reducer.finish()
     return terms, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -46,15 +53,15 @@ def rank_main(rank: int, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     ranks = Dist(rank=rank, world=2)
-    images, tokens = inputs()
-    half = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
     results = {}
     for variant, k in CASES:
-        results[f"{variant}|{k}"] = step(config(variant), images[half], tokens[half], k, ranks)
+        images, tokens = (rank_share(x, rank) for x in inputs(config(variant)))
+        results[f"{variant}|{k}"] = step(config(variant), images, tokens, k, ranks)
         # DataComp's --local-loss --gather-with-grad: each rank's (b x B) share of the global loss.
-        results[f"{variant}|{k}|local"] = step(config(variant), images[half], tokens[half], k, ranks, local_loss=True)
+        results[f"{variant}|{k}|local"] = step(config(variant), images, tokens, k, ranks, local_loss=True)
     # Many small buckets, some finished before their predecessors, instead of a few large ones.
-    results[f"{RECIPES_FIRST}|small buckets"] = step(config(RECIPES_FIRST), images[half], tokens[half], 2, ranks, bucket_bytes=2**14)
+    images, tokens = (rank_share(x, rank) for x in inputs(config(RECIPES_FIRST)))
+    results[f"{RECIPES_FIRST}|small buckets"] = step(config(RECIPES_FIRST), images, tokens, 2, ranks, bucket_bytes=2**14)
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -72,7 +79,7 @@ def two_process_results(tmp_path_factory):
 def test_two_processes_equal_one_process_on_the_global_batch(two_process_results, variant, k):
     """The whole loss on every rank, and each rank's local share of it (the terms summed over ranks), with
     and without accumulation: the loss and every gradient (scalars included) of one process."""
-    images, tokens = inputs()
+    images, tokens = inputs(config(variant))
     ref_terms, ref = step(config(variant), images, tokens, 1, Dist())
     terms, grads = two_process_results[f"{variant}|{k}"]
     for key in ref_terms:
@@ -173,17 +180,24 @@ def test_a_gradient_outside_its_bucket_is_a_bug_named_not_a_silent_wrong_sum(mon
 def test_the_ranks_local_shares_add_up_to_the_global_loss(variant):
     """Without processes: the global batch cut into three shares, each share's loss from its own pairs
     against the whole batch; their sum is objective's on the whole batch, term by term."""
-    from euclip_cli.loss import local_objective, objective
+    from euclip_cli.loss import hycoclip_objective, local_hycoclip_objective, local_objective, objective
 
     cfg = config(variant)
     torch.manual_seed(0)
     model = EuclipModel(cfg).double()
-    images, tokens = inputs()
+    images, tokens = inputs(cfg)
     with torch.no_grad():
         image, text = model.encode_image(images), model.encode_text(tokens)
-    args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius, model.logit_bias)
-    whole = objective(model.geometry, image, text, *args)
-    shares = [local_objective(model.geometry, image[s:e], text[s:e], image, text, s, *args)
-              for s, e in ((0, 3), (3, 5), (5, BATCH))]
+    args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius)
+    cuts = ((0, 3), (3, 5), (5, BATCH))
+    if cfg.loss.kind == "hycoclip":
+        (image, box_image), (text, box_text) = image.chunk(2), text.chunk(2)
+        whole = hycoclip_objective(model.geometry, image, text, box_image, box_text, *args)
+        shares = [local_hycoclip_objective(model.geometry, image[s:e], text[s:e], box_image[s:e], box_text[s:e],
+                                           image, text, s, *args) for s, e in cuts]
+    else:
+        whole = objective(model.geometry, image, text, *args, model.logit_bias)
+        shares = [local_objective(model.geometry, image[s:e], text[s:e], image, text, s, *args, model.logit_bias)
+                  for s, e in cuts]
     for key, value in whole.items():
         torch.testing.assert_close(sum(share[key] for share in shares), value, rtol=1e-12, atol=1e-12)

@@ -36,7 +36,7 @@ def test_train_eval_report_through_the_cli(world, tiny_clip, tmp_path):
     assert meta["seed"] == 0 and meta["packages"]["torch"] and "git_revision" in meta and meta["precision"] == "fp32"
     # The world trained on, from its manifest, not the recipe's data.world_* keys (50,000 samples).
     fingerprint = meta["data"].pop("fingerprint")
-    assert meta["data"] == {"source": "world", "generator_version": 1, "seed": SMALL_WORLD.seed,
+    assert meta["data"] == {"source": "world", "generator_version": 2, "seed": SMALL_WORLD.seed,
                             "samples": SMALL_WORLD.samples, "mismatch": SMALL_WORLD.mismatch, "eval_size": SMALL_WORLD.eval_size,
                             "object_scale": 1.0}
     assert fingerprint == WorldDir(world).identity()  # the world's identity, recorded

@@ -152,3 +152,38 @@ def test_a_trainers_loader_fields_read_as_one_of_four_causes(rate, wait, could, 
     from euclip_cli.data.loader import loader_reading
 
     assert reading in loader_reading(rate, wait, could, cpu)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_box_batch_holds_its_samples_then_one_box_of_each_and_resumes_exactly(world, pipeline_parts, workers):
+    """HyCoCLIP's batches: B samples and then B boxes, each box one of its sample's, drawn afresh at each visit
+    but repeated exactly by a resumed stream; samples without a box are never drawn."""
+    stream = batches(world, pipeline_parts, workers=workers, batch_size=8, boxes=True)
+    expected = [next(stream) for _ in range(4)]
+    for images, tokens, *_ in expected:
+        assert images.shape == (16, 3, 64, 64) and tokens.shape == (16, 32)
+    first = batches(world, pipeline_parts, workers=workers, batch_size=8, boxes=True)
+    next(first), next(first)
+    resumed = batches(world, pipeline_parts, workers=workers, batch_size=8, boxes=True, start=2, state=first.state())
+    for want in expected[2:]:
+        got = next(resumed)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # A box's phrase is a phrase of its caption, so never longer.
+    lengths = lambda t: (t != 0).sum(-1)  # noqa: E731
+    assert (lengths(expected[0][1][8:]) <= lengths(expected[0][1][:8])).all()
+
+
+def test_samples_without_a_box_are_left_out_of_box_batches(world, pipeline_parts):
+    """A caption that only counts the shapes ("two shapes") names no object, so its sample has no box: the plain
+    stream draws such samples, the box stream never does."""
+    from euclip_cli.data import world as w
+
+    counting = {tuple(pipeline_parts[1](frame.format(c=f"{w.COUNT_WORDS[n]} {'shape' if n == 1 else 'shapes'}"))[0].tolist())
+                for frame in w.FRAMES for n in w.COUNT_WORDS}
+
+    def counted(**kwargs) -> int:
+        stream = batches(world, pipeline_parts, workers=0, batch_size=8, **kwargs)
+        rows = [row for _ in range(25) for row in next(stream)[1][:8].tolist()]
+        return sum(tuple(row) in counting for row in rows)
+
+    assert counted() > 0 and counted(boxes=True) == 0

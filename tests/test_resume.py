@@ -37,8 +37,12 @@ def final_state(runs_dir, name):
     return load_checkpoint(RunDir(runs_dir / name).latest_checkpoint())
 
 
-# As decoded in the loader's workers, and decoded on the device from the JPEGs and crops they hand over.
-@pytest.mark.parametrize("extra", [(), ("data.decode=device", "data.workers=1")], ids=["workers", "device-decode"])
+# As decoded in the loader's workers; and decoded on the device from the JPEGs and crops a worker hands over,
+# HyCoCLIP's batches, each sample with one of its boxes drawn at random (one run for both: the boxes' JPEGs
+# travel the device-decode path beside the samples').
+@pytest.mark.parametrize("extra", [(), ("data.decode=device", "data.workers=1", "loss.kind=hycoclip",
+                                        "geometry.name=hyperbolic", "geometry.logit=d", "loss.entail_weight=0.2")],
+                         ids=["workers", "device-decode-hycoclip-boxes"])
 def test_sigkill_at_a_random_step_then_the_same_command_ends_bitwise_equal(world, tmp_path, extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(command(world, tmp_path, "straight", extra), check=True, env=env, capture_output=True)

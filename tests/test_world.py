@@ -43,9 +43,10 @@ def test_training_shards_are_img2dataset_webdataset(world):
     assert (world / "train" / "00000_stats.json").exists() and (world / "train" / "00000.parquet").exists()
     with tarfile.open(shards[0]) as tar:
         names = tar.getnames()
-        assert names[:3] == ["000000000.jpg", "000000000.json", "000000000.txt"]
+        assert {"000000000.jpg", "000000000.json", "000000000.txt"} <= set(names)
         meta = json.loads(tar.extractfile("000000000.json").read())
-    assert len(names) == 3 * SMALL_WORLD.samples
+    # Each sample: img2dataset's three files, HyCoCLIP's box count, and two files per box.
+    assert len(names) == SMALL_WORLD.samples * 4 + 2 * sum(1 for n in names if n.endswith(".jpg") and ".parent" in n)
     assert len(meta["uid"]) == 32 and int(meta["uid"], 16) >= 0
     assert meta["status"] == "success" and meta["key"] == "000000000"
     stats = json.loads((world / "train" / "00000_stats.json").read_text())
@@ -142,7 +143,8 @@ def test_a_world_of_smaller_objects_has_the_same_scenes_and_captions_in_other_im
     assert [default[n] for n in captions] == [small[n] for n in captions]
     assert all(json.loads(default[n])["world"]["objects"] == json.loads(small[n])["world"]["objects"]
                for n in default if n.endswith(".json"))
-    assert sum(default[n] != small[n] for n in default if n.endswith(".jpg")) == SMALL_WORLD.samples
+    images = [n for n in default if n.endswith(".jpg") and n.count(".") == 1]  # not the boxes' crops
+    assert len(images) == SMALL_WORLD.samples and all(default[n] != small[n] for n in images)
     for task in ("shapes", "retrieval"):  # the evaluation images are drawn smaller too, the labels kept
         assert (smaller / "eval" / task / "scenes.json").read_bytes() == (world / "eval" / task / "scenes.json").read_bytes()
         assert (smaller / "eval" / task / "test" / "0.tar").read_bytes() != (world / "eval" / task / "test" / "0.tar").read_bytes()
@@ -249,3 +251,50 @@ def test_a_generation_killed_outright_takes_its_workers_with_it(tmp_path):
         time.sleep(0.2)
     assert not [pid for pid in workers if alive(pid)], "orphaned workers still running"
     assert not (tmp_path / "w").exists()  # and nothing that looks like a world
+
+
+def samples_of(shard):
+    """Every sample of a training shard: its files' bytes by their extension (``parent000.jpg``, ``txt``, ...)."""
+    found: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(shard) as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            found.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    return found
+
+
+def test_each_sample_carries_the_boxes_of_the_objects_its_caption_names_in_hycoclips_layout(world):
+    """HyCoCLIP's prepared GRIT layout beside img2dataset's: ``numparents.txt`` and, per box, its crop and its
+    phrase, a phrase of the caption. Checked against the scene the json records: a box is kept for every mention
+    some object of the scene matches, and only for those; the box holds that object's pixels."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    samples = samples_of(world / "train" / "00000.tar")
+    counts = [int(files["numparents.txt"]) for files in samples.values()]
+    assert 0.8 < sum(c > 0 for c in counts) / len(counts) < 0.97 and max(counts) >= 2
+    checked = 0
+    for files in samples.values():
+        meta = json.loads(files["json"])["world"]
+        scene = w.scene_from_json(meta["objects"])
+        caption = files["txt"].decode()
+        phrases = [files[f"parent{i:03d}.txt"].decode() for i in range(int(files["numparents.txt"]))]
+        named = [m for m in meta["spec"]["mentions"] if any(w.mention_matches(m, o) for o in scene)]
+        assert len(phrases) == len({w.article(w.describe(m)) for m in named})
+        for i, phrase in enumerate(phrases):
+            assert phrase in caption  # a phrase of the caption, as GRIT's noun chunks are
+            crop = Image.open(io.BytesIO(files[f"parent{i:03d}.jpg"]))
+            left, top, right, bottom = meta["boxes"][i]["box"]
+            assert crop.size == (max(right - left, bottom - top),) * 2  # padded to a square at its own size
+        if len(scene) == 1 and phrases and scene[0].fill == "solid":
+            # The one object's pixels (far from the background's grey) all lie inside its box.
+            pixels = np.asarray(Image.open(io.BytesIO(files["jpg"])).convert("RGB")).astype(int)
+            left, top, right, bottom = meta["boxes"][0]["box"]
+            far = np.abs(pixels - pixels[0, 0]).max(-1) > 60
+            assert far.any()
+            far[top:bottom, left:right] = False
+            assert not far.any()
+            checked += 1
+    assert checked > 100

@@ -174,7 +174,8 @@ class Batch(NamedTuple):
     are uint8 crops where the loader hands them over before normalising (``decode.CropDecoder``; the
     feed normalises them on the device), else float32 as a transform leaves them. With
     ``data.decode=device`` there are no images yet: ``jpegs`` holds each sample's compressed bytes (a
-    1-D uint8 view of the buffer) and its crop, for the feed to decode on the device."""
+    1-D uint8 view of the buffer) and its crop, for the feed to decode on the device. A box loader's batch
+    (HyCoCLIP's) holds its B samples and then one box of each: 2B images and 2B token rows."""
 
     images: Optional[torch.Tensor]
     tokens: torch.Tensor
@@ -320,11 +321,14 @@ class TrainStream(IterableDataset):
 
     def __init__(self, shards: list[str], batch_size: int, decode: Callable[[bytes], torch.Tensor], tokenizer: Callable,
                  seed: int, rank: int, shuffle_buffer: int, segment_steps: int, workers: int, start: int,
-                 positions: dict[int, WorkerPosition], caption: Callable[[dict], str], size: tuple[int, int] = (0, 0)):
+                 positions: dict[int, WorkerPosition], caption: Callable[[dict], str], size: tuple[int, int] = (0, 0),
+                 boxes: bool = False):
         """``decode``: a sample's stored image bytes -> its training tensor (``decode.CropDecoder``), or the
-        JPEG and its crop (``decode.DeferredCrop``), cropped to ``size`` on the device."""
+        JPEG and its crop (``decode.DeferredCrop``), cropped to ``size`` on the device. ``boxes``: each
+        sample also gives one of its boxes (``box_of``), and a batch holds its B samples' images and then
+        their B box images, its B captions and then their B box phrases."""
         super().__init__()
-        self.size = size
+        self.size, self.boxes = size, boxes
         self.shards, self.batch_size, self.decode, self.tokenizer = shards, batch_size, decode, tokenizer
         self.caption = caption
         self.seed, self.rank, self.shuffle_buffer = seed, rank, shuffle_buffer
@@ -361,7 +365,7 @@ class TrainStream(IterableDataset):
             wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(seed)),
         )
         batch_start, rng_state = resume_raw, None
-        images, tokens = [], []
+        images, tokens, box_images, box_tokens = [], [], [], []
         # The thread's own CPU clock: a worker's other thread (multiprocessing's resource sharer) is idle.
         started, cpu_started = time.perf_counter(), time.thread_time()
         for raw, sample in enumerate(raw_samples, start=1):
@@ -369,6 +373,8 @@ class TrainStream(IterableDataset):
                 continue
             try:
                 image_key = next(k for k in IMAGE_KEYS if k in sample)
+                if self.boxes and not box_count(sample):
+                    continue  # a sample without a box: HyCoCLIP's preparation drops it (not data loss)
                 if rng_state is None:
                     # Augmentation is seeded per batch, from the raw position it starts at, so a
                     # resume (always at a batch boundary) needs no RNG state. Private to the loader:
@@ -378,6 +384,9 @@ class TrainStream(IterableDataset):
                 caption = self.caption(sample)
                 pixels = self.decode(sample[image_key])
                 text = self.tokenizer(caption)[0]
+                if self.boxes:
+                    box_jpeg, phrase = box_of(sample)
+                    box_pixels, box_text = self.decode(box_jpeg), self.tokenizer(phrase)[0]
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
                 if is_out_of_memory(err) or out_of_file_descriptors(err):
                     raise  # the machine's state, not the sample's: the trainer or the CLI says so
@@ -386,9 +395,12 @@ class TrainStream(IterableDataset):
             skips.good()
             images.append(pixels)
             tokens.append(text)
+            if self.boxes:
+                box_images.append(box_pixels)
+                box_tokens.append(box_text)
             if len(images) == self.batch_size:
                 torch.set_rng_state(rng_state)
-                flat, header = pack(images, tokens, shared, self.size)
+                flat, header = pack(images + box_images, tokens + box_tokens, shared, self.size)
                 wall_us = round((time.perf_counter() - started) * 1e6)
                 cpu_us = round((time.thread_time() - cpu_started) * 1e6)
                 header[LAYOUT_WORDS:LAYOUT_WORDS + INFO_WORDS] = torch.tensor(
@@ -396,7 +408,19 @@ class TrainStream(IterableDataset):
                 yield flat
                 started, cpu_started = time.perf_counter(), time.thread_time()
                 batch_start, rng_state = raw, None
-                images, tokens = [], []
+                images, tokens, box_images, box_tokens = [], [], [], []
+
+
+def box_count(sample: dict) -> int:
+    """How many boxes a sample carries (HyCoCLIP's ``numparents.txt``; none where the file is absent)."""
+    return int(sample["numparents.txt"]) if "numparents.txt" in sample else 0
+
+
+def box_of(sample: dict) -> tuple[bytes, str]:
+    """One of a sample's boxes, drawn uniformly as HyCoCLIP's ``GroundedDatasetTarMapper`` draws it, from torch's
+    generator (seeded per batch, so a resume draws the same): its crop's JPEG and its phrase."""
+    pick = int(torch.randint(box_count(sample), ()))
+    return sample[f"parent{pick:03d}.jpg"], sample[f"parent{pick:03d}.txt"].decode("utf-8")
 
 
 def stored_caption(sample: dict) -> str:
@@ -440,7 +464,7 @@ class TrainBatches:
                  shuffle_buffer: int, segment_steps: int, workers: int = 0, rank: int = 0, world: int = 1,
                  start: int = 0, state: dict | None = None, sharing: str = "file_descriptor",
                  caption: Callable[[dict], str] = stored_caption, decoder: Decoder = "pil",
-                 decode_on: DecodeOn = "workers"):
+                 decode_on: DecodeOn = "workers", boxes: bool = False):
         """``segment_steps``: global batches between restarts of the streams (``segment_steps_for``).
         ``sharing``: how workers hand their buffers over (torch.multiprocessing's sharing strategy,
         set for the whole process): ``file_descriptor`` (torch's default) passes each buffer's file
@@ -450,7 +474,8 @@ class TrainBatches:
         generator, which is seeded per batch, so a resume repeats it exactly). ``decoder``: how an image
         becomes its crop (``decode.DECODERS``); ``normalization`` is then what finishes the crops on the
         device (None where the transform's float output is handed over). ``decode_on``: ``device`` hands
-        over JPEGs and their crops for the feed to decode there (``device_crops``)."""
+        over JPEGs and their crops for the feed to decode there (``device_crops``). ``boxes``: each batch
+        holds B samples and then one box of each (``TrainStream``), 2B images and 2B token rows."""
         self.signature = {"workers": max(1, workers), "world": world, "segment_steps": segment_steps}
         self.folder = Path(shards[0]).parent  # list_shards never returns an empty list
         # A position from another process layout describes other streams; start those afresh.
@@ -463,7 +488,7 @@ class TrainBatches:
         self.device_crops = DeviceCrops(transform) if decode_on == "device" else None
         size = tuple(decode.crop.size) if decode.crop is not None else (0, 0)
         dataset = TrainStream(shards_for_rank(shards, rank, world), batch_size, decode, tokenizer, seed, rank,
-                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption, size)
+                              shuffle_buffer, segment_steps, workers, start, dict(self.positions), caption, size, boxes)
         self._close = lambda: None
         if workers == 0:
             self._iter = iter(dataset)

@@ -16,7 +16,7 @@ import io
 import math
 import random
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from PIL import Image, ImageDraw
 
@@ -115,10 +115,22 @@ def sample_scene(rng: random.Random, count: Optional[int] = None, palette: Optio
                 fill=fill or rng.choices(FILLS, weights=[0.8, 0.2])[0], position=cell) for cell in cells]
 
 
+# A box: (left, top, right, bottom) in pixels, right and bottom exclusive (PIL's crop box).
+Box = tuple[int, int, int, int]
+
+
 def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_width: int = 2,
            scale: float = 1.0) -> Image.Image:
     """Draw a scene, each object's radius ``scale`` times its size's; colours and positions get a little
     jitter so no two renderings are identical. The random draws do not depend on ``scale``."""
+    return render_with_boxes(scene, rng, clutter, line_width, scale)[0]
+
+
+def render_with_boxes(scene: list[Obj], rng: random.Random, clutter: bool = False, line_width: int = 2,
+                      scale: float = 1.0) -> tuple[Image.Image, list[Box]]:
+    """``render``, and each object's box as drawn: the extent of its outline, widened by the line's width
+    (an outlined shape's stroke straddles it) and clipped to the image. The same random draws as ``render``."""
+    boxes: list[Box] = []
     shade = rng.randint(205, 245)
     img = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), (shade, shade + rng.randint(-6, 6), shade + rng.randint(-6, 6)))
     draw = ImageDraw.Draw(img)
@@ -142,7 +154,37 @@ def render(scene: list[Obj], rng: random.Random, clutter: bool = False, line_wid
             draw.polygon(pts, fill=colour)
         else:
             draw.polygon(pts, outline=colour, width=line_width)
-    return img
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        boxes.append((max(0, math.floor(min(xs)) - line_width), max(0, math.floor(min(ys)) - line_width),
+                      min(IMAGE_SIZE, math.ceil(max(xs)) + line_width), min(IMAGE_SIZE, math.ceil(max(ys)) + line_width)))
+    return img, boxes
+
+
+def box_image(image: Image.Image, box: Box) -> Image.Image:
+    """The box's crop as HyCoCLIP's data preparation makes it (``utils/prepare_GRIT_webdataset.py``, resize mode
+    "border"), padded with white to a square, the crop in the middle; at its own size, where HyCoCLIP also
+    scales it to its training size (224): the loader's transform scales it as it scales every image, and a
+    world of small crops is a quarter of the bytes."""
+    crop = image.crop(box)
+    side = max(crop.size)
+    square = Image.new("RGB", (side, side), (255, 255, 255))
+    square.paste(crop, ((side - crop.width) // 2, (side - crop.height) // 2))
+    return square
+
+
+def grounded_boxes(spec: dict, scene: list[Obj], boxes: list[Box]) -> list[tuple[Box, str]]:
+    """The caption's phrases that name an object of the scene, each with that object's box: what a grounding
+    model gives GRIT (a phrase of the caption, its box). A phrase is a mention as the caption words it
+    ("a small red triangle on the left"), boxed on the first object it describes; a mention of no object in
+    the scene (a mismatched caption's, or a count's) has no box. Phrases are kept once each, as HyCoCLIP
+    keeps each noun chunk's text once."""
+    found: list[tuple[Box, str]] = []
+    for mention in spec["mentions"]:
+        text = article(describe(mention))
+        match = next((box for obj, box in zip(scene, boxes) if mention_matches(mention, obj)), None)
+        if match is not None and text not in [t for _, t in found]:
+            found.append((match, text))
+    return found
 
 
 def encode_jpeg(img: Image.Image) -> bytes:
@@ -230,8 +272,17 @@ def scene_from_json(objects: list[dict]) -> list[Obj]:
 
 # ---------------------------------------------------------------- training pairs
 
+class TrainingPair(NamedTuple):
+    image: Image.Image
+    caption: str
+    spec: dict
+    scene: list[Obj]
+    mismatched: bool
+    boxes: list[Box]  # each object's, in the scene's order
+
+
 def training_pair(rng: random.Random, mismatch: float, count: Optional[int] = None,
-                  levels: Sequence[str] = tuple(LEVELS), scale: float = 1.0) -> tuple[Image.Image, str, dict, list[Obj], bool]:
+                  levels: Sequence[str] = tuple(LEVELS), scale: float = 1.0) -> TrainingPair:
     """One (image, caption) pair; with probability ``mismatch`` the caption describes another scene.
     Objects are drawn at ``scale`` times their size (``render``).
 
@@ -239,11 +290,11 @@ def training_pair(rng: random.Random, mismatch: float, count: Optional[int] = No
     weights in ``LEVELS``); the world itself uses neither, the tower probe in examples/ does.
     """
     scene = sample_scene(rng, count=count)
-    image = render(scene, rng, scale=scale)
+    image, boxes = render_with_boxes(scene, rng, scale=scale)
     level = rng.choices(list(levels), weights=[LEVELS[name] for name in levels])[0]
     mismatched = rng.random() < mismatch
     spec = sample_spec(sample_scene(rng, count=count) if mismatched else scene, rng, level)
-    return image, frame_caption(spec, rng), spec, scene, mismatched
+    return TrainingPair(image, frame_caption(spec, rng), spec, scene, mismatched, boxes)
 
 
 # ---------------------------------------------------------------- traversal vocabulary

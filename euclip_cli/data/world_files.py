@@ -1,7 +1,8 @@
 """Write the embedded world to disk in the real data's formats (its folder: ``worlddir.WorldDir``).
 
 - ``<out>/train/NNNNN.tar``: img2dataset's webdataset output (``KEY.jpg``, ``KEY.txt``,
-  ``KEY.json`` with a ``uid``), plus its per-shard ``NNNNN.parquet`` and ``NNNNN_stats.json``.
+  ``KEY.json`` with a ``uid``), plus its per-shard ``NNNNN.parquet`` and ``NNNNN_stats.json``; beside each
+  sample its boxes in HyCoCLIP's layout (``KEY.numparents.txt``, ``KEY.parentNNN.jpg``, ``KEY.parentNNN.txt``).
 - ``<out>/eval/<task>/``: clip-benchmark's local ``wds`` layout (``test/nshards.txt``,
   ``test/N.tar``, ``classnames.txt``, ``zeroshot_classification_templates.txt``, ``dataset_type.txt``).
 - ``<out>/eval/hierarchy.json``: which captions of a generic-to-specific pool entail which
@@ -37,7 +38,8 @@ from euclip_cli.workers import die_with_parent, make_room_for_workers
 from euclip_cli import worlddir as W
 from euclip_cli.worlddir import WorldDir, WorldSettings
 
-GENERATOR_VERSION = 1
+# 2: every training sample carries its boxes (``box_entries``).
+GENERATOR_VERSION = 2
 SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard default
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count default
 KEY_DIGITS = 4  # ceil(log10(SAMPLES_PER_SHARD))
@@ -84,8 +86,9 @@ def write_train_shard(out: Path, shard: int, samples: Iterable[tuple[bytes, str,
     """One training shard in img2dataset's layout: ``NNNNN.tar`` (``KEY.jpg``, ``KEY.txt``, ``KEY.json``; the
     tar written under a temporary name and moved into place when whole), ``NNNNN.parquet`` and
     ``NNNNN_stats.json``. ``samples``: each sample's JPEG, caption, and a function of its key giving its
-    ``uid``, ``url``, sizes (``width``, ``height``, ``original_width``, ``original_height``) and any fields
-    of its own. Returns the number of samples."""
+    ``uid``, ``url``, sizes (``width``, ``height``, ``original_width``, ``original_height``), any fields
+    of its own, and under ``entries`` any files of its own beside them (``{"numparents.txt": ...}``).
+    Returns the number of samples."""
     name = f"{shard:0{SHARD_DIGITS}d}"
     start = time.time()
     rows = []
@@ -94,11 +97,12 @@ def write_train_shard(out: Path, shard: int, samples: Iterable[tuple[bytes, str,
         for i, (jpg, caption, fields_of) in enumerate(samples):
             key = f"{name}{i:0{KEY_DIGITS}d}"
             fields = fields_of(key)
+            entries = fields.pop("entries", {})
             meta = {"uid": fields.pop("uid"), "key": key, "caption": caption, "url": fields.pop("url"),
                     "status": "success", "error_message": None,
                     **{size: fields.pop(size) for size in ("width", "height", "original_width", "original_height")},
                     "sha256": hashlib.sha256(jpg).hexdigest(), **fields}
-            sink.write({"__key__": key, "jpg": jpg, "txt": caption, "json": meta})
+            sink.write({"__key__": key, "jpg": jpg, "txt": caption, "json": meta, **entries})
             rows.append({k: meta[k] for k in ("key", "uid", "caption", "url", "status", "error_message", "sha256")})
     os.replace(tmp, out / f"{name}.tar")
     pq.write_table(pa.Table.from_pylist(rows), out / f"{name}.parquet")
@@ -109,17 +113,33 @@ def write_train_shard(out: Path, shard: int, samples: Iterable[tuple[bytes, str,
     return len(rows)
 
 
+def box_entries(pair: w.TrainingPair) -> tuple[dict, list[dict]]:
+    """A sample's boxes as HyCoCLIP's prepared GRIT shards hold them (``numparents.txt``, then
+    ``parentNNN.jpg`` and ``parentNNN.txt`` for each: the box's crop and its phrase), and the boxes for its
+    ``json``. A sample whose caption names no object of its image has none (``numparents.txt`` 0): HyCoCLIP's
+    preparation drops such a sample, and euclip's box loader skips it (the other losses train on it)."""
+    grounded = w.grounded_boxes(pair.spec, pair.scene, pair.boxes)
+    entries = {"numparents.txt": str(len(grounded))}
+    for i, (box, phrase) in enumerate(grounded):
+        entries[f"parent{i:03d}.jpg"] = w.encode_jpeg(w.box_image(pair.image, box))
+        entries[f"parent{i:03d}.txt"] = phrase
+    return entries, [{"box": list(box), "phrase": phrase} for box, phrase in grounded]
+
+
 def _write_train_shard(out: str, settings: WorldSettings, shard: int, count: int) -> int:
     rng = _rng("train", settings.seed, shard)
 
     def samples():
         for _ in range(count):
-            image, caption, spec, scene, mismatched = w.training_pair(rng, settings.mismatch, scale=settings.object_scale)
-            yield w.encode_jpeg(image), caption, lambda key, spec=spec, scene=scene, mismatched=mismatched: {
+            pair = w.training_pair(rng, settings.mismatch, scale=settings.object_scale)
+            entries, boxes = box_entries(pair)
+            yield w.encode_jpeg(pair.image), pair.caption, lambda key, pair=pair, entries=entries, boxes=boxes: {
                 "uid": hashlib.md5(f"world-{settings.seed}-{key}".encode()).hexdigest(),
                 "url": f"world://{settings.seed}/{key}", "width": w.IMAGE_SIZE, "height": w.IMAGE_SIZE,
                 "original_width": w.IMAGE_SIZE, "original_height": w.IMAGE_SIZE,
-                "world": {"objects": w.scene_json(scene), "spec": spec, "mismatched": mismatched}}
+                "world": {"objects": w.scene_json(pair.scene), "spec": pair.spec, "mismatched": pair.mismatched,
+                          "boxes": boxes},
+                "entries": entries}
 
     return write_train_shard(Path(out), shard, samples())
 

@@ -55,10 +55,10 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.acos((num / den).clamp(-1 + TRIG_EPS, 1 - TRIG_EPS))
 
 
-def cone_violation(x: torch.Tensor, y: torch.Tensor, min_radius: float) -> torch.Tensor:
-    """ext(x, y) - aper(x): how far y lies outside the cone at x, negative inside it.
-    ``(..., D), (..., D) -> (...)``."""
-    return exterior_angle(x, y) - half_aperture(x, min_radius)
+def cone_violation(x: torch.Tensor, y: torch.Tensor, min_radius: float, aperture_factor: float = 1.0) -> torch.Tensor:
+    """ext(x, y) - f aper(x): how far y lies outside the cone at x, negative inside it; the aperture factor f
+    widens (> 1) or narrows (< 1) the cone, as HyCoCLIP's loss does. ``(..., D), (..., D) -> (...)``."""
+    return exterior_angle(x, y) - aperture_factor * half_aperture(x, min_radius)
 
 
 def entailment(x: torch.Tensor, y: torch.Tensor, min_radius: float) -> torch.Tensor:

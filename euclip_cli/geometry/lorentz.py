@@ -69,10 +69,11 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor) -> torc
     return torch.acos(cos.clamp(-1 + TRIG_EPS, 1 - TRIG_EPS))
 
 
-def cone_violation(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor, min_radius: float) -> torch.Tensor:
-    """ext(x, y) - aper(x) for hyperboloid points x (apex) and y, negative inside the cone.
-    ``(..., D), (..., D) -> (...)``."""
-    return exterior_angle(x, y, curv) - half_aperture(x, curv, min_radius)
+def cone_violation(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor, min_radius: float,
+                   aperture_factor: float = 1.0) -> torch.Tensor:
+    """ext(x, y) - f aper(x) for hyperboloid points x (apex) and y, negative inside the cone; the aperture
+    factor f widens (> 1) or narrows (< 1) it, as HyCoCLIP's loss does. ``(..., D), (..., D) -> (...)``."""
+    return exterior_angle(x, y, curv) - aperture_factor * half_aperture(x, curv, min_radius)
 
 
 def entailment(x: torch.Tensor, y: torch.Tensor, curv: torch.Tensor, min_radius: float) -> torch.Tensor:

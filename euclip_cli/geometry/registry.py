@@ -119,15 +119,16 @@ class Geometry:
         return self.distance_to_root(z, root, curv)
 
     def cone_violation(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
-                       curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       curv: Optional[torch.Tensor] = None, aperture_factor: float = 1.0) -> torch.Tensor:
         """How far y (specific, image) lies outside the cone at x (generic, text), negative inside it: the
-        entailment loss before its clamp, and the entailment score's negative. ``(..., D) -> (...)``."""
+        entailment loss before its clamp, and the entailment score's negative. ``aperture_factor`` scales the
+        cone's half-aperture (HyCoCLIP's 0.7 and 1.2). ``(..., D) -> (...)``."""
         raise ValueError(f"geometry '{self.name}' has no entailment loss")
 
     def entailment(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
-                   curv: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   curv: Optional[torch.Tensor] = None, aperture_factor: float = 1.0) -> torch.Tensor:
         """Entailment loss of y (specific, image) against the cone at x (generic, text). ``(..., D) -> (...)``."""
-        return self.cone_violation(x, y, min_radius, curv).clamp_min(0)
+        return self.cone_violation(x, y, min_radius, curv, aperture_factor).clamp_min(0)
 
     def entails(self, x: torch.Tensor, y: torch.Tensor, min_radius: float,
                 curv: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -220,8 +221,8 @@ class Euclidean(Geometry):
     def distance_to_root(self, z, root, curv=None):
         return (z - root).norm(dim=-1)
 
-    def cone_violation(self, x, y, min_radius, curv=None):
-        return euclidean.cone_violation(x, y, min_radius)
+    def cone_violation(self, x, y, min_radius, curv=None, aperture_factor=1.0):
+        return euclidean.cone_violation(x, y, min_radius, aperture_factor)
 
 
 @register
@@ -252,8 +253,9 @@ class Hyperbolic(Geometry):
         # geodesic ||v||; [ROOT] is the hyperboloid's vertex, whose space components are 0.
         return (lorentz.exp_map0(z, curv) - lorentz.exp_map0(root[None], curv)).norm(dim=-1)
 
-    def cone_violation(self, x, y, min_radius, curv=None):
-        return lorentz.cone_violation(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv, min_radius)
+    def cone_violation(self, x, y, min_radius, curv=None, aperture_factor=1.0):
+        return lorentz.cone_violation(lorentz.exp_map0(x, curv), lorentz.exp_map0(y, curv), curv, min_radius,
+                                      aperture_factor)
 
 
 # The entry point group under which a package names the modules that register its geometries.

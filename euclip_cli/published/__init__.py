@@ -10,7 +10,9 @@ probes), one row per (table, arch, model, dataset, metric, embed_dim), each data
 and Li's temperature and structure ablations (their Tables 2, 6 and 7), one row per label that a
 study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP's stated GPU
 hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
-throughput where the user has measured none. pandas is imported only when a table is read.
+throughput where the user has measured none. ``hycoclip-model-zoo.csv``: HyCoCLIP's released CLIP, MERU
+and HyCoCLIP models (ViT-S/16, ViT-B/16, trained on GRIT), their zero-shot results as its model zoo
+states them, one row per (arch, model). pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ MERU_TABLES = Path(__file__).with_name("meru-tables.csv")
 MERU_TABLE6 = Path(__file__).with_name("meru-table6.csv")
 SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
 OPENCLIP_THROUGHPUT = Path(__file__).with_name("openclip-throughput.csv")
+HYCOCLIP_MODEL_ZOO = Path(__file__).with_name("hycoclip-model-zoo.csv")
 
 
 def euclip_tables():
@@ -100,3 +103,19 @@ def meru_split_sizes() -> dict[str, dict[str, int]]:
     rows = pd.read_csv(MERU_TABLE6, comment="#")
     return {r.dataset: {"classes": int(r.classes), "train": int(r.train), "val": int(r.val), "test": int(r.test)}
             for r in rows.itertuples()}
+
+
+def hycoclip_model_zoo():
+    """HyCoCLIP's released models' zero-shot results (percent) as a DataFrame, one row per (arch, model)."""
+    import pandas as pd
+
+    return pd.read_csv(HYCOCLIP_MODEL_ZOO, comment="#")
+
+
+def hycoclip_imagenet(arch: str, model: str) -> float:
+    """One of HyCoCLIP's released models' zero-shot ImageNet accuracy (percent)."""
+    rows = hycoclip_model_zoo()
+    match = rows[(rows["arch"] == arch) & (rows["model"] == model)]
+    if len(match) != 1:
+        raise KeyError(f"no single HyCoCLIP model-zoo row for {arch}, {model!r}")
+    return float(match["imagenet"].iloc[0])

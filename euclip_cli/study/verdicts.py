@@ -21,6 +21,7 @@ LEVEL = 0.95
 # The suffix of a measure's value on the untrained model, in a run's values.
 AT_INIT = "_init"
 SUN_LI = "Sun and Li (YFCC-15M)"
+HYCOCLIP = "HyCoCLIP (GRIT, 384M samples)"
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class PaperEffect:
     """A published difference a claim is read against: ``effect`` None where the source gives a
     direction only."""
 
-    scale: str  # small | medium (EuCLIP's DataComp scales), or SUN_LI
+    scale: str  # small | medium (EuCLIP's DataComp scales), SUN_LI or HYCOCLIP
     table: str  # e.g. "Table 8 (small)"
     effect: Optional[float]
     source: str
@@ -42,6 +43,9 @@ def paper_effects(claim: Claim) -> list[PaperEffect]:
     for ref in claim.paper:
         if ref.get("source") == "sun-li":
             out.append(_sun_li_effect(claim, ref))
+            continue
+        if ref.get("source") == "hycoclip":
+            out.append(_hycoclip_effect(ref))
             continue
         table, model = ref["table"], ref["model"]
         high, low = (euclip_imagenet(table, model, ref[k]) for k in ("higher", "lower"))
@@ -68,6 +72,17 @@ def _sun_li_effect(claim: Claim, ref: dict) -> PaperEffect:
     return PaperEffect(SUN_LI, table, high["zero_shot"] - low["zero_shot"],
                        f"{table}: {ref['higher']} {high['zero_shot']:.2f} vs {ref['lower']} {low['zero_shot']:.2f} "
                        f"ImageNet zero-shot")
+
+
+def _hycoclip_effect(ref: dict) -> PaperEffect:
+    """A difference between two of HyCoCLIP's released models of one arch ({source = "hycoclip", arch, higher,
+    lower}), in zero-shot ImageNet accuracy as its model zoo states it."""
+    from euclip_cli.published import hycoclip_imagenet
+
+    high, low = (hycoclip_imagenet(ref["arch"], ref[k]) for k in ("higher", "lower"))
+    table = f"HyCoCLIP model zoo {ref['arch']}"
+    return PaperEffect(HYCOCLIP, table, high - low,
+                       f"{table}: {ref['higher']} {high:.1f} vs {ref['lower']} {low:.1f} ImageNet zero-shot")
 
 
 def read_against(effects: list[PaperEffect], scale: str) -> tuple[Optional[PaperEffect], list[PaperEffect]]:

@@ -232,7 +232,7 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                            segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
                            sharing=cfg.data.sharing, decoder=cfg.data.decoder, decode_on=cfg.data.decode,
-                           **caption_augmentation(cfg))
+                           boxes=cfg.loss.kind == "hycoclip", **caption_augmentation(cfg))
     return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
 
 
@@ -393,6 +393,8 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     last_ckpt, stopping = found, False
     window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
     sliced = cfg.train.bench_step_samples // ranks.world
+    # A batch of boxes holds its samples and then one box of each (data.loader.TrainStream).
+    halves = 2 if cfg.loss.kind == "hycoclip" else 1
     threads, callers_threads = host_threads(cfg.train.host_threads, device, cfg.data.workers), torch.get_num_threads()
     model.train()
     try:
@@ -407,18 +409,20 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
                 waited = time.perf_counter()
                 batch = next(batches)
                 window_wait += time.perf_counter() - waited
-                window_samples += batch.size * ranks.world
+                window_samples += batch.size // halves * ranks.world
                 images, tokens, host_tokens = feed(batch)
                 if sliced:
-                    images, tokens, host_tokens = images[:sliced], tokens[:sliced], host_tokens[:sliced]
+                    images, tokens, host_tokens = (torch.cat([half[:sliced] for half in x.chunk(halves)])
+                                                   for x in (images, tokens, host_tokens))
                 # The text tower's groups, planned from the host's copy of the tokens.
-                plans = model.text_plans(host_tokens, cfg.optim.accum_steps)
+                plans = model.text_plans(host_tokens, cfg.optim.accum_steps * halves)
                 optimizer.zero_grad(set_to_none=True)
                 reducer.attach()
                 terms = forward_backward(model, images, tokens, cfg.optim.accum_steps, cfg.loss.entail_weight,
                                          cfg.loss.entail_min_radius, autocast, gather=ranks.gather,
                                          owns_scalars=ranks.main, backward=lambda loss: scaler.scale(loss).backward(),
-                                         before_last_backward=reducer.arm, plans=plans, local=local)
+                                         before_last_backward=reducer.arm, plans=plans, local=local,
+                                         boxes=halves == 2)
                 reducer.finish()
                 scaler.unscale_(optimizer)
                 # Every rank holds the same summed gradients and global loss, so all skip alike.

@@ -13,7 +13,8 @@ features are all-gathered), whose ``(B, B)`` matrices are measured at the recipe
 ``loss.local_loss`` a rank keeps its ``(b, B)`` share of them, that measurement over the number of GPUs. Not
 counted: the CUDA context and allocator slack (a few GiB in practice), the forward's transient peak
 inside a block, and the accumulation's cached features (``optim.accum_steps`` divides the
-micro-batch; the cached embeddings are ``(B, D)``, small beside activations).
+micro-batch; the cached embeddings are ``(B, D)``, small beside activations). With HyCoCLIP's loss a
+sample brings its box: the towers run on both, and the loss holds four ``(B, D)`` embeddings.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def _saved_bytes(run) -> int:
     return sum(storages.values())
 
 
-def _towers_saved(model, precision: str, batches: tuple[int, int]) -> SavedBytes:
+def _towers_saved(model, precision: str, batches: tuple[int, int], halves: int = 1) -> SavedBytes:
+    """What the towers keep per sample; ``halves`` = 2 where a sample brings its box (two images, two texts)."""
     from euclip_cli.device import autocast_factory
 
     autocast = autocast_factory(precision, torch.device("cpu"))
@@ -91,13 +93,24 @@ def _towers_saved(model, precision: str, batches: tuple[int, int]) -> SavedBytes
     size = size if isinstance(size, int) else size[0]
     measured = []
     for batch in batches:
-        images = torch.randn(batch, 3, size, size)
-        # Captions as long as the context: the text tower's largest activations (trimming only shrinks them).
-        tokens = torch.randint(1, 400, (batch, model.clip.context_length))
+        # Each half its own tensors (storages are counted once), encoded on its own, as the step encodes the
+        # samples and then their boxes. Captions as long as the context, the text tower's largest activations:
+        # each ends in the largest token id (where the tower pools, end-of-text's place), at the last position,
+        # so trimming keeps the whole context (random ids would end each caption at a random place).
+        last_id = model.clip.token_embedding.num_embeddings - 1
+        inputs = []
+        for _ in range(halves):
+            tokens = torch.randint(1, 400, (batch, model.clip.context_length))
+            tokens[:, -1] = last_id
+            inputs.append((torch.randn(batch, 3, size, size), tokens))
 
         def forward():
             with autocast():
-                model.encode_image(images).float().sum().add(model.encode_text(tokens).float().sum())
+                # Every half's output kept to the end: a graph freed early would free storages for the next
+                # half to reuse, and a storage is counted by its address.
+                kept = [model.encode_image(images).float().sum().add(model.encode_text(tokens).float().sum())
+                        for images, tokens in inputs]
+            return kept
 
         measured.append(_saved_bytes(forward))
     (b1, m1), (b2, m2) = zip(batches, measured)
@@ -107,25 +120,26 @@ def _towers_saved(model, precision: str, batches: tuple[int, int]) -> SavedBytes
 
 def plan(cfg: C.Config, batches: tuple[int, int] = (2, 4)) -> MemoryPlan:
     """The plan for ``cfg`` on a GPU (see the module's docstring); builds the model on the CPU."""
-    from euclip_cli.loss import objective
+    from euclip_cli.loss import hycoclip_objective, objective
     from euclip_cli.model import EuclipModel
     from euclip_cli.towers.checkpointing import enable_grad_checkpointing
 
     precision = "bf16" if cfg.train.precision == "auto" else cfg.train.precision
+    boxes = cfg.loss.kind == "hycoclip"
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = EuclipModel(cfg).train()
-        plain = _towers_saved(model, precision, batches)
+        plain = _towers_saved(model, precision, batches, 2 if boxes else 1)
         enable_grad_checkpointing(model.clip)
-        checkpointed = _towers_saved(model, precision, batches)
+        checkpointed = _towers_saved(model, precision, batches, 2 if boxes else 1)
         size = model.clip.visual.image_size
         with torch.no_grad():
             dim = model.encode_image(torch.zeros(1, 3, *((size, size) if isinstance(size, int) else size))).shape[-1]
         batch = cfg.data.batch_size
-        image = torch.randn(batch, dim, requires_grad=True)
-        text = torch.randn(batch, dim, requires_grad=True)
-        loss = _saved_bytes(lambda: objective(model.geometry, image, text, model.logit_scale(), model.curvature(),
-                                              cfg.loss.entail_weight, cfg.loss.entail_min_radius))
+        image, text, box_image, box_text = (torch.randn(batch, dim, requires_grad=True) for _ in range(4))
+        args = (model.logit_scale(), model.curvature(), cfg.loss.entail_weight, cfg.loss.entail_min_radius)
+        loss = _saved_bytes(lambda: hycoclip_objective(model.geometry, image, text, box_image, box_text, *args)
+                            if boxes else objective(model.geometry, image, text, *args))
     return MemoryPlan(cfg.model.arch, precision, sum(p.numel() for p in model.parameters()), batch, plain,
                       checkpointed, loss, cfg.loss.local_loss)
 
