@@ -518,36 +518,39 @@ def time_loader(make: Callable[[], object], batch_size: int, workers: int, batch
 
 
 def bench_loader(world_train: Path, arch: str, batch_size: int, workers: int, batches: int, warmup: int,
-                 rounds: int, device: str, decoder: str = "pil") -> dict:
+                 rounds: int, device: str, decoder: str = "pil", kinds: tuple[str, ...] = LOADERS) -> dict:
     """The training loaders alone, euclip's (with ``decoder``) against OpenCLIP's pipeline, with ``arch``'s
     training transforms and tokenizer, interleaved in rounds; each measurement starts fresh workers,
     waits out ``warmup`` batches, then times ``batches``, fed to ``device`` as euclip's trainer feeds
-    them (euclip's crops normalised there).
+    them (euclip's crops normalised there). ``kinds``: the loaders timed (``LOADERS``; euclip's with boxes
+    only on shards that have them, the embedded world's).
     """
     from euclip_cli.data.loader import list_shards
     from euclip_cli.towers import build_clip, tokenizer_for, transforms_for
 
     parts = transforms_for(build_clip(arch))[0], tokenizer_for(arch)
     shards = list_shards(world_train, "euclip bench loader")
-    per_round: dict[str, list[dict]] = {kind: [] for kind in LOADERS}
+    per_round: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for _ in range(rounds):
-        for kind in LOADERS:
+        for kind in kinds:
             make = functools.partial(make_loader, kind, shards, parts, batch_size, workers, decoder=decoder)
             per_round[kind].append(time_loader(make, batch_size, workers, batches, warmup, device))
     measurements = {kind: {"per_round": [m["samples_per_s"] for m in ms],
                            **{field: _median_of([m.get(field) for m in ms])
                               for field in ("samples_per_s", "loader_samples_per_s", "loader_cpu_share")}}
                     for kind, ms in per_round.items()}
-    return {"settings": {"arch": arch, "batch_size": batch_size, "workers": workers, "batches": batches,
-                         "warmup": warmup, "rounds": rounds, "device": device, "decoder": decoder,
-                         "shards": str(world_train)},
-            "measurements": measurements,
-            "euclip_vs_openclip": ratio_over_rounds(measurements["euclip"]["per_round"],
-                                                    measurements["openclip"]["per_round"]),
-            # What a sample with its box costs against one without (samples/s plain over samples/s with boxes):
-            # a sample brings two images and two captions, so about 2 when decoding dominates.
-            "boxes_cost": ratio_over_rounds(measurements["euclip"]["per_round"],
-                                            measurements["euclip-boxes"]["per_round"])}
+    result = {"settings": {"arch": arch, "batch_size": batch_size, "workers": workers, "batches": batches,
+                           "warmup": warmup, "rounds": rounds, "device": device, "decoder": decoder,
+                           "shards": str(world_train)},
+              "measurements": measurements,
+              "euclip_vs_openclip": ratio_over_rounds(measurements["euclip"]["per_round"],
+                                                      measurements["openclip"]["per_round"])}
+    if "euclip-boxes" in measurements:
+        # What a sample with its box costs against one without (samples/s plain over samples/s with boxes):
+        # a sample brings two images and two captions, so about 2 when decoding dominates.
+        result["boxes_cost"] = ratio_over_rounds(measurements["euclip"]["per_round"],
+                                                 measurements["euclip-boxes"]["per_round"])
+    return result
 
 
 # The trainer's step, by kind of work: (label, predicate on an op's name). An op's *self* time goes to

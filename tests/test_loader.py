@@ -187,3 +187,29 @@ def test_samples_without_a_box_are_left_out_of_box_batches(world, pipeline_parts
         return sum(tuple(row) in counting for row in rows)
 
     assert counted() > 0 and counted(boxes=True) == 0
+
+
+def test_box_batches_from_shards_without_boxes_stop_with_one_line(world, pipeline_parts, tmp_path, monkeypatch):
+    """Shards with no box at all (any data but the embedded world's) would be read for ever by the box loader,
+    skipping every sample: it gives up after GIVE_UP_AFTER samples in a row without one, in one line."""
+    import tarfile
+
+    import webdataset as wds
+
+    from euclip_cli.data import loader
+
+    monkeypatch.setattr(loader, "GIVE_UP_AFTER", 50)
+    plain = tmp_path / "plain" / "train"
+    plain.mkdir(parents=True)
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(world / "train" / "00000.tar") as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            if ext in ("jpg", "txt"):
+                samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    with wds.TarWriter(str(plain / "00000.tar")) as sink:
+        for key, files in list(samples.items())[:100]:
+            sink.write({"__key__": key, **files})
+    assert next(batches(plain.parent, pipeline_parts, workers=0))[0].shape[0] == 8  # plain batches read them
+    with pytest.raises(loader.DataError, match="50 samples in a row have no box"):
+        next(batches(plain.parent, pipeline_parts, workers=0, boxes=True))

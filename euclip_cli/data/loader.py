@@ -366,6 +366,7 @@ class TrainStream(IterableDataset):
         )
         batch_start, rng_state = resume_raw, None
         images, tokens, box_images, box_tokens = [], [], [], []
+        boxless = 0  # samples in a row without a box: shards with none would be read for ever
         # The thread's own CPU clock: a worker's other thread (multiprocessing's resource sharer) is idle.
         started, cpu_started = time.perf_counter(), time.thread_time()
         for raw, sample in enumerate(raw_samples, start=1):
@@ -374,7 +375,12 @@ class TrainStream(IterableDataset):
             try:
                 image_key = next(k for k in IMAGE_KEYS if k in sample)
                 if self.boxes and not box_count(sample):
+                    boxless += 1
+                    if boxless >= GIVE_UP_AFTER:
+                        raise _GiveUp(f"{boxless} samples in a row have no box (numparents.txt): loss.kind=hycoclip "
+                                      f"trains on shards with boxes, which the embedded world writes")
                     continue  # a sample without a box: HyCoCLIP's preparation drops it (not data loss)
+                boxless = 0
                 if rng_state is None:
                     # Augmentation is seeded per batch, from the raw position it starts at, so a
                     # resume (always at a batch boundary) needs no RNG state. Private to the loader:
@@ -387,6 +393,8 @@ class TrainStream(IterableDataset):
                 if self.boxes:
                     box_jpeg, phrase = box_of(sample)
                     box_pixels, box_text = self.decode(box_jpeg), self.tokenizer(phrase)[0]
+            except _GiveUp:
+                raise
             except Exception as err:  # any undecodable or incomplete sample is data loss, not a crash
                 if is_out_of_memory(err) or out_of_file_descriptors(err):
                     raise  # the machine's state, not the sample's: the trainer or the CLI says so
