@@ -100,7 +100,9 @@ def test_a_script_that_never_closes_its_loader_still_exits(world, tmp_path):
     assert done.returncode == 0 and "read one batch" in done.stdout, done.stderr[-2000:]
 
 
-SAMPLE_SECONDS = 0.004
+# Long beside what reading and decoding a sample cost the loader itself (a few ms of CPU on a loaded machine,
+# more since each sample's boxes travel in its shard), so that a sleeping loader's CPU share stays clearly low.
+SAMPLE_SECONDS = 0.02
 
 
 def sleeping(transform):
