@@ -578,7 +578,7 @@ def validate(cfg: Config) -> list[str]:
         problems.append(f"loss.entail_weight: geometry '{g.name}' has no entailment loss (only {with_cones}); set it to 0")
     if cfg.loss.entail_min_radius < 0:
         problems.append("loss.entail_min_radius: must be >= 0")
-    if cfg.loss.kind == "hycoclip":
+    if trains_on_boxes(cfg):
         if cfg.data.dataset != "world":
             problems.append(f"loss.kind: hycoclip trains on boxes, which only the embedded world has so far "
                             f"(data.dataset={cfg.data.dataset}); set data.dataset=\"world\"")
@@ -674,6 +674,12 @@ def world_dir(cfg: Config) -> Path:
     """The embedded world a run evaluates on: the one it trained on (its eval tasks sit beside the
     training shards), else ``data/world``."""
     return train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
+
+
+def trains_on_boxes(cfg: Config) -> bool:
+    """Whether a run's samples each bring one of their boxes (HyCoCLIP's loss): its loader's batches hold the B
+    samples and then their B boxes, and its towers run on both."""
+    return cfg.loss.kind == "hycoclip"
 
 
 def order_seed(cfg: Config) -> int:

@@ -66,12 +66,17 @@ def objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, logit
         return out
 
 
+def _rows_cross_entropy(logits: torch.Tensor, offset: int) -> torch.Tensor:
+    """Summed cross-entropy of rows ``logits (b, B)`` whose row i matches column ``offset + i``. ``-> ()``."""
+    labels = torch.arange(offset, offset + logits.shape[0], device=logits.device)
+    return F.cross_entropy(logits, labels, reduction="sum")
+
+
 def local_contrastive(rows: torch.Tensor, columns: torch.Tensor, offset: int, total: int) -> torch.Tensor:
     """One rank's share of ``contrastive`` on a global batch of ``total`` pairs: ``rows (b, B)`` are its
     images' logits against every text, ``columns (b, B)`` its texts' against every image (a column of the
     global matrix, transposed), and its pair i is the global pair ``offset + i``. ``-> ()``."""
-    labels = torch.arange(offset, offset + rows.shape[0], device=rows.device)
-    return (F.cross_entropy(rows, labels, reduction="sum") + F.cross_entropy(columns, labels, reduction="sum")) / (2 * total)
+    return (_rows_cross_entropy(rows, offset) + _rows_cross_entropy(columns, offset)) / (2 * total)
 
 
 def local_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, all_images: torch.Tensor,
@@ -108,12 +113,6 @@ def local_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor,
 # image, box text over its text) widened to 1.2.
 INTER_MODAL_APERTURE = 0.7
 INTRA_MODAL_APERTURE = 1.2
-
-
-def _rows_cross_entropy(logits: torch.Tensor, offset: int) -> torch.Tensor:
-    """Summed cross-entropy of rows ``logits (b, B)`` whose row i matches column ``offset + i``. ``-> ()``."""
-    labels = torch.arange(offset, offset + logits.shape[0], device=logits.device)
-    return F.cross_entropy(logits, labels, reduction="sum")
 
 
 def local_hycoclip_objective(geometry: Geometry, image: torch.Tensor, text: torch.Tensor, box_image: torch.Tensor,

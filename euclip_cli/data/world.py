@@ -164,7 +164,7 @@ def box_image(image: Image.Image, box: Box) -> Image.Image:
     """The box's crop as HyCoCLIP's data preparation makes it (``utils/prepare_GRIT_webdataset.py``, resize mode
     "border"), padded with white to a square, the crop in the middle; at its own size, where HyCoCLIP also
     scales it to its training size (224): the loader's transform scales it as it scales every image, and a
-    world of small crops is a quarter of the bytes."""
+    small crop is a small file."""
     crop = image.crop(box)
     side = max(crop.size)
     square = Image.new("RGB", (side, side), (255, 255, 255))

@@ -232,7 +232,7 @@ def training_batches(cfg: C.Config, clip: torch.nn.Module, shards: list[str], ra
                            segment_steps=segment_steps_for(per_rank, cfg.data.shuffle_buffer, cfg.data.workers),
                            workers=cfg.data.workers, rank=ranks.rank, world=ranks.world, start=step, state=data_state,
                            sharing=cfg.data.sharing, decoder=cfg.data.decoder, decode_on=cfg.data.decode,
-                           boxes=cfg.loss.kind == "hycoclip", **caption_augmentation(cfg))
+                           boxes=C.trains_on_boxes(cfg), **caption_augmentation(cfg))
     return RepeatBatches(batches) if cfg.data.pipeline == "repeat" else batches
 
 
@@ -394,7 +394,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
     window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
     sliced = cfg.train.bench_step_samples // ranks.world
     # A batch of boxes holds its samples and then one box of each (data.loader.TrainStream).
-    halves = 2 if cfg.loss.kind == "hycoclip" else 1
+    halves = 2 if C.trains_on_boxes(cfg) else 1
     threads, callers_threads = host_threads(cfg.train.host_threads, device, cfg.data.workers), torch.get_num_threads()
     model.train()
     try:

@@ -92,12 +92,13 @@ def _towers_saved(model, precision: str, batches: tuple[int, int], halves: int =
     size = model.clip.visual.image_size
     size = size if isinstance(size, int) else size[0]
     measured = []
+    # Captions as long as the context, the text tower's largest activations: each ends in the largest token id
+    # (where the tower pools, end-of-text's place), at the last position, so trimming keeps the whole context
+    # (random ids would end each caption at a random place).
+    last_id = model.clip.token_embedding.num_embeddings - 1
     for batch in batches:
         # Each half its own tensors (storages are counted once), encoded on its own, as the step encodes the
-        # samples and then their boxes. Captions as long as the context, the text tower's largest activations:
-        # each ends in the largest token id (where the tower pools, end-of-text's place), at the last position,
-        # so trimming keeps the whole context (random ids would end each caption at a random place).
-        last_id = model.clip.token_embedding.num_embeddings - 1
+        # samples and then their boxes.
         inputs = []
         for _ in range(halves):
             tokens = torch.randint(1, 400, (batch, model.clip.context_length))
@@ -125,7 +126,7 @@ def plan(cfg: C.Config, batches: tuple[int, int] = (2, 4)) -> MemoryPlan:
     from euclip_cli.towers.checkpointing import enable_grad_checkpointing
 
     precision = "bf16" if cfg.train.precision == "auto" else cfg.train.precision
-    boxes = cfg.loss.kind == "hycoclip"
+    boxes = C.trains_on_boxes(cfg)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = EuclipModel(cfg).train()
