@@ -100,7 +100,7 @@ class LossConfig:
     # pair, beta * sim + b with a learnable bias b, summed and divided by the batch (open_clip's SigLipLoss);
     # "hycoclip", HyCoCLIP's loss (Pal et al., 2025) on (image, box image, text, box text): four InfoNCE
     # terms and, with entail_weight, four cones (euclip_cli.loss.hycoclip_objective). It trains on data
-    # with boxes: the embedded world writes them (data.dataset = "world").
+    # with boxes: the embedded world's (data.dataset = "world") or GRIT's ("grit", euclip download grit).
     kind: Literal["infonce", "siglip", "hycoclip"] = "infonce"
     # SigLIP's start for b, its paper's -10 (its logit scale starts at t = ln 10: initial_logit_scale).
     siglip_bias_init: float = -10.0
@@ -109,8 +109,9 @@ class LossConfig:
 @dataclass
 class _DataFields:
     # Which dataset ``euclip download --recipe`` fetches and ``train`` reads: "world" (the embedded
-    # default), "datacomp-small" / "datacomp-medium" (filtered by ``filter``), or "redcaps" (MERU's data).
-    dataset: Literal["world", "datacomp-small", "datacomp-medium", "redcaps"] = "datacomp-small"
+    # default), "datacomp-small" / "datacomp-medium" (filtered by ``filter``), "redcaps" (MERU's data) or "grit"
+    # (HyCoCLIP's: pairs with their boxes).
+    dataset: Literal["world", "datacomp-small", "datacomp-medium", "redcaps", "grit"] = "datacomp-small"
     filter: DataFilter = "clip-l14-30"
     # Training shards folder; empty = derived from dataset and filter under data/.
     train_dir: str = ""
@@ -579,9 +580,9 @@ def validate(cfg: Config) -> list[str]:
     if cfg.loss.entail_min_radius < 0:
         problems.append("loss.entail_min_radius: must be >= 0")
     if trains_on_boxes(cfg):
-        if cfg.data.dataset != "world":
-            problems.append(f"loss.kind: hycoclip trains on boxes, which only the embedded world has so far "
-                            f"(data.dataset={cfg.data.dataset}); set data.dataset=\"world\"")
+        if cfg.data.dataset not in BOXED_DATASETS:
+            problems.append(f"loss.kind: hycoclip trains on boxes, which only {' and '.join(BOXED_DATASETS)} have "
+                            f"(data.dataset={cfg.data.dataset}); set data.dataset to one of them")
         if cfg.data.pipeline != "euclip":
             problems.append(f"loss.kind: hycoclip's boxes come through euclip's loader, not data.pipeline="
                             f"{cfg.data.pipeline}; set data.pipeline=\"euclip\"")
@@ -665,8 +666,8 @@ def train_dir(cfg: Config) -> Path:
         return Path(cfg.data.train_dir)
     if cfg.data.dataset == "world":
         return Path("data") / "world" / "train"
-    if cfg.data.dataset == "redcaps":
-        return Path("data") / "redcaps" / "shards"
+    if cfg.data.dataset in ("redcaps", "grit"):
+        return Path("data") / cfg.data.dataset / "shards"
     return Path("data") / f"{cfg.data.dataset}-{cfg.data.filter}" / "shards"
 
 
@@ -674,6 +675,10 @@ def world_dir(cfg: Config) -> Path:
     """The embedded world a run evaluates on: the one it trained on (its eval tasks sit beside the
     training shards), else ``data/world``."""
     return train_dir(cfg).parent if cfg.data.dataset == "world" else Path("data") / "world"
+
+
+# The data sets whose samples carry boxes in HyCoCLIP's layout: the embedded world's and GRIT's (download.grit).
+BOXED_DATASETS = ("world", "grit")
 
 
 def trains_on_boxes(cfg: Config) -> bool:

@@ -19,6 +19,10 @@ Formats (``FORMATS``):
   or its CLIP baseline, into euclip's MERU towers (``towers.archs.meru_arch``: timm's ViT as MERU builds
   it, open_clip's text transformer under MERU's weights); MERU's clamps (logit scale, alphas,
   curvature) applied at import as its forward applies them.
+- ``hycoclip``: HyCoCLIP's released checkpoints (PalAvik/hycoclip; huggingface avik-pal/hycoclip), its CLIP,
+  MERU and HyCoCLIP models trained on GRIT, in MERU's layout and imported as ``meru`` is; the released file's
+  name says which model it is. HyCoCLIP's zero-shot suite is MERU's (the same 20 sets and prompts), so the run
+  evaluates on ``meru``.
 """
 
 from __future__ import annotations
@@ -256,8 +260,10 @@ def _meru_key(key: str, value):
     return "clip." + key, value  # unknown: reported as unexpected by the key check
 
 
-def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
-    """MERU's released checkpoints (``{"model": state_dict, ...}``): MERU (hyperbolic) or its CLIP baseline."""
+def _convert_meru_layout(source: str, geometry: Optional[str], logit: Optional[str],
+                         arch: Optional[str]) -> tuple[Path, bool, Converted]:
+    """A checkpoint in MERU's layout (``{"model": state_dict, ...}``) as ``(file, hyperbolic, converted)``;
+    the caller names the model in ``converted.meta``."""
     import torch
 
     path = fetch_source(source)
@@ -268,7 +274,7 @@ def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arc
     hyperbolic = "curv" in weights
     found = ("hyperbolic", "d") if hyperbolic else ("clip", "cos")
     if geometry is not None and (geometry, logit) != found:
-        raise UsageError(f"{source}: a {'MERU' if hyperbolic else 'CLIP baseline'} checkpoint is {found[0]} "
+        raise UsageError(f"{source}: a {'hyperbolic' if hyperbolic else 'CLIP'} checkpoint is {found[0]} "
                          f"({found[1]}); --geometry {geometry} --logit {logit} does not apply")
     if arch is None:
         width = weights["visual.cls_token"].shape[-1] if "visual.cls_token" in weights else None
@@ -278,8 +284,38 @@ def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arc
         arch = MERU_WIDTHS[width]
     state = dict(filter(None, (_meru_key(k, v) for k, v in weights.items())))
     overrides = [f"model.arch={arch}", f"geometry.name={found[0]}", f"geometry.logit={found[1]}"]
-    meta = {"source": source, "sha256": sha256_of(path), "model": "MERU" if hyperbolic else "CLIP baseline"}
-    return Converted(overrides, state, meta, tasks="meru")
+    return path, hyperbolic, Converted(overrides, state, {"source": source, "sha256": sha256_of(path)}, tasks="meru")
+
+
+def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    """MERU's released checkpoints (``{"model": state_dict, ...}``): MERU (hyperbolic) or its CLIP baseline."""
+    _, hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
+    converted.meta["model"] = "MERU" if hyperbolic else "CLIP baseline"
+    return converted
+
+
+# HyCoCLIP's release (huggingface avik-pal/hycoclip) holds its CLIP and MERU baselines beside HyCoCLIP, all in
+# MERU's layout: HyCoCLIP's model is MERU's with another loss, so only the released file's name
+# (clip_vit_s.pth, meru_vit_b.pth, hycoclip_vit_s.pth...) tells a MERU checkpoint from a HyCoCLIP one.
+HYCOCLIP_RELEASED = {"clip": ("CLIP", False), "meru": ("MERU", True), "hycoclip": ("HyCoCLIP", True)}
+
+
+def convert_hycoclip(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
+    """HyCoCLIP's released checkpoints: its CLIP, MERU or HyCoCLIP model, named by the released file's name and
+    checked against the weights (a hyperbolic one holds a curvature)."""
+    named = re.match(r"(clip|meru|hycoclip)[_.-]", posixpath.basename(source).lower())
+    if named is None:
+        raise UsageError(f"{source}: HyCoCLIP's release names its models by file (clip_vit_s.pth, meru_vit_s.pth, "
+                         f"hycoclip_vit_s.pth and the _vit_b ones), and MERU's and HyCoCLIP's weights have the same "
+                         f"keys: import the file under its released name")
+    model, named_hyperbolic = HYCOCLIP_RELEASED[named.group(1)]
+    _, hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
+    if hyperbolic != named_hyperbolic:
+        raise CheckpointError(f"{source}: named as HyCoCLIP's {model} model, but its weights "
+                              f"{'hold' if hyperbolic else 'lack'} a curvature: a "
+                              f"{'hyperbolic' if hyperbolic else 'CLIP'} checkpoint; check the file")
+    converted.meta["model"] = model
+    return converted
 
 
 def convert_export(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
@@ -301,6 +337,7 @@ FORMATS: dict[str, Callable[[str, Optional[str], Optional[str], Optional[str]], 
     "openclip": convert_openclip,
     "euclip-authors": convert_authors,
     "meru": convert_meru,
+    "hycoclip": convert_hycoclip,
     "euclip-export": convert_export,
 }
 

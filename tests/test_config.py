@@ -163,7 +163,7 @@ def test_every_shipped_recipe_validates_and_has_a_header(name):
 
 # Multi(n, m) recipes reproduce Sun and Li's system, which the EuCLIP paper's tables do not cover.
 # MERU's recipes reproduce MERU's own tables (tests/test_redcaps.py).
-PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith(("tiny-", "meru-")) and not C.is_study_recipe(n)
+PAPER_RECIPES = [n for n in C.list_recipes() if not n.startswith(("tiny-", "meru-", "hycoclip-")) and not C.is_study_recipe(n)
                  and C.load_config(n).model.class_tokens == 1]
 
 

@@ -385,3 +385,71 @@ def test_the_released_table_puts_each_import_beside_its_published_row():
     assert table.loc["meru-b", "ImageNet (published)"] == 37.5 and table.loc["meru-b", "Δ"] == "-0.50"
     assert table.loc["clip-s", "ImageNet (published)"] == 34.3 and table.loc["clip-s", "Δ"] == "+0.00"
     assert table.loc["odd", "published row"] == "missing"  # no published model of that kind
+
+
+@pytest.mark.parametrize("file, model, geometry", [("hycoclip_vit_test.pth", "HyCoCLIP", "hyperbolic"),
+                                                   ("meru_vit_test.pth", "MERU", "hyperbolic"),
+                                                   ("clip_vit_test.pth", "CLIP", "clip")])
+def test_hycoclips_release_imports_each_model_as_merus_layout_named_by_its_file(tmp_path, meru_test_arch, file, model,
+                                                                                geometry):
+    """HyCoCLIP's checkpoints are MERU's layout (its HyCoCLIP class is MERU's model with another loss): the
+    weights come in as MERU's import brings them, and the released file's name says which model it is."""
+    path = tmp_path / file
+    meru_checkpoint(path, hyperbolic=geometry == "hyperbolic")
+    runs = tmp_path / "runs"
+    for fmt in ("hycoclip", "meru"):
+        result = runner.invoke(app, ["import", fmt, str(path), "--name", fmt, "--runs-dir", str(runs),
+                                     "--arch", meru_test_arch])
+        assert result.exit_code == 0, result.output
+    (theirs, cfg), (merus, _) = imported(runs, "hycoclip"), imported(runs, "meru")
+    assert cfg.geometry.name == geometry and cfg.eval.tasks == "meru"
+    state, want = theirs.state_dict(), merus.state_dict()
+    assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
+    meta = json.loads((runs / "hycoclip" / "meta.json").read_text())["imported"]
+    assert meta["format"] == "hycoclip" and meta["model"] == model
+
+
+@pytest.mark.parametrize("file, hyperbolic, message", [
+    ("hycoclip_vit_test.pth", False, "named as HyCoCLIP's HyCoCLIP model, but its weights lack a curvature"),
+    ("clip_vit_test.pth", True, "named as HyCoCLIP's CLIP model, but its weights hold a curvature"),
+    ("renamed.pth", True, "import the file under its released name")])
+def test_a_hycoclip_checkpoint_whose_name_and_weights_disagree_is_refused(tmp_path, meru_test_arch, file, hyperbolic,
+                                                                          message):
+    path = tmp_path / file
+    meru_checkpoint(path, hyperbolic=hyperbolic)
+    runs = tmp_path / "runs"
+    result = runner.invoke(app, ["import", "hycoclip", str(path), "--name", "h", "--runs-dir", str(runs),
+                                 "--arch", meru_test_arch])
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (runs / "h").exists()
+
+
+def test_hycoclips_table_puts_each_import_beside_its_model_zoo_row():
+    from euclip_cli.protocol.tasks import TASKS
+    from euclip_cli.report.tables import HYCOCLIP_COLUMNS, Run, hycoclip_table, released_table
+
+    assert all(task in TASKS and TASKS[task].suite == "meru" for _, _, task, _ in HYCOCLIP_COLUMNS)
+
+    def run(name, arch, geometry, model, results, fmt="hycoclip"):
+        config = {"model": {"arch": arch, "final_ln": True}, "geometry": {"name": geometry, "logit": "d"}}
+        return Run(name, "", config, {"datacomp": {"main": None}}, fmt, {"format": fmt, "model": model}, results)
+
+    results = {"meru/imagenet": {"mean_per_class_recall": 0.4210}, "meru/coco": {"text_retrieval_recall@10": 0.79,
+                                                                                 "image_retrieval_recall@10": 0.6}}
+    runs = [run("hyco-s", "meru-vit-s", "hyperbolic", "HyCoCLIP", results),
+            run("clip-b", "meru-vit-b", "clip", "CLIP", {}),
+            run("meru-release", "meru-vit-s", "hyperbolic", "MERU", results, fmt="meru")]  # MERU's own: not here
+    table = hycoclip_table(runs)
+    assert set(table["run"]) == {"hyco-s", "clip-b"} and len(table) == 10
+    hyco = table[table["run"] == "hyco-s"].set_index("metric")
+    assert hyco["model"].iloc[0] == "HyCoCLIP ViT-S/16"
+    imagenet = table[(table["run"] == "hyco-s") & (table["dataset"] == "ImageNet")].iloc[0]
+    assert (imagenet["HyCoCLIP"], imagenet["ours"], imagenet["Δ"]) == (41.7, "42.10", "+0.40")
+    assert (hyco.loc["text_retrieval_recall@10", "Δ"], hyco.loc["image_retrieval_recall@10", "Δ"]) == ("-0.50", "-6.60")
+    assert (table[table["run"] == "clip-b"]["Δ"] == "missing").all()
+    assert table[(table["run"] == "clip-b") & (table["dataset"] == "Food-101")]["HyCoCLIP"].iloc[0] == 48.6
+    empty = hycoclip_table([])
+    assert len(empty) == 6 * len(HYCOCLIP_COLUMNS) and (empty["run"] == "missing").all()
+    released = released_table(runs).set_index("run")
+    assert released.loc["hyco-s", "published row"] == "HyCoCLIP's model zoo: HyCoCLIP ViT-S/16"
+    assert released.loc["hyco-s", "ImageNet (published)"] == 41.7

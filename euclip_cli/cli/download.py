@@ -1,4 +1,4 @@
-"""``euclip download world | datacomp-like | datacomp | redcaps | urls | evalsets | probesets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
+"""``euclip download world | datacomp-like | datacomp | redcaps | grit | urls | evalsets | probesets | wordnet | --recipe NAME``: fetch or generate the data a recipe needs."""
 
 from __future__ import annotations
 
@@ -72,6 +72,9 @@ def download(ctx: typer.Context,
              f"DIR/shards)", 2)
     if cfg.data.dataset == "redcaps":
         fetch_redcaps(shards.parent, ImageOptions())
+        return
+    if cfg.data.dataset == "grit":
+        fetch_grit(shards.parent, ImageOptions())
         return
     fetch_datacomp(cfg.data.dataset.removeprefix("datacomp-"), cfg.data.filter, shards.parent, None, ImageOptions())
 
@@ -170,6 +173,22 @@ def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[st
         finally:
             bars.stop()
     print_summary(manifest, out)
+
+
+def fetch_grit(out: Path, options: ImageOptions, parts: Optional[int] = None, hub_url: Optional[str] = None) -> None:
+    from euclip_cli.download import grit
+
+    bars = Bars()
+    command = shlex.join(["euclip", *sys.argv[1:]])
+    with errors():
+        try:
+            manifest = grit.download_grit(out, options, command, bars.say, parts or grit.PARTS, hub_url)
+        finally:
+            bars.stop()
+    print_summary(manifest, out)
+    boxes = manifest["boxes"]
+    console.print(f"{boxes['with_boxes']:,} of {boxes['samples']:,} pairs kept with {boxes['boxes']:,} boxes "
+                  f"(HyCoCLIP's preparation drops a pair left without a box) in {out / 'shards'}")
 
 
 def world(out: Path = typer.Option(Path("data/world"), callback=writable_folder, help="Output folder."),
@@ -336,7 +355,7 @@ def wordnet(out: Path = typer.Option(Path("data/nltk_data"), callback=writable_f
     console.print(f"WordNet in {out}: {said}")
 
 
-# img2dataset's options, shared by ``datacomp``, ``redcaps`` and ``urls``; the defaults are DataComp's.
+# img2dataset's options, shared by ``datacomp``, ``redcaps``, ``grit`` and ``urls``; the defaults are DataComp's.
 _IMG = ImageOptions()
 PROCESSES = typer.Option(_IMG.processes, help="img2dataset processes.")
 THREADS = typer.Option(_IMG.threads, help="img2dataset threads per process.")
@@ -420,6 +439,31 @@ def redcaps(out: Path = typer.Option(Path("data/redcaps"), callback=writable_fol
                             spark_master)
     fetch_redcaps(out, options, annotations_url, chosen)
     console.print(f"next: euclip train --recipe meru-vit-s data.train_dir={out / 'shards'}")
+
+
+@app.command()
+def grit(out: Path = typer.Option(Path("data/grit"), callback=writable_folder,
+                                  help="Output folder (shards in OUT/shards, where HyCoCLIP's recipes read)."),
+         parts: int = typer.Option(21, min=1, max=21, help="The first N of GRIT's 21 metadata files (about 1M pairs "
+                                                            "each; default all)."),
+         hub_url: Optional[str] = typer.Option(None, help="Hugging Face endpoint (default HF_ENDPOINT or "
+                                                          "huggingface.co)."),
+         processes: int = PROCESSES, threads: int = THREADS, retries: int = RETRIES, timeout: int = TIMEOUT,
+         shard_size: int = SHARD_SIZE, distributor: str = DISTRIBUTOR, spark_master: str = SPARK_MASTER) -> None:
+    """Download GRIT (20.5M grounded image-text pairs, HyCoCLIP's training data): its metadata from the Hub, the
+    images with img2dataset at GRIT's own settings, then each pair's boxes cut as HyCoCLIP prepares them.
+    Resumable.
+
+    Examples:
+      euclip download --recipe hycoclip-vit-s      (all of it, into data/grit)
+      euclip download grit --parts 1 --out data/grit-1m
+    """
+    # GRIT's image size and resize mode are its dataset card's (download.grit), so there is no --image-size;
+    # no face boxes come with it, so nothing is blurred.
+    options = image_options(processes, threads, retries, timeout, shard_size, _IMG.image_size, True, distributor,
+                            spark_master)
+    fetch_grit(out, options, parts, hub_url)
+    console.print(f"next: euclip train --recipe hycoclip-vit-s data.train_dir={out / 'shards'}")
 
 
 @app.command()

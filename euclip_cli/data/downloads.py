@@ -26,11 +26,13 @@ def training_record(train_dir: Path) -> Optional[dict]:
     silently change the experiment.
     """
     manifest = read_manifest(train_dir.parent)
-    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls", "redcaps"):
+    if manifest is None or manifest.get("identity", {}).get("source") not in ("datacomp", "urls", "redcaps", "grit"):
         return None
     if not manifest.get("complete"):
         raise UsageError(f"the download in {train_dir.parent} is unfinished ({manifest.get('shards', 0)} of "
                          f"{manifest.get('expected_shards', '?')} shards): rerun '{manifest['command']}' first")
     keys = ("pool", "threshold", "selected", "attempted", "downloaded", "success_rate", "shards", "bytes")
-    return {**manifest["identity"], **{k: manifest.get(k) for k in keys}}
+    # GRIT's: the pairs kept with boxes and the boxes, after HyCoCLIP's preparation (download.grit).
+    kept = {"boxes": manifest["boxes"]} if "boxes" in manifest else {}
+    return {**manifest["identity"], **{k: manifest.get(k) for k in keys}, **kept}
 

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 
 LIST_DIR = "download-list"
 SHARDS_DIR = "shards"
-OWN_ENTRIES = {MANIFEST, "uids.npy", LIST_DIR, SHARDS_DIR, "metadata"}
+# GRIT's img2dataset shards, before its boxes are cut (download.grit).
+RAW_DIR = "raw"
+OWN_ENTRIES = {MANIFEST, "uids.npy", LIST_DIR, SHARDS_DIR, RAW_DIR, "metadata"}
 DISTRIBUTORS = ("multiprocessing", "pyspark", "ray")
 SHARD_DIGITS = 8  # img2dataset's oom_shard_count, as DataComp sets it: shard names 00000000.tar ...
 ASSET_CACHE = Path("~/.cache/euclip/datacomp")
@@ -64,12 +66,17 @@ class ImageOptions:
     timeout: int = 10
     blur_faces: bool = True
     distributor: str = "multiprocessing"
+    # img2dataset's resize_mode with image_size: DataComp's keeps the longest side at most image_size; GRIT's
+    # own command ("keep_ratio") the shortest.
+    resize_mode: str = "keep_ratio_largest"
     # pyspark only: the cluster to run on (img2dataset otherwise starts a local Spark session).
     spark_master: str = ""
 
     def identity(self) -> dict:
-        """What changes the shards' content; a rerun must keep these."""
-        return {"image_size": self.image_size, "shard_size": self.shard_size, "blur_faces": self.blur_faces}
+        """What changes the shards' content; a rerun must keep these. The resize mode only where it is not
+        DataComp's, so that a download begun before the mode was an option still continues."""
+        return {"image_size": self.image_size, "shard_size": self.shard_size, "blur_faces": self.blur_faces,
+                **({"resize_mode": self.resize_mode} if self.resize_mode != "keep_ratio_largest" else {})}
 
 
 Say = Callable[[str], None]
@@ -109,7 +116,8 @@ def claim_output(out: Path, identity: dict, command: str) -> dict:
 
 # ------------------------------------------------------------------ Hugging Face metadata
 
-def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optional[str], say: Say) -> None:
+def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optional[str], say: Say,
+                   hint: str = "check --scale") -> None:
     """``repo``'s files matching ``patterns`` into ``dest`` through huggingface_hub, which skips
     finished files and continues partial ones.
 
@@ -132,7 +140,7 @@ def fetch_metadata(repo: str, dest: Path, patterns: list[str], endpoint: Optiona
         wanted = [f for f in listing if getattr(f, "size", None) is not None
                   and any(fnmatch.fnmatch(f.path, p) for p in todo)]
         if not wanted:
-            raise FetchError(f"the Hub's {repo} has no {' or '.join(todo)} files; check --scale")
+            raise FetchError(f"the Hub's {repo} has no {' or '.join(todo)} files; {hint}")
         dest.mkdir(parents=True, exist_ok=True)
         needed = sum(f.size for f in wanted if not (dest / f.path).exists() or (dest / f.path).stat().st_size != f.size)
         free = shutil.disk_usage(dest).free
@@ -299,7 +307,7 @@ def _ray_cluster(options: ImageOptions):
 def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool,
                     columns: tuple[str, ...] = ()) -> None:
     """DataComp's img2dataset call, on the selected rows only; ``columns`` of the list beside ``uid`` go
-    into each sample's json (RedCaps: its subreddit)."""
+    into each sample's json (RedCaps: its subreddit; GRIT: its boxes)."""
     import os
 
     # albumentations (imported by img2dataset, here and in every worker) would check PyPI for updates.
@@ -315,7 +323,7 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
         download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
                  save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
                  output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
-                 resize_mode="keep_ratio_largest", resize_only_if_bigger=True, encode_format="jpg",
+                 resize_mode=options.resize_mode, resize_only_if_bigger=True, encode_format="jpg",
                  processes_count=options.processes, thread_count=options.threads,
                  number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS, retries=options.retries,
                  timeout=options.timeout, distributor=options.distributor, incremental_mode="incremental",
@@ -348,8 +356,10 @@ def summarize(shards_dir: Path, expected: int) -> dict:
 
 
 def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, say: Say,
-                 columns: tuple[str, ...] = ()) -> dict:
-    list_dir, shards_dir = out / LIST_DIR, out / SHARDS_DIR
+                 columns: tuple[str, ...] = (), shards: str = SHARDS_DIR, last_stage: bool = True) -> dict:
+    """img2dataset's shards of the download list into ``out/shards``; the manifest takes their counts and,
+    where this is ``last_stage``, whether the download is complete (a later stage, GRIT's boxes, says that)."""
+    list_dir, shards_dir = out / LIST_DIR, out / shards
     expected = expected_shards(list_dir, options.shard_size)
     if expected == 0:
         raise FetchError(f"the selection in {list_dir} is empty: nothing to download")
@@ -366,6 +376,7 @@ def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, s
         run_img2dataset(list_dir, shards_dir, options, bbox, columns)
     summary = summarize(shards_dir, expected)
     manifest.update(summary)
+    manifest["complete"] = summary["complete"] and last_stage
     manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_manifest(out, manifest)
     if summary["attempted"] and not summary["downloaded"]:

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
-from euclip_cli.report.tables import (equilibrium_table, hierarchy_table, fill_command, load_runs, meru_table, noise_table,
-                                      paper_table, released_table, render, single_seed_note, study_tables, suite_table,
+from euclip_cli.report.tables import (equilibrium_table, hierarchy_table, fill_command, hycoclip_table, load_runs,
+                                      meru_table, noise_table, paper_table, released_table, render, single_seed_note, study_tables, suite_table,
                                       traversal_table, without_runs)
 from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
-TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "equilibrium", "hierarchy", "all")
+TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "hycoclip", "equilibrium", "hierarchy",
+          "all")
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -71,6 +72,9 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
     if name == "meru":
         return ("MERU's Tables 1, 2, 3 and 7: published vs ours, by MERU's suites or DataComp's task of each dataset (%)",
                 meru_table(runs))
+    if name == "hycoclip":
+        return ("HyCoCLIP's model zoo: its released CLIP, MERU and HyCoCLIP (trained on GRIT), published vs ours by "
+                "MERU's suite, which HyCoCLIP's evaluation repeats (%)", hycoclip_table(runs))
     if name == "equilibrium":
         return ("Sun and Li's Figure 1 as numbers: the temperature where alignment and uniformity balance "
                 "(euclip analyze equilibrium)", equilibrium_table([runs_dir, *(f / "runs" for f in study_folders)]))
@@ -87,7 +91,7 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
 def _table_name(name: str) -> str:
     """How a line names report table ``name``."""
     return f"Table {name}" if name.isdigit() else {"traversal": "Tables 6 and 7", "released": "released",
-                                                   "meru": "MERU's"}.get(name, name)
+                                                   "meru": "MERU's", "hycoclip": "HyCoCLIP's"}.get(name, name)
 
 
 def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR, studies_dir: Path = STUDIES_DIR,

@@ -19,13 +19,17 @@ import pandas as pd
 from euclip_cli import config as C
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import describe
-from euclip_cli.published import euclip_tables, euclip_traversal, meru_imagenet, meru_tables, sun_li_temperature
+from euclip_cli.published import (euclip_tables, euclip_traversal, hycoclip_imagenet, hycoclip_model_zoo, meru_imagenet,
+                                  meru_tables, sun_li_temperature)
 from euclip_cli.protocol.aggregate import aggregate
 from euclip_cli.protocol.tasks import SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs, read_json
 from euclip_cli.stats import CLAIMS_HEADER, MISSING, claim_cells, config_table
 
 METRICS = ("main", "shifts", "attributes", "retrieval", "average")
+# The report tables of published rows, one row per (published row, run) and a "run" column that is MISSING
+# where no run of ours is beside the row.
+PUBLISHED_BESIDE_RUNS = ("traversal", "meru", "hycoclip")
 PAPER_COLUMNS = {"main": "imagenet", "shifts": "imagenet_dist_shifts", "attributes": "vtab",
                  "retrieval": "retrieval", "average": "avg38"}
 
@@ -146,7 +150,7 @@ def without_runs(name: str, df: pd.DataFrame) -> bool:
         return True
     if name.isdigit():
         return bool((df[[c for c in df.columns if c.endswith(" (ours)")]] == MISSING).all(axis=None))
-    if name in ("traversal", "meru"):
+    if name in PUBLISHED_BESIDE_RUNS:
         return bool((df["run"] == MISSING).all())
     return False
 
@@ -163,9 +167,11 @@ def fill_command(name: str) -> str:
     if name == "traversal":
         return "euclip analyze traverse RUN"
     if name == "released":
-        return "euclip import openclip | euclip-authors | meru SOURCE --name RUN, then euclip eval"
+        return "euclip import openclip | euclip-authors | meru | hycoclip SOURCE --name RUN, then euclip eval"
     if name == "meru":
         return "euclip import meru SOURCE --name RUN, then euclip eval RUN --tasks meru"
+    if name == "hycoclip":
+        return "euclip import hycoclip SOURCE --name RUN, then euclip eval RUN --tasks meru"
     return "euclip report --help"
 
 
@@ -262,6 +268,12 @@ def _published_row(run: Run) -> tuple[str, Optional[float]]:
         rows = meru_imagenet()
         match = rows[(rows["arch"] == model["arch"]) & (rows["model"] == run.import_meta.get("model"))]
         label = f"MERU Table 2: {run.import_meta.get('model')} {model['arch']}"
+    elif run.imported == "hycoclip" and model["arch"] in HYCOCLIP_ARCHS:
+        arch, name = HYCOCLIP_ARCHS[model["arch"]], run.import_meta.get("model")
+        try:
+            return f"HyCoCLIP's model zoo: {name} {arch}", hycoclip_imagenet(arch, name)
+        except KeyError:
+            return "", None
     elif run.imported == "euclip-authors":
         rows = euclip_tables()
         logit = describe(g["name"]).logit(g["logit"])
@@ -358,21 +370,59 @@ def meru_table(runs: list[Run]) -> pd.DataFrame:
                          for _, ref in published.iterrows()])
 
 
+# euclip's MERU towers as HyCoCLIP's model zoo names its image towers (HyCoCLIP builds MERU's).
+HYCOCLIP_ARCHS = {"meru-vit-s": "ViT-S/16", "meru-vit-b": "ViT-B/16"}
+# The model zoo's columns: (column, dataset, euclip task, metric). HyCoCLIP scores classification by torchmetrics'
+# MulticlassAccuracy, whose default is the mean per-class accuracy, as MERU's suite does; "text retrieval" is
+# image to text (texts retrieved), "image retrieval" text to image, as MERU's Table 1 names them.
+HYCOCLIP_COLUMNS = (("imagenet", "ImageNet", "meru/imagenet", "mean_per_class_recall"),
+                    ("caltech101", "Caltech-101", "meru/caltech101", "mean_per_class_recall"),
+                    ("food101", "Food-101", "meru/food101", "mean_per_class_recall"),
+                    ("coco_text_r10", "COCO", "meru/coco", "text_retrieval_recall@10"),
+                    ("coco_image_r10", "COCO", "meru/coco", "image_retrieval_recall@10"))
+
+
+def hycoclip_table(runs: list[Run]) -> pd.DataFrame:
+    """HyCoCLIP's model zoo (its released CLIP, MERU and HyCoCLIP on GRIT) with each run imported from that
+    release beside its own row, ours from MERU's suite (``euclip eval --tasks meru``), which HyCoCLIP's
+    evaluation configs repeat: the same 20 sets and prompts, and COCO and Flickr30K retrieval, where euclip's
+    COCO is DataComp's 2014 test split (5,000 images) and theirs MERU's val2017. With no such run, every
+    published row with ours missing."""
+    zoo = hycoclip_model_zoo()
+    rows = []
+    for run in runs:
+        arch = HYCOCLIP_ARCHS.get(run.config.get("model", {}).get("arch"))
+        if run.imported != "hycoclip" or arch is None:
+            continue
+        model = (run.import_meta or {}).get("model")
+        for _, ref in zoo[(zoo["arch"] == arch) & (zoo["model"] == model)].iterrows():
+            for column, dataset, task, metric in HYCOCLIP_COLUMNS:
+                value = run.results.get(task, {}).get(metric)
+                rows.append({"run": run.name, "model": f"{model} {arch}", "dataset": dataset, "metric": metric,
+                             "HyCoCLIP": ref[column], "ours": _cell([value], digits=2),
+                             "Δ": f"{100 * value - ref[column]:+.2f}" if value is not None else MISSING})
+    if rows:
+        return pd.DataFrame(rows)
+    return pd.DataFrame([{"run": MISSING, "model": f"{ref['model']} {ref['arch']}", "dataset": dataset,
+                          "metric": metric, "HyCoCLIP": ref[column], "ours": MISSING, "Δ": MISSING}
+                         for _, ref in zoo.iterrows() for column, dataset, _, metric in HYCOCLIP_COLUMNS])
+
+
 def own_rows(name: str, df: pd.DataFrame) -> pd.DataFrame:
     """The rows of report table ``name`` that hold a run of ours (every row of a table made of runs alone)."""
     if df.empty:
         return df
     if name.isdigit():
         return df[(df[[c for c in df.columns if c.endswith(" (ours)")]] != MISSING).any(axis=1)]
-    if name in ("traversal", "meru"):
+    if name in PUBLISHED_BESIDE_RUNS:
         return df[df["run"] != MISSING]
     return df
 
 
 def published_reference() -> list[tuple[str, pd.DataFrame]]:
     """Every published table the report sets runs beside, whole and with its published columns alone:
-    the EuCLIP paper's Tables 1, 4, 5 and 8, its traversal counts (Tables 6 and 7), and MERU's Tables 1,
-    2, 3 and 7 with one column per model."""
+    the EuCLIP paper's Tables 1, 4, 5 and 8, its traversal counts (Tables 6 and 7), MERU's Tables 1,
+    2, 3 and 7 with one column per model, and HyCoCLIP's model zoo."""
     tables = []
     for number in (1, 4, 5, 8):
         df = paper_table([], number)
@@ -390,6 +440,8 @@ def published_reference() -> list[tuple[str, pd.DataFrame]]:
                    meru.pivot_table(index=["table", "embed_dim", "dataset", "metric"], columns="model", values="value",
                                     sort=False).reset_index().rename_axis(columns=None)
                    .assign(table=lambda d: "Table " + d["table"].astype(str))))
+    tables.append(("HyCoCLIP's model zoo: its released models, trained on GRIT (%)",
+                   hycoclip_model_zoo().drop(columns="checkpoint")))
     return [(title, without_empty_columns(df)) for title, df in tables]
 
 
