@@ -24,6 +24,7 @@ from typing import Any, Literal, Optional
 
 from euclip_cli.errors import UsageError
 from euclip_cli import geometry as geometry_facts
+from euclip_cli import readers
 from euclip_cli import worlddir as W
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -410,17 +411,13 @@ def list_recipes() -> list[str]:
 
 
 def recipe_text(path: Path) -> str:
-    """A recipe file's text; TOML is UTF-8 by definition, and a recipe must be a file."""
+    """A recipe file's text: a regular file of UTF-8 (TOML's encoding by definition), bounded in size."""
     if not path.exists():
         raise ConfigError([f"recipe {str(path)!r} not found (run 'euclip recipes list' to see the recipes)"])
-    if path.is_dir():
-        raise ConfigError([f"{path} is a folder, not a recipe file: give a .toml file or a recipe name"])
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[:err.start].count(b"\n") + 1
-        raise ConfigError([f"{path}: not UTF-8 (byte {err.object[err.start]:#04x} on line {line}); TOML files "
-                           f"must be UTF-8: re-save it as UTF-8"]) from None
+        return readers.read_text(path, "recipe", readers.RECIPE_LIMIT)
+    except readers.UnreadableFile as err:
+        raise ConfigError([str(err)]) from None
 
 
 def recipe_table(path: Path) -> dict:

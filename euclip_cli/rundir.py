@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from euclip_cli import readers
 from euclip_cli.errors import DamagedLines, Failure, UsageError, out_of_file_descriptors
 
 RUNS_DIR = Path("results") / "runs"
@@ -193,9 +194,13 @@ class RunBusy(UsageError):
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file, or a one-line failure naming it (a truncated file is not a bug of ours)."""
+    """A JSON file, or a one-line failure naming it (a truncated file is not a bug of ours); a path that is not
+    a regular file, or one larger than any JSON of ours, is refused before it is read (``readers``)."""
+    if not path.exists():  # callers tell a missing file apart as they always have
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+    data = readers.read_bytes(path, "JSON file", readers.JSON_LIMIT)
     try:
-        return json.loads(path.read_text())
+        return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise Failure(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); restore or delete it") from None
     except UnicodeDecodeError:

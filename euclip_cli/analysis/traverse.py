@@ -18,6 +18,7 @@ import torch
 
 from euclip_cli.errors import UsageError
 from euclip_cli.geometry import Geometry
+from euclip_cli.readers import read_text
 
 
 def traversal_points(geometry: Geometry, z: torch.Tensor, root: torch.Tensor, steps: int) -> torch.Tensor:
@@ -92,7 +93,8 @@ def text_pool(pool: Optional[Path] = None, captions: Optional[Path] = None, noun
     if pool is not None:
         lists = _json_pool(pool)
     else:
-        lists = {key: _lines(path) for key, path in zip(POOL_KEYS, (captions, nouns, adjectives)) if path is not None}
+        lists = {key: _lines(path, f"--{key}") for key, path in zip(POOL_KEYS, (captions, nouns, adjectives))
+                 if path is not None}
     texts = (list(lists.get("captions", [])) + [NOUN_PROMPT.format(w) for w in lists.get("nouns", [])]
              + [ADJECTIVE_PROMPT.format(w) for w in lists.get("adjectives", [])])
     if not texts:
@@ -101,23 +103,14 @@ def text_pool(pool: Optional[Path] = None, captions: Optional[Path] = None, noun
     return texts
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, IsADirectoryError) as e:
-        raise UsageError(f"{path}: not a UTF-8 text file ({e.__class__.__name__})") from None
-
-
-def _lines(path: Path) -> list[str]:
+def _lines(path: Path, option: str) -> list[str]:
     # No comment syntax: captions may start with '#' (hashtags).
-    return [line.strip() for line in _read(path).splitlines() if line.strip()]
+    return [line.strip() for line in read_text(path, option).splitlines() if line.strip()]
 
 
 def _json_pool(path: Path) -> dict[str, list[str]]:
     try:
-        data = json.loads(_read(path))
+        data = json.loads(read_text(path, "--text-pool"))
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(data, dict):

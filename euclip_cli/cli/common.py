@@ -72,13 +72,16 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 def checked_path(ctx, param, value):
     """Typer callback of every option or argument that names a path to read: refused as the command line
-    is parsed where no file system could hold it (``rundir.path_problem``). A list is checked item by item."""
+    is parsed where no file system could hold it (``rundir.path_problem``), or where it is a FIFO, device or
+    socket, which no reader may open (``readers.special_file``). A list is checked item by item."""
+    from euclip_cli.readers import special_file
     from euclip_cli.rundir import path_problem
 
     for path in value if isinstance(value, (list, tuple)) else [value]:
         problem = None if path is None else path_problem(Path(path))
-        if problem:
-            raise typer.BadParameter(problem)
+        special = None if path is None or problem else special_file(Path(path))
+        if problem or special:
+            raise typer.BadParameter(problem or f"{path} is {special}, not a file or folder: give one")
     return value
 
 

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
+from euclip_cli.readers import read_text
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
 
@@ -128,9 +129,7 @@ def budget_block(kind: str, folders: list[Path]) -> str:
 def update_readme(readme: Path, check: bool = False) -> list[str]:
     """Rewrite every results block of ``readme`` from its folder (relative to the README's own);
     returns the folders rendered. With ``check``, raise UsageError instead where a block differs."""
-    if not readme.is_file():
-        raise UsageError(f"--readme {readme}: no such file")
-    text = readme.read_text()
+    text = read_text(readme, "--readme")
     folders = []
 
     def render(match: re.Match) -> str:
