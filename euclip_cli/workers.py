@@ -6,7 +6,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Iterator
 
 from euclip_cli.errors import UsageError
 
@@ -46,3 +49,35 @@ def die_with_parent() -> None:
 
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _pool_worker() -> None:
+    """A pool worker's start: it dies with its parent, and leaves Ctrl-C to it. A terminal's Ctrl-C reaches
+    the whole foreground process group; a worker that took it would print its own traceback, and the command
+    its one line after that."""
+    import signal
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The CLI turns SIGTERM into an exception (cli.common.run_app); a worker, forked with that handler, must
+    # die of it quietly, as PR_SET_PDEATHSIG means it to.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` processes for independent pieces of work (shards). When the block raises
+    (KeyboardInterrupt, SIGTERM's exception, a piece that failed), the pieces not yet started are cancelled
+    and the running ones stopped (a piece may take a minute): the caller's cleanup then removes what they
+    wrote, and no worker writes after it."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker)
+    try:
+        yield pool
+    except BaseException:
+        # concurrent.futures has no public way to stop a running piece: its worker processes are terminated
+        # (SIGTERM, which they take by default), and the pool, broken, shuts down at once.
+        for process in list((pool._processes or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

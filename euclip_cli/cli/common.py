@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
 import unicodedata
 import warnings
@@ -149,8 +150,8 @@ def errors():
     """
     try:
         yield
-    except KeyboardInterrupt:
-        fail("interrupted", 1)
+    except KeyboardInterrupt as err:
+        fail("terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted", 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
     except (OSError, RuntimeError) as err:
@@ -193,8 +194,20 @@ class OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is, so that every cleanup an interrupt
+    runs (a world or shards written whole or not at all, a pool's pieces cancelled) runs for it too. The
+    trainer and the study launcher install their own SIGTERM handlers (a checkpoint, the runs stopped)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def run_app(app: typer.Typer) -> None:
-    """Run a command line of euclip's (``euclip``, ``euclip-bench``) with its warnings in one line each."""
+    """Run a command line of euclip's (``euclip``, ``euclip-bench``) with its warnings in one line each, and
+    SIGTERM stopping it as Ctrl-C does."""
+    signal.signal(signal.SIGTERM, _terminate)
     warnings.showwarning = show_warning
     # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
     # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.

@@ -26,7 +26,6 @@ import hashlib
 import io
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, whole_folder
-from euclip_cli.workers import die_with_parent, make_room_for_workers
+from euclip_cli.workers import make_room_for_workers, worker_pool
 
 GENERATOR_VERSION = 1
 LONGEST_SIDE = 512  # DataComp's img2dataset image_size
@@ -171,7 +170,7 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
     with whole_folder(out, lambda pid: PhotoShardsExistError(
             f"{out} is being written by another process (pid {pid}): wait for it, or choose another --out")) as staging:
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(counts))), initializer=die_with_parent) as pool:
+        with worker_pool(max(1, min(workers, len(counts)))) as pool:
             jobs = [pool.submit(_write_shard, str(staging), seed, i, n) for i, n in enumerate(counts)]
             for done, job in enumerate(jobs, 1):
                 job.result()

@@ -21,7 +21,6 @@ import os
 import random
 import tarfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -34,7 +33,7 @@ from euclip_cli.data import world as w
 from euclip_cli.data.world_tasks import WORLD_TASKS, retrieval_ceiling, retrieval_specs
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, whole_folder
-from euclip_cli.workers import die_with_parent, make_room_for_workers
+from euclip_cli.workers import make_room_for_workers, worker_pool
 from euclip_cli import worlddir as W
 from euclip_cli.worlddir import WorldDir, WorldSettings
 
@@ -223,7 +222,7 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
     counts = [min(SAMPLES_PER_SHARD, settings.samples - s) for s in range(0, settings.samples, SAMPLES_PER_SHARD)]
     total = len(counts) + len(WORLD_TASKS)
     start = time.time()
-    with ProcessPoolExecutor(max_workers=max(1, workers), initializer=die_with_parent) as pool:
+    with worker_pool(max(1, workers)) as pool:
         jobs = [pool.submit(_write_train_shard, str(world.train), settings, i, n) for i, n in enumerate(counts)]
         jobs += [pool.submit(_write_eval_task, str(world.eval), settings, i) for i in range(len(WORLD_TASKS))]
         for done, job in enumerate(jobs, 1):

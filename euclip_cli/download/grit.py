@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -38,6 +37,7 @@ from euclip_cli.download.webshards import (LIST_DIR, RAW_DIR, SHARD_DIGITS, SHAR
                                        write_manifest)
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json
+from euclip_cli.workers import worker_pool
 
 REPO = "zzliang/GRIT"
 PARTS = 21  # coyo_0 ... coyo_20
@@ -184,7 +184,7 @@ def cut_all(out: Path, processes: int, say: Say) -> dict:
     if todo:
         say(f"boxes: cutting {len(todo)} of {len(raws)} shard(s) into {shards_dir}, as HyCoCLIP prepares GRIT")
         if processes > 1 and len(todo) > 1:
-            with ProcessPoolExecutor(min(processes, len(todo))) as pool:
+            with worker_pool(min(processes, len(todo))) as pool:
                 list(pool.map(cut_boxes, *zip(*todo)))
         else:
             for raw, shard in todo:
