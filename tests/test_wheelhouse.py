@@ -53,6 +53,20 @@ def test_a_bad_target_is_one_line_and_exit_2(tmp_path, content, option, message)
     assert not (tmp_path / "wh").exists()
 
 
+def test_a_target_that_is_not_a_regular_file_or_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "target.fifo")
+    (tmp_path / "target.txt").write_text("# python: 3.12\n")
+    (tmp_path / "wh.txt").write_text("mine")
+    for args, message in ((["--target", str(tmp_path / "target.fifo"), "--out", str(tmp_path / "wh")], "is a FIFO"),
+                          (["--target", "/dev/zero", "--out", str(tmp_path / "wh")], "is a device"),
+                          (["--target", str(tmp_path / "target.txt"), "--out", str(tmp_path / "wh.txt")], "is a file")):
+        result = run_tool(*args)
+        assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "wh.txt").read_text() == "mine" and not (tmp_path / "wh").exists()
+
+
 def test_a_wheelhouse_is_never_written_over_a_folder_that_holds_files(tmp_path):
     (tmp_path / "target.txt").write_text("# python: 3.12\n")
     (tmp_path / "wh").mkdir()

@@ -41,6 +41,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from the checkout, with euclip's environment
+from euclip_cli.readers import UnreadableFile, read_text  # noqa: E402  (the one reader of a named file)
 LOCK = ROOT / "requirements" / "lock.txt"
 OVERRIDES = ROOT / "requirements" / "overrides.txt"
 
@@ -65,7 +67,7 @@ def read_target(path: Path) -> tuple[dict[str, str | None], dict[str, str]]:
     """The target's packages (canonical name -> version or None) and its ``# key: value`` settings."""
     packages: dict[str, str | None] = {}
     settings: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+    for number, raw in enumerate(read_text(path, "--target").splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
@@ -255,10 +257,7 @@ def build(target_file: Path, out: Path, python: str | None, platform: str | None
           carry_mib: float = 1.0) -> int:
     try:
         target, settings = read_target(target_file)
-    except (OSError, UnicodeDecodeError) as err:
-        print(f"error: cannot read the target file {target_file}: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:
+    except (UnreadableFile, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     left_out = left_out | {canonical(n) for n in settings.get("leave-out", "").split(",") if n}
@@ -272,6 +271,9 @@ def build(target_file: Path, out: Path, python: str | None, platform: str | None
         tags = pip_platform_tags(platform)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out} is a file: give a new folder for the wheelhouse", file=sys.stderr)
         return 2
     if out.exists() and any(out.iterdir()):
         print(f"error: {out} exists and is not empty: give a new folder (nothing in it was changed)", file=sys.stderr)
