@@ -363,6 +363,7 @@ STOPPERS = {
     "download probesets": ["--root", "{tmp}/a-file"],
     "download wordnet": ["--out", "{tmp}/a-file"],
     "download redcaps": ["--out", "{tmp}/a-file"],
+    "download grit": ["--out", "{tmp}/a-file"],
     "download datacomp": ["--scale", "small", "--out", "{tmp}/a-file"],
     "download urls": ["--parquet", "{tmp}/absent.parquet", "--out", "{tmp}/a-file"],
     "analyze distances": [ABSENT_RUN],
@@ -380,7 +381,7 @@ STOPPERS = {
 UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("study", "--out"), ("download world", "--out"),
                     ("download datacomp-like", "--out"),
                     ("download evalsets", "--root"), ("download probesets", "--root"), ("download datacomp", "--out"), ("download urls", "--out"),
-                    ("download wordnet", "--out"), ("download redcaps", "--out"),
+                    ("download wordnet", "--out"), ("download redcaps", "--out"), ("download grit", "--out"),
                     *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops",
                                                               "decode"))}
 OPTION_EXAMPLES = 200 if LONG else 6
