@@ -206,8 +206,11 @@ def _terminate(signum, frame) -> None:
 
 def run_app(app: typer.Typer) -> None:
     """Run a command line of euclip's (``euclip``, ``euclip-bench``) with its warnings in one line each, and
-    SIGTERM stopping it as Ctrl-C does."""
+    SIGINT and SIGTERM stopping it, whatever its parent left them as."""
     signal.signal(signal.SIGTERM, _terminate)
+    # Python leaves SIGINT ignored when it starts with it ignored (a parent that ignores it: a test runner's
+    # worker, a shell's background job): Ctrl-C and kill -INT then did nothing, and a world was written whole.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     warnings.showwarning = show_warning
     # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
     # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.
