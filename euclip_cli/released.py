@@ -261,9 +261,9 @@ def _meru_key(key: str, value):
 
 
 def _convert_meru_layout(source: str, geometry: Optional[str], logit: Optional[str],
-                         arch: Optional[str]) -> tuple[Path, bool, Converted]:
-    """A checkpoint in MERU's layout (``{"model": state_dict, ...}``) as ``(file, hyperbolic, converted)``;
-    the caller names the model in ``converted.meta``."""
+                         arch: Optional[str]) -> tuple[bool, Converted]:
+    """A checkpoint in MERU's layout (``{"model": state_dict, ...}``) as ``(hyperbolic, converted)``; the
+    caller names the model in ``converted.meta``."""
     import torch
 
     path = fetch_source(source)
@@ -284,12 +284,12 @@ def _convert_meru_layout(source: str, geometry: Optional[str], logit: Optional[s
         arch = MERU_WIDTHS[width]
     state = dict(filter(None, (_meru_key(k, v) for k, v in weights.items())))
     overrides = [f"model.arch={arch}", f"geometry.name={found[0]}", f"geometry.logit={found[1]}"]
-    return path, hyperbolic, Converted(overrides, state, {"source": source, "sha256": sha256_of(path)}, tasks="meru")
+    return hyperbolic, Converted(overrides, state, {"source": source, "sha256": sha256_of(path)}, tasks="meru")
 
 
 def convert_meru(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
     """MERU's released checkpoints (``{"model": state_dict, ...}``): MERU (hyperbolic) or its CLIP baseline."""
-    _, hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
+    hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
     converted.meta["model"] = "MERU" if hyperbolic else "CLIP baseline"
     return converted
 
@@ -309,7 +309,7 @@ def convert_hycoclip(source: str, geometry: Optional[str], logit: Optional[str],
                          f"hycoclip_vit_s.pth and the _vit_b ones), and MERU's and HyCoCLIP's weights have the same "
                          f"keys: import the file under its released name")
     model, named_hyperbolic = HYCOCLIP_RELEASED[named.group(1)]
-    _, hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
+    hyperbolic, converted = _convert_meru_layout(source, geometry, logit, arch)
     if hyperbolic != named_hyperbolic:
         raise CheckpointError(f"{source}: named as HyCoCLIP's {model} model, but its weights "
                               f"{'hold' if hyperbolic else 'lack'} a curvature: a "

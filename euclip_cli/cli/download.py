@@ -13,6 +13,7 @@ import typer
 
 from euclip_cli import worlddir as W
 from euclip_cli.cli.common import checked_path, console, errors, fail, writable_folder
+from euclip_cli.download import grit as grit_data  # `grit` is the command below
 from euclip_cli.download.redcaps import ANNOTATIONS_URL
 from euclip_cli.data.wordnet import INDEX_URL
 from euclip_cli.download.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
@@ -175,14 +176,12 @@ def fetch_redcaps(out: Path, options: ImageOptions, annotations_url: Optional[st
     print_summary(manifest, out)
 
 
-def fetch_grit(out: Path, options: ImageOptions, parts: Optional[int] = None, hub_url: Optional[str] = None) -> None:
-    from euclip_cli.download import grit
-
+def fetch_grit(out: Path, options: ImageOptions, parts: int = grit_data.PARTS, hub_url: Optional[str] = None) -> None:
     bars = Bars()
     command = shlex.join(["euclip", *sys.argv[1:]])
     with errors():
         try:
-            manifest = grit.download_grit(out, options, command, bars.say, parts or grit.PARTS, hub_url)
+            manifest = grit_data.download_grit(out, options, command, bars.say, parts, hub_url)
         finally:
             bars.stop()
     print_summary(manifest, out)
@@ -444,8 +443,9 @@ def redcaps(out: Path = typer.Option(Path("data/redcaps"), callback=writable_fol
 @app.command()
 def grit(out: Path = typer.Option(Path("data/grit"), callback=writable_folder,
                                   help="Output folder (shards in OUT/shards, where HyCoCLIP's recipes read)."),
-         parts: int = typer.Option(21, min=1, max=21, help="The first N of GRIT's 21 metadata files (about 1M pairs "
-                                                            "each; default all)."),
+         parts: int = typer.Option(grit_data.PARTS, min=1, max=grit_data.PARTS,
+                                   help=f"The first N of GRIT's {grit_data.PARTS} metadata files (about 1M pairs each; "
+                                        f"default all)."),
          hub_url: Optional[str] = typer.Option(None, help="Hugging Face endpoint (default HF_ENDPOINT or "
                                                           "huggingface.co)."),
          processes: int = PROCESSES, threads: int = THREADS, retries: int = RETRIES, timeout: int = TIMEOUT,

@@ -49,6 +49,8 @@ COLUMNS = ("noun_chunks", "ref_exps")
 MIN_BOX_AREA = 32 * 32
 BOX_SIDE = 224
 JPEG_QUALITY = 95
+# What cutting a shard counts: pairs read, pairs kept with a box, boxes, pairs that could not be read.
+COUNTS = ("samples", "with_boxes", "boxes", "unreadable")
 
 
 def part_file(i: int) -> str:
@@ -136,7 +138,7 @@ def cut_boxes(raw: Path, out: Path) -> dict:
     from PIL import Image
 
     resizer = _resizer()
-    counts = {"samples": 0, "with_boxes": 0, "boxes": 0, "unreadable": 0}
+    counts = dict.fromkeys(COUNTS, 0)
     samples: dict[str, dict[str, bytes]] = {}
     with tarfile.open(raw) as tar:
         for member in tar.getmembers():
@@ -189,7 +191,7 @@ def cut_all(out: Path, processes: int, say: Say) -> dict:
         else:
             for raw, shard in todo:
                 cut_boxes(raw, shard)
-    totals = {"samples": 0, "with_boxes": 0, "boxes": 0, "unreadable": 0}
+    totals = dict.fromkeys(COUNTS, 0)
     for raw in raws:
         for k, v in read_json(shards_dir / f"{raw.stem}_boxes.json").items():
             totals[k] += v

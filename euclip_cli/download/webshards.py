@@ -357,7 +357,7 @@ def summarize(shards_dir: Path, expected: int) -> dict:
 
 def fetch_images(out: Path, manifest: dict, options: ImageOptions, bbox: bool, say: Say,
                  columns: tuple[str, ...] = (), shards: str = SHARDS_DIR, last_stage: bool = True) -> dict:
-    """img2dataset's shards of the download list into ``out/shards``; the manifest takes their counts and,
+    """img2dataset's shards of the download list into ``out/<shards>``; the manifest takes their counts and,
     where this is ``last_stage``, whether the download is complete (a later stage, GRIT's boxes, says that)."""
     list_dir, shards_dir = out / LIST_DIR, out / shards
     expected = expected_shards(list_dir, options.shard_size)

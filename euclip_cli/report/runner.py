@@ -9,7 +9,8 @@ from pathlib import Path
 
 from euclip_cli.errors import UsageError
 from euclip_cli.report.tables import (equilibrium_table, hierarchy_table, fill_command, hycoclip_table, load_runs,
-                                      meru_table, noise_table, paper_table, released_table, render, single_seed_note, study_tables, suite_table,
+                                      meru_table, noise_table, paper_table, released_table, render, single_seed_note,
+                                      study_tables, suite_table,
                                       traversal_table, without_runs)
 from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
