@@ -7,6 +7,8 @@ Shared by training, evaluation and the analyses, so each command resolves ``--de
 from __future__ import annotations
 
 import contextlib
+import subprocess
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -80,6 +82,20 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def git_state() -> tuple[str, bool]:
+    """``(commit, whether tracked files differ from it)`` of the euclip checkout this code runs from;
+    ("unknown", False) outside one, or without git: what a run's or a table's provenance records."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip() or "unknown"
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return rev, dirty
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -229,50 +229,112 @@ def seeds_needed(sd: Optional[float], effect: float, level: float = 0.95, target
     return high
 
 
-REPRODUCED, NONINFERIOR, OPPOSITE = "reproduced", "non-inferior", "opposite"
-EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD = "excludes the paper's effect", "inconclusive", "no spread"
-# "reproduced" of a claim with no published counterpart (euclip's own measure): nothing to reproduce.
-HOLDS = "holds"
-VERDICTS = (REPRODUCED, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, INCONCLUSIVE, NO_SPREAD, HOLDS)
+# What the data say about a claim's statement, read in its own direction (``verdict``).
+HOLDS, NONINFERIOR, OPPOSITE = "holds", "non-inferior", "opposite"
+EXCLUDES_PAPER, UNDETERMINED, NO_SPREAD = "excludes the paper's effect", "undetermined", "no spread"
+# A claim that involves a configuration whose runs did not learn (``above_chance``): comparing scores at
+# the chance floor says nothing about the claim.
+NOT_TESTABLE = "not testable"
+VERDICTS = (HOLDS, NONINFERIOR, OPPOSITE, EXCLUDES_PAPER, UNDETERMINED, NO_SPREAD, NOT_TESTABLE)
 # A study's families of claims: those its recipe declares primary, the rest, or one family of all
 # where it declares none; each is decided apart (``holm_levels``).
 PRIMARY, SECONDARY, ALL = "primary", "secondary", "all"
+# How the effect sits beside the published result of the nearest regime (``beside_paper``), a question
+# apart from the statement's: a paper's small-scale table can run against its own statement.
+SAME_SIGN, OTHER_SIGN, SIGN_OPEN = "same sign", "other sign", "sign undetermined"
+NO_PUBLISHED = "no published value"
+# Only where the statement holds, with the paper's sign, at a regime the paper itself ran.
+REPRODUCED = "reproduced"
+BESIDE_PAPER = (SAME_SIGN, OTHER_SIGN, SIGN_OPEN, NO_PUBLISHED, REPRODUCED, NOT_TESTABLE)
 
 
-def verdict(effect: Optional[Estimate], expected_sign: int, margin: Optional[float] = None,
-            paper_effect: Optional[float] = None, resolution: float = 0.0) -> str:
-    """What an interval of an effect says about a claim that expects its sign ``expected_sign`` (+1
-    or -1), in this order:
-
-    ``no spread`` when every seed gave no effect, to within half the ``resolution`` the claim is read
-    at, as a measure does that sits at a bound of its range with and without the cause; where every
-    seed gave the same nonzero effect (its standard deviation below that resolution: a t interval
-    around it says how far apart the seeds' last digits fell), the seeds' unanimous effect is read as
-    an interval of no width, so that the same evidence gets the same word at every budget;
-    ``reproduced`` when the interval excludes 0 on the expected side; ``non-inferior`` (a claim
-    of "matches or beats", with ``margin``) when it excludes a deficit as large as ``margin``;
-    ``opposite`` when it excludes 0 on the other side; ``excludes the paper's effect`` when it
-    leaves the sign open but excludes ``paper_effect`` (no effect as large as the paper's, in its
-    direction or further); ``inconclusive`` otherwise, and without an interval.
-    """
-    if effect is None or effect.low is None:
-        return INCONCLUSIVE
-    low, high = effect.low, effect.high
+def _read_at(effect: Estimate, resolution: float) -> Optional[tuple[float, float]]:
+    """The interval a verdict reads: None where every seed gave no effect (to within half the
+    ``resolution``); where every seed gave the same nonzero effect (sd below the resolution: a t
+    interval around it says how far apart the seeds' last digits fell), an interval of no width at it,
+    so that the same evidence gets the same word at every budget."""
     if effect.sd < resolution / 2 or effect.sd == 0:
         if abs(effect.mean) < resolution / 2 or effect.mean == 0:
-            return NO_SPREAD
-        low = high = effect.mean
-    # The interval in the claim's direction: "reproduced" means its lower end is above 0.
-    ahead, behind = sorted((expected_sign * low, expected_sign * high))
-    if ahead > 0:
-        return REPRODUCED
-    if margin is not None and ahead > -margin:
+            return None
+        return effect.mean, effect.mean
+    return effect.low, effect.high
+
+
+def verdict(effect: Optional[Estimate], margin: Optional[float] = None, paper_effect: Optional[float] = None,
+            resolution: float = 0.0) -> str:
+    """What an interval of an effect says about a claim's statement (``higher - lower`` > 0, or a
+    measure's change beyond its control's), in this order:
+
+    ``no spread`` when every seed gave no effect (``_read_at``), as a measure does that sits at a bound
+    of its range with and without the cause; ``holds`` when the interval excludes 0 above;
+    ``non-inferior`` (a claim of "matches or beats", with ``margin``) when it excludes a deficit as
+    large as ``margin``; ``opposite`` when it excludes 0 below; ``excludes the paper's effect`` when it
+    leaves the sign open but excludes ``paper_effect``; ``undetermined`` otherwise, and without an
+    interval. What the paper found at its own regime does not enter: that is ``beside_paper``'s.
+    """
+    if effect is None or effect.low is None:
+        return UNDETERMINED
+    read = _read_at(effect, resolution)
+    if read is None:
+        return NO_SPREAD
+    low, high = read
+    if low > 0:
+        return HOLDS
+    if margin is not None and low > -margin:
         return NONINFERIOR
-    if behind < 0:
+    if high < 0:
         return OPPOSITE
     if paper_effect is not None and not low <= paper_effect <= high:
         return EXCLUDES_PAPER
-    return INCONCLUSIVE
+    return UNDETERMINED
+
+
+def beside_paper(effect: Optional[Estimate], paper_sign: Optional[int], paper_regime: bool = False,
+                 resolution: float = 0.0) -> str:
+    """How an effect's interval sits beside the published result of the nearest regime, whose sign is
+    ``paper_sign`` (+1 or -1; None where nothing is published): ``same sign`` or ``other sign`` where
+    the interval excludes 0, ``sign undetermined`` where it does not, ``no published value``; and
+    ``reproduced`` in place of ``same sign`` where the effect is positive (the statement holds) and the
+    study ran at a regime the paper itself ran (``paper_regime``)."""
+    if paper_sign is None:
+        return NO_PUBLISHED
+    read = None if effect is None or effect.low is None else _read_at(effect, resolution)
+    if read is None or read[0] <= 0 <= read[1]:
+        return SIGN_OPEN
+    sign = 1 if read[0] > 0 else -1
+    if sign != paper_sign:
+        return OTHER_SIGN
+    return REPRODUCED if paper_regime and sign > 0 else SAME_SIGN
+
+
+def above_chance(scores: Sequence[float], chance: float, images: Optional[int] = None,
+                 level: float = 0.95) -> Estimate:
+    """A configuration's main score over its seeds (points) less ``chance``, with its ``level`` t
+    interval. Every seed is scored on the same ``images``, so their sampling error does not average out
+    over seeds: a model that names one class for every image scores that class's share of the set,
+    which differs from chance by about a binomial standard error. Where ``images`` is known that error,
+    at the mean score, joins the seeds' in the interval's standard error (sd² / n + p (1 - p) / images);
+    none from one seed."""
+    excess = estimate([s - chance for s in scores], "t", level)
+    if excess.sd is None or not images:
+        return excess
+    p = min(1.0, max(0.0, (excess.mean + chance) / 100))
+    se = math.sqrt(excess.sd ** 2 / excess.n + (100 * binomial_se(p, images)) ** 2)
+    half = t_quantile(0.5 + level / 2, excess.n - 1) * se
+    return Estimate(excess.n, excess.mean, excess.sd, excess.mean - half, excess.mean + half)
+
+
+def proportion_interval(right: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper and Pearson's exact ``level`` interval of a proportion seen as ``right`` of ``n``
+    independent examples: one run's accuracy on its evaluation set, against which chance is tested."""
+    from scipy.stats import beta
+
+    if not 0 <= right <= n or n < 1:
+        raise ValueError(f"{right} of {n}: a proportion needs 0 <= right <= n and n >= 1")
+    tail = (1 - level) / 2
+    low = 0.0 if right == 0 else float(beta.ppf(tail, right, n - right + 1))
+    high = 1.0 if right == n else float(beta.ppf(1 - tail, right + 1, n - right))
+    return low, high
 
 
 def claim_digits(metric: str) -> int:
@@ -310,7 +372,8 @@ def config_table(rows: list[dict], configs: list[str], baseline: str, groups: di
     """The configuration table (study.md, ``euclip report``, the README): one display row per
     configuration of ``configs`` from study.csv's ``rows`` (dicts; None or NaN where a value is
     absent): its seeds; each of a suite's ``groups`` (``{metric: heading}``, "main" and "average"
-    among them) as mean ± sd over seeds in points (``MISSING`` where it has no run); the mean
+    among them) as mean ± sd over seeds in points (``MISSING`` where it has no run), after whether it
+    learned (``learned_cell``) where the rows say; the mean
     difference to the ``baseline`` paired by seed, with its interval, of the main group and of the
     average; then the ``RUN_COLUMNS`` that some configuration has."""
     by = {(r["config"], r["metric"]): r for r in rows}
@@ -330,10 +393,13 @@ def config_table(rows: list[dict], configs: list[str], baseline: str, groups: di
                                            else "")
 
     measures = [c for c in RUN_COLUMNS if any((config, c[0]) in by for config in configs)]
+    learning = any("learned" in r for (_, metric), r in by.items() if metric == "main")
     table = []
     for config in configs:
         seeds = [r["n_seeds"] for (c, _), r in by.items() if c == config]
         row = {"config": config, "seeds": str(int(max(seeds))) if seeds else "0"}
+        if learning:
+            row["learned"] = learned_cell(by.get((config, "main")))
         row |= {heading: mean_sd(by.get((config, metric)), 1) for metric, heading in groups.items()}
         row |= {f"Δ {groups[m]} vs baseline": difference(config, m) for m in ("main", "average")}
         row |= {heading: mean_sd(by.get((config, metric)), digits) for metric, heading, digits in measures}
@@ -341,12 +407,23 @@ def config_table(rows: list[dict], configs: list[str], baseline: str, groups: di
     return table
 
 
-CLAIMS_HEADER = ("claim", "effect here [95%]", "family-wise interval", "verdict", "read against", "beside it",
-                 "seeds for 80% power")
+def learned_cell(main: Optional[dict]) -> str:
+    """Whether a configuration learned, from its study.csv main row: "yes" or "no" (its seeds' interval of
+    the main score's excess over chance), "–" where unknown (one seed, or no chance level)."""
+    flag = None if main is None else main.get("learned")
+    if flag is None or flag == "" or flag != flag:  # None, or empty or NaN read back from a CSV
+        return "–"
+    return "yes" if flag in (True, "True") else "no"
+
+
+CLAIMS_HEADER = ("claim", "effect here, raw 95%", "family-wise interval", "statement", "beside the paper",
+                 "paper's effect, nearest regime", "other published", "seeds for 80% power")
 
 
 def claim_cells(c: dict) -> tuple[str, ...]:
-    """One claims.csv row as the claims table shows it (study.md and ``euclip report``)."""
+    """One claims.csv row as the claims table shows it (study.md and ``euclip report``): the effect
+    with its raw 95% interval, with its family-wise one, what they say of the statement, and apart
+    from that, how the effect sits beside the published result of the nearest regime."""
     digits = claim_digits(c["metric"])
 
     def interval(mean, low, high) -> str:
@@ -359,42 +436,51 @@ def claim_cells(c: dict) -> tuple[str, ...]:
         effect += (f"; trained {c['config_trained']:.{digits}f} from {c['config_init']:.{digits}f}, control "
                    f"{c['control_trained']:.{digits}f} from {c['control_init']:.{digits}f}")
     family = interval(c["effect"], c["fw_low"], c["fw_high"]) + f" ({100 * c['family_level']:.2f}%)"
-    verdict = c["verdict"] + (f" (margin {c['margin']:g})" if _given(c.get("margin")) else "")
     seeds = c["seeds_for_80pct_power"]
-    return (f"{c['statement']} ({c['metric']})", effect, family, verdict,
+    return (f"{c['statement']} ({c['metric']})", effect, family, statement_words(c, short=True),
+            c["paper"] if isinstance(c.get("paper"), str) else "–",
             paper_cell(c["paper_effect"], c["paper_source"]) if isinstance(c["read_against"], str) and c["read_against"]
             else "none: euclip's own measure" if c.get("own") is True else "–",
             c["beside"] if isinstance(c["beside"], str) and c["beside"] else "–",
             "–" if not _given(seeds) else "more than 1,000" if seeds == math.inf else str(int(seeds)))
 
 
+def statement_words(c: dict, short: bool = False) -> str:
+    """A claims.csv row's verdict on its statement in words: ``short`` as the claims table's cell, else
+    with what the family-wise interval shows."""
+    if c["verdict"] == NOT_TESTABLE:
+        return f"not testable: {c['not_learned']} did not learn"
+    given = _given(c.get("margin"))
+    if short:
+        return c["verdict"] + (f" (margin {c['margin']:g})" if given else "")
+    return {HOLDS: "holds: the interval excludes 0 in the statement's direction",
+            NONINFERIOR: "non-inferior: the interval excludes a deficit as large as its margin"
+                         + (f", {c['margin']:g}" if given else ""),
+            OPPOSITE: "opposite: the interval excludes 0 against the statement",
+            EXCLUDES_PAPER: "undetermined in sign, but the interval excludes the paper's effect",
+            NO_SPREAD: "no effect in any seed (a measure saturated with and without the cause)",
+            UNDETERMINED: "undetermined: the interval includes 0"}[c["verdict"]]
+
+
 def claim_sentence(c: dict) -> str:
-    """One claims.csv row as a sentence that says no more than its family-wise interval: the verdict,
-    the effect with that interval, and, where the claim is undetermined, whether more seeds would
-    settle it at the paper's effect (the power the spread measured here gives)."""
+    """One claims.csv row as a sentence that says no more than its family-wise interval: the verdict on
+    the statement, the effect with that interval (and the raw one), apart from it how the effect sits
+    beside the paper's at the nearest regime, and, where the claim is undetermined, whether more seeds
+    would settle it at the paper's effect (the power the spread measured here gives)."""
     digits = claim_digits(c["metric"])
     n = int(c["n_seeds"]) if _given(c.get("n_seeds")) else 0
+    if c["verdict"] == NOT_TESTABLE:
+        return f"**{c['statement']}**: {statement_words(c)} ({c['metric']}, {n} seeds)."
     if not n or not _given(c.get("fw_low")):
         return f"**{c['statement']}**: undetermined ({n} seed{'s' if n != 1 else ''}, no interval)."
     where = (f"{c['effect']:+.{digits}f} [{c['fw_low']:.{digits}f}, {c['fw_high']:.{digits}f}] "
-             f"({c['metric']}, {n} seeds, {100 * c['family_level']:.2f}% within its family)")
-    paper = (f"; the paper's {c['read_against']}: {c['paper_effect']:+.2f}" if _given(c.get("paper_effect"))
-             and isinstance(c.get("read_against"), str) and c["read_against"] else "")
-    words = {REPRODUCED: "reproduced: the interval excludes 0 in the paper's direction",
-             HOLDS: "holds: the interval excludes 0 in the claim's direction (euclip's own measure)",
-             NONINFERIOR: "non-inferior: the interval excludes a deficit as large as its margin"
-                          + (f", {c['margin']:g}" if _given(c.get("margin")) else ""),
-             OPPOSITE: "the opposite: the interval excludes 0 the other way",
-             EXCLUDES_PAPER: "undetermined in sign, but the interval excludes the paper's effect",
-             NO_SPREAD: "no effect in any seed (a measure saturated with and without the cause)",
-             INCONCLUSIVE: "undetermined: the interval includes 0"}
-    if c["verdict"] == REPRODUCED and _given(c.get("paper_effect")) and c["paper_effect"] < 0:
-        # At a regime where the paper's own result runs against its statement (Table 8: CLIP ahead at small
-        # scale), "reproduced" alone would read as the statement holding.
-        words[REPRODUCED] = ("reproduced the other way round, as the paper found at this scale: the interval "
-                             "excludes 0 below it")
-    sentence = f"**{c['statement']}**: {words[c['verdict']]}; {where}{paper}"
-    if c["verdict"] == INCONCLUSIVE:
+             f"({c['metric']}, {n} seeds; family-wise at {100 * c['family_level']:.2f}%, raw 95% "
+             f"[{c['ci_low']:.{digits}f}, {c['ci_high']:.{digits}f}])")
+    paper = (f"; beside the paper's {c['read_against']} ({c['paper_effect']:+.2f}): {c['paper']}"
+             if _given(c.get("paper_effect")) and isinstance(c.get("read_against"), str) and c["read_against"]
+             else "")
+    sentence = f"**{c['statement']}**: {statement_words(c)}; {where}{paper}"
+    if c["verdict"] == UNDETERMINED:
         sentence += _power_clause(c.get("seeds_for_80pct_power"), n, "the paper's effect")
         sentence += _power_clause(c.get("seeds_for_80pct_power_here"), n, "an effect as large as this one")
     return sentence + "."

@@ -83,9 +83,12 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     from euclip_cli.study import verdicts as V
     from euclip_cli.study.spec import load_claims, load_study
 
-    again = V.evaluate_claims(load_study(str(path)), load_claims(), by_config, "small")
+    idle = frozenset(c for c, r in main.items() if r["learned"] == "False")
+    again = V.evaluate_claims(load_study(str(path)), load_claims(), by_config,
+                              json.loads((out / "regime.json").read_text()), idle)
     for mine, published in zip(again, claims):
-        assert mine["verdict"] == published["verdict"] and mine["claim"] == published["claim"]
+        assert (mine["verdict"], mine["paper"]) == (published["verdict"], published["paper"])
+        assert mine["claim"] == published["claim"]
         assert float(published["fw_low"]) == pytest.approx(mine["fw_low"], rel=1e-9)
     for r in rows:
         values = [by_config[r["config"]][s][r["metric"]] for s in (0, 1)]

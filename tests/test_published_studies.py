@@ -85,18 +85,47 @@ def test_a_published_studys_table_is_its_seeds_mean_spread_and_interval(folder):
 
 @pytest.mark.parametrize("folder", WITH_SEEDS, ids=lambda p: p.name)
 def test_a_published_studys_verdicts_are_what_its_seeds_give(folder):
-    """The claims table as the study's code reads the committed per-seed values: a table edited by hand,
-    or left from other runs, differs."""
+    """The claims table as the study's code reads the committed per-seed values, with the configurations the
+    committed table says did not learn: a table edited by hand, or left from other runs, differs."""
     by_config, study = per_seed(folder), study_of(folder)
-    scale = json.loads((folder / "regime.json").read_text())["scale"]
-    expected = {c["claim"]: c for c in V.evaluate_claims(study, load_claims(), by_config, scale)}
+    reading = json.loads((folder / "regime.json").read_text())
+    idle = frozenset(r["config"] for r in read(folder / "study.csv") if r["metric"] == "main" and r["learned"] == "False")
+    expected = {c["claim"]: c for c in V.evaluate_claims(study, load_claims(), by_config, reading, idle)}
     committed = read(folder / "claims.csv")
     assert [c["claim"] for c in committed] == list(expected)
     for row in committed:
         want = expected[row["claim"]]
-        assert row["verdict"] == want["verdict"], row["claim"]
+        assert (row["verdict"], row["paper"], row["not_learned"]) == (want["verdict"], want["paper"],
+                                                                       want["not_learned"]), row["claim"]
         for key in ("effect", "ci_low", "ci_high", "fw_low", "fw_high"):
             assert number(row[key]) == pytest.approx(want[key], nan_ok=True), (row["claim"], key)
+        if row["not_learned"]:
+            assert row["verdict"] == "not testable"
+
+
+@pytest.mark.parametrize("folder", WITH_SEEDS, ids=lambda p: p.name)
+def test_a_published_studys_learned_marks_are_its_seeds_excess_over_chance(folder):
+    """Whether each configuration learned, recomputed by hand: Shapes is the world's main group, one of 12
+    shapes, so chance is 100/12; the seeds' t interval of the excess over it with the shared evaluation
+    images' binomial variance added; each run's exact interval from scipy's binomial test."""
+    by_config = per_seed(folder)
+    images = max(int(r["images"]) for r in read(folder / "eval_size.csv") if r["metric"] == "world/shapes")
+    chance = 100 / 12
+    mains = {r["config"]: r for r in read(folder / "study.csv") if r["metric"] == "main"}
+    assert mains
+    for config, row in mains.items():
+        scores = [v["main"] for v in by_config[config].values()]
+        n, mean = len(scores), statistics.fmean(scores)
+        runs = sum(sps.binomtest(round(s * images / 100), images).proportion_ci(0.95, "exact").low * 100 > chance
+                   for s in scores)
+        assert int(row["runs_above_chance"]) == runs, config
+        if n < 2:
+            assert row["above_chance_low"] == "" and row["learned"] == str(runs == n)
+            continue
+        se = math.sqrt(statistics.variance(scores) / n + mean * (100 - mean) / images)
+        low = mean - chance - sps.t.ppf(0.975, n - 1) * se
+        assert float(row["above_chance_low"]) == pytest.approx(low), config
+        assert row["learned"] == str(low > 0 or runs == n), config
 
 
 def test_every_published_study_has_its_per_seed_values():
@@ -110,3 +139,39 @@ def test_the_front_pages_study_is_published_with_its_seeds():
     readme = (RESULTS.parents[1] / "README.md").read_text()
     shown = set(re.findall(r"<!-- (?:summary|results) docs/results/(\S+) -->", readme))
     assert shown and shown <= {p.name for p in WITH_SEEDS}
+
+
+def test_republishing_rewrites_a_published_studys_tables_from_its_seeds_alone(tmp_path):
+    """`euclip study --republish` recomputes what the committed per-seed values give: tables edited by hand
+    come back as committed, the measured files stay, and the provenance names the commit it recomputed at."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.main import app
+    from euclip_cli.study.runner import RECOMPUTED
+
+    folder = tmp_path / "hycoclip"
+    shutil.copytree(RESULTS / "hycoclip", folder)
+    for name in RECOMPUTED:
+        (folder / name).write_text("edited by hand\n")
+    kept = {name: (folder / name).read_text() for name in ("seeds.csv", "noise.csv", "eval_size.csv")}
+    result = CliRunner().invoke(app, ["study", "--republish", str(folder)])
+    assert result.exit_code == 0, result.output
+    for name in RECOMPUTED:
+        assert (folder / name).read_text() == (RESULTS / "hycoclip" / name).read_text(), name
+    assert {name: (folder / name).read_text() for name in kept} == kept
+    made = json.loads((folder / "provenance.json").read_text())
+    assert re.fullmatch(r"([0-9a-f]{7}|unknown)(\+changes)?", made["tables_recomputed_at"])
+    assert made["command"] == json.loads((RESULTS / "hycoclip" / "provenance.json").read_text())["command"]
+
+
+def test_republishing_refuses_what_is_not_a_published_study(tmp_path):
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.main import app
+
+    result = CliRunner().invoke(app, ["study", "--republish", str(tmp_path)])
+    assert result.exit_code == 2 and "seeds.csv is missing" in result.output, result.output
+    result = CliRunner().invoke(app, ["study", "--republish", str(RESULTS / "hycoclip"), "--recipe", "study-hycoclip"])
+    assert result.exit_code == 2 and "give it alone" in result.output, result.output

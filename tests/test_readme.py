@@ -47,7 +47,7 @@ def test_a_readme_edited_by_hand_or_a_changed_table_fails_the_check(tmp_path):
     assert "old numbers" not in rendered and rendered.endswith("<!-- /results -->\n\nthe rest\n")
     update_readme(page, check=True)  # now equal
     claims = folder / "claims.csv"
-    claims.write_text(claims.read_text().replace("reproduced", "opposite", 1).replace("inconclusive", "opposite", 1))
+    claims.write_text(claims.read_text().replace(",opposite,", ",holds,", 1).replace(",undetermined,", ",opposite,", 1))
     with pytest.raises(UsageError, match="differ from its files"):
         update_readme(page, check=True)
 
@@ -62,7 +62,7 @@ def test_a_study_with_primary_claims_shows_them_in_words_and_counts_the_rest(tmp
     claims["family"] = ["primary" if c in ("euclip-beats-clip", "no-final-ln-helps-euclip") else "secondary"
                         for c in claims["claim"]]
     # Verdicts set here, so that the rendering is checked whatever the published study decided.
-    claims["verdict"] = ["reproduced" if c in ("euclip-beats-meru", "euclip-text-nearer-root") else "inconclusive"
+    claims["verdict"] = ["holds" if c in ("euclip-beats-meru", "euclip-text-nearer-root") else "undetermined"
                          for c in claims["claim"]]
     claims.to_csv(folder / "claims.csv", index=False)
     page = tmp_path / "README.md"

@@ -265,65 +265,106 @@ def test_a_bootstrap_needs_eight_seeds():
     assert stats.estimate([1.0, 2.0, 4.0, 7.0, 11.0, 3.0, 5.0, 6.0], "bootstrap").low is not None
 
 
-@pytest.mark.parametrize("low,high,sign,margin,paper,expected", [
-    (0.5, 2.0, +1, None, None, "reproduced"), (-2.0, -0.5, +1, None, None, "opposite"),
-    (-0.5, 2.0, +1, None, None, "inconclusive"), (-2.0, -0.5, -1, None, None, "reproduced"),
-    (0.0, 1.0, +1, None, None, "inconclusive"),
-    (-0.8, 2.0, +1, 1.0, None, "non-inferior"), (-1.2, 2.0, +1, 1.0, None, "inconclusive"),
-    (-0.8, -0.2, +1, 1.0, None, "non-inferior"), (-3.0, -1.5, +1, 1.0, None, "opposite"),
-    (-6.7, 0.1, +1, None, 6.75, "excludes the paper's effect"), (-6.7, 0.1, +1, None, -1.48, "inconclusive"),
-    (-1.0, 7.0, +1, None, 6.75, "inconclusive"), (0.5, 2.0, +1, None, 6.75, "reproduced")])
-def test_verdicts(low, high, sign, margin, paper, expected):
-    assert stats.verdict(stats.Estimate(3, (low + high) / 2, 1.0, low, high), sign, margin, paper) == expected
-    assert stats.verdict(stats.Estimate(1, 1.0, None, None, None), +1) == "inconclusive"
+@pytest.mark.parametrize("low,high,margin,paper,expected", [
+    (0.5, 2.0, None, None, "holds"), (-2.0, -0.5, None, None, "opposite"),
+    (-0.5, 2.0, None, None, "undetermined"), (0.0, 1.0, None, None, "undetermined"),
+    # A paper whose own table runs against the statement does not turn the statement round.
+    (-2.0, -0.5, None, -1.48, "opposite"),
+    (-0.8, 2.0, 1.0, None, "non-inferior"), (-1.2, 2.0, 1.0, None, "undetermined"),
+    (-0.8, -0.2, 1.0, None, "non-inferior"), (-3.0, -1.5, 1.0, None, "opposite"),
+    (-6.7, 0.1, None, 6.75, "excludes the paper's effect"), (-6.7, 0.1, None, -1.48, "undetermined"),
+    (-1.0, 7.0, None, 6.75, "undetermined"), (0.5, 2.0, None, 6.75, "holds")])
+def test_verdicts_read_the_statement(low, high, margin, paper, expected):
+    assert stats.verdict(stats.Estimate(3, (low + high) / 2, 1.0, low, high), margin, paper) == expected
+    assert stats.verdict(stats.Estimate(1, 1.0, None, None, None)) == "undetermined"
+
+
+@pytest.mark.parametrize("low,high,sign,regime,expected", [
+    (0.5, 2.0, +1, False, "same sign"), (-2.0, -0.5, -1, False, "same sign"), (-2.0, -0.5, +1, False, "other sign"),
+    (0.5, 2.0, -1, False, "other sign"), (-0.5, 2.0, +1, False, "sign undetermined"),
+    (0.5, 2.0, None, False, "no published value"),
+    # "reproduced" only where the statement holds at a regime the paper ran.
+    (0.5, 2.0, +1, True, "reproduced"), (-2.0, -0.5, -1, True, "same sign"), (-0.5, 2.0, +1, True, "sign undetermined")])
+def test_the_paper_is_read_apart_from_the_statement(low, high, sign, regime, expected):
+    assert stats.beside_paper(stats.Estimate(3, (low + high) / 2, 1.0, low, high), sign, regime) == expected
 
 
 def test_no_spread_is_said_only_of_no_effect_and_unanimous_seeds_read_by_their_sign():
-    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0]), +1) == "no spread"
+    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0])) == "no spread"
+    assert stats.beside_paper(stats.estimate([0.0, 0.0, 0.0]), +1) == "sign undetermined"
     # Every seed the same nonzero effect: the 2,048-step [ROOT] case, once "no spread" where 512 steps'
-    # weaker evidence read "reproduced"; the same evidence now gets the same word.
-    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1) == "reproduced"
-    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), -1) == "opposite"
-    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5]), +1, paper_effect=-2.0) == "reproduced"
-    assert stats.verdict(stats.estimate([-0.5, -0.5]), +1, margin=1.0) == "non-inferior"
+    # weaker evidence held; the same evidence now gets the same word.
+    assert stats.verdict(stats.estimate([0.5, 0.5, 0.5])) == "holds"
+    assert stats.verdict(stats.estimate([-0.5, -0.5, -0.5])) == "opposite"
+    assert stats.beside_paper(stats.estimate([0.5, 0.5, 0.5]), -1) == "other sign"
+    assert stats.verdict(stats.estimate([-0.5, -0.5]), margin=1.0) == "non-inferior"
     # Agreeing to within half the resolution the claim is read at: on 0, no spread; off it, its sign.
-    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0004]), +1, resolution=1e-3) == "no spread"
+    assert stats.verdict(stats.estimate([0.0, 0.0, 0.0004]), resolution=1e-3) == "no spread"
     nearly = stats.estimate([1.0, 1.0, 0.999996])
-    assert stats.verdict(nearly, +1, resolution=1e-3) == "reproduced"
-    assert stats.verdict(nearly, +1) == "reproduced"  # read at full precision, the interval has a width
-    assert stats.verdict(stats.estimate([0.9, 1.0, 0.95]), +1, resolution=1e-3) == "reproduced"
+    assert stats.verdict(nearly, resolution=1e-3) == "holds"
+    assert stats.verdict(nearly) == "holds"  # read at full precision, the interval has a width
+    assert stats.verdict(stats.estimate([0.9, 1.0, 0.95]), resolution=1e-3) == "holds"
+
+
+def test_a_configuration_at_chance_has_not_learned_even_when_its_seeds_agree():
+    """The hycoclip study's failure: six seeds at 8.9 ± 0.3 on Shapes against 8.3. Their t interval alone
+    excludes chance, but all six are scored on the same 1,000 images, whose sampling error (about 0.9
+    points) the seeds share; counted, the interval includes chance, and no run excludes it on its own."""
+    scores = {s: v for s, v in enumerate([8.6, 9.3, 8.7, 8.9, 8.6, 9.2])}
+    assert stats.estimate([v - 100 / 12 for v in scores.values()]).low > 0
+    idle = V.learning(scores, 100 / 12, 1000)
+    assert idle["above_chance_low"] < 0 < idle["above_chance_high"]
+    assert idle["runs_above_chance"] == 0 and idle["learned"] is False
+    # A run at 12.1% excludes chance on its own (121 of 1,000: exact interval from 10.1%); three such runs
+    # learned, though three seeds' interval is wide.
+    few = V.learning({0: 12.1, 1: 19.0, 2: 9.5}, 100 / 12, 1000)
+    assert few["above_chance_low"] < 0 and few["runs_above_chance"] == 2 and few["learned"] is False
+    assert V.learning({0: 12.1, 1: 19.0, 2: 12.5}, 100 / 12, 1000)["learned"] is True
+    assert V.learning({0: 40.0}, 100 / 12, None)["learned"] is None  # one seed, outcomes unknown
+    assert V.learning({0: 40.0, 1: 45.0, 2: 50.0}, 100 / 12, None)["learned"] is True
+
+
+def test_an_exact_interval_of_a_proportion_is_clopper_and_pearsons():
+    from scipy.stats import binomtest
+
+    for right, n in ((0, 10), (121, 1000), (83, 1000), (10, 10), (1, 3)):
+        ci = binomtest(right, n).proportion_ci(0.95, "exact")
+        assert stats.proportion_interval(right, n) == pytest.approx((ci.low, ci.high))
 
 
 # ---------------------------------------------------------------- recipes and claims
 
-def test_a_claims_sentence_says_its_verdict_its_family_wise_interval_and_what_more_seeds_would_do():
+def test_a_claims_sentence_says_its_verdict_its_intervals_the_paper_apart_and_what_more_seeds_would_do():
     row = {"statement": "EuCLIP matches or beats CLIP", "metric": "main", "n_seeds": 6, "effect": -3.04,
-           "fw_low": -7.9, "fw_high": 1.81, "family_level": 1 - 0.05 / 3, "verdict": "inconclusive",
+           "ci_low": -6.5, "ci_high": 0.4, "fw_low": -7.9, "fw_high": 1.81, "family_level": 1 - 0.05 / 3,
+           "verdict": "undetermined", "paper": "sign undetermined",
            "read_against": "Table 8 (small)", "paper_effect": -1.48, "margin": None,
            "seeds_for_80pct_power": 40, "seeds_for_80pct_power_here": 12}
     assert stats.claim_sentence(row) == (
-        "**EuCLIP matches or beats CLIP**: undetermined: the interval includes 0; -3.0 [-7.9, 1.8] (main, 6 seeds, "
-        "98.33% within its family); the paper's Table 8 (small): -1.48; 40 seeds would find the paper's effect 80% "
-        "of the time; 12 seeds would find an effect as large as this one 80% of the time.")
+        "**EuCLIP matches or beats CLIP**: undetermined: the interval includes 0; -3.0 [-7.9, 1.8] (main, 6 seeds; "
+        "family-wise at 98.33%, raw 95% [-6.5, 0.4]); beside the paper's Table 8 (small) (-1.48): sign undetermined; "
+        "40 seeds would find the paper's effect 80% of the time; 12 seeds would find an effect as large as this one "
+        "80% of the time.")
     row.update(seeds_for_80pct_power=math.inf, seeds_for_80pct_power_here=4)
     assert ("more than 1,000 seeds would be needed to find the paper's effect; 6 seeds find an effect as large as "
             "this one 80% of the time (4 would), so the true effect is likely smaller.") in stats.claim_sentence(row)
-    row.update(verdict="reproduced", fw_high=-0.5)
+    row.update(verdict="opposite", paper="same sign", fw_high=-0.5)
     assert stats.claim_sentence(row).startswith(
-        "**EuCLIP matches or beats CLIP**: reproduced the other way round, as the paper found at this scale: the "
-        "interval excludes 0 below it; -3.0 [-7.9, -0.5]")
+        "**EuCLIP matches or beats CLIP**: opposite: the interval excludes 0 against the statement; -3.0 [-7.9, -0.5]")
+    assert stats.claim_sentence(row).endswith("beside the paper's Table 8 (small) (-1.48): same sign.")
     row.update(verdict="excludes the paper's effect", paper_effect=6.75, read_against="Table 5 (medium)", fw_high=1.81)
     assert stats.claim_sentence(row).startswith("**EuCLIP matches or beats CLIP**: undetermined in sign, but the "
                                                 "interval excludes the paper's effect; -3.0 [-7.9, 1.8]")
     assert "seeds would" not in stats.claim_sentence(row)  # decided: no power to plan
-    row.update(verdict="reproduced", fw_low=0.5)
-    assert "reproduced: the interval excludes 0 in the paper's direction; -3.0 [0.5, 1.8]" in stats.claim_sentence(row)
-    row.update(verdict="non-inferior", margin=1.0, fw_low=-7.9)
+    row.update(verdict="non-inferior", margin=1.0, fw_low=-0.9)
     assert "non-inferior: the interval excludes a deficit as large as its margin, 1; -3.0" in stats.claim_sentence(row)
-    row.update(verdict="holds", read_against="", paper_effect=None)
-    assert "holds: the interval excludes 0 in the claim's direction (euclip's own measure); -3.0" in \
-        stats.claim_sentence(row) and "the paper's" not in stats.claim_sentence(row).split("(euclip's own")[1]
-    row.update(n_seeds=1, fw_low=None)
+    row.update(verdict="holds", paper="no published value", read_against="", paper_effect=None, fw_low=0.5)
+    assert "holds: the interval excludes 0 in the statement's direction; -3.0 [0.5, 1.8]" in stats.claim_sentence(row)
+    assert "paper" not in stats.claim_sentence(row)
+    row.update(verdict="not testable", not_learned="multi-8, ps-8")
+    assert stats.claim_sentence(row) == ("**EuCLIP matches or beats CLIP**: not testable: multi-8, ps-8 did not "
+                                         "learn (main, 6 seeds).")
+    row.update(verdict="holds", n_seeds=1, fw_low=None)
     assert stats.claim_sentence(row) == "**EuCLIP matches or beats CLIP**: undetermined (1 seed, no interval)."
 
 
@@ -379,12 +420,14 @@ def test_a_short_study_reads_euclip_against_clip_in_table_8s_direction():
     study = load_study("study-geometries")
     shapes = {"euclip": {0: 30.0, 1: 28.0, 2: 29.0}, "clip": {0: 44.0, 1: 40.0, 2: 45.0}}
     by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
-    small = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "small")}["euclip-beats-clip"]
-    medium = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, "medium")}["euclip-beats-clip"]
-    # Table 8 has EuCLIP 1.48 behind CLIP: read there, a deficit is what the paper shows, with no margin.
-    assert small["read_against"] == "Table 8 (small)" and small["verdict"] == "reproduced" and small["margin"] is None
+    small = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small"))}["euclip-beats-clip"]
+    medium = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, reading("medium"))}["euclip-beats-clip"]
+    # Table 8 has EuCLIP 1.48 behind CLIP: the statement ("matches or beats") is shown not to hold, at either
+    # scale; what changes with the scale is the published sign the deficit sits beside.
+    assert small["read_against"] == "Table 8 (small)" and small["verdict"] == "opposite" and small["margin"] == 1.0
+    assert small["paper"] == "same sign" and medium["paper"] == "other sign"
     assert "Table 4" in small["beside"] and medium["read_against"] == "Table 4 (medium)"
-    assert medium["verdict"] == "opposite" and medium["margin"] == 1.0  # "matches or beats", shown not to
+    assert medium["verdict"] == "opposite" and medium["margin"] == 1.0
     assert small["family_size"] == 1 and small["family_level"] == pytest.approx(0.95)
 
 
@@ -396,7 +439,7 @@ def test_holm_adjusts_the_declared_primary_claims_among_themselves_and_the_rest_
     values = {"euclip": [30.0, 34.0, 38.0], "euclip-ln": [30.0, 30.0, 30.0], "clip": [40.0, 41.0, 45.0],
               "meru": [20.0, 26.0, 21.0]}
     by_config = {c: {seed: {"main": v} for seed, v in enumerate(vs)} for c, vs in values.items()}
-    out = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    out = [r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small")) if r["n_seeds"]]
     # The primary family first, in its declared order.
     assert [r["claim"] for r in out] == ["euclip-beats-clip", "no-final-ln-helps-euclip", "euclip-beats-meru"]
     rows = {r["claim"]: r for r in out}
@@ -413,11 +456,16 @@ def test_holm_adjusts_the_declared_primary_claims_among_themselves_and_the_rest_
     assert (clip["fw_low"], clip["fw_high"]) == pytest.approx((-8.0 - half, -8.0 + half))
     assert (ln["fw_low"], ln["fw_high"]) == pytest.approx((ln["ci_low"], ln["ci_high"]))
     # Table 5 (medium) is the only table with this ablation: read there, its +6.75 lies in the interval.
-    assert ln["read_against"] == "Table 5 (medium)" and ln["verdict"] == "inconclusive"
+    assert ln["read_against"] == "Table 5 (medium)" and ln["verdict"] == "undetermined"
     # A study that declares no primary claims decides all of them as one family.
-    single = {r["claim"]: r for r in V.evaluate_claims(replace(study, primary=()), load_claims(), by_config, "small")
+    single = {r["claim"]: r for r in V.evaluate_claims(replace(study, primary=()), load_claims(), by_config, reading("small"))
               if r["n_seeds"]}
     assert {r["family"] for r in single.values()} == {"all"} and single["euclip-beats-meru"]["family_size"] == 3
+
+
+def reading(scale: str) -> dict:
+    """What evaluate_claims reads of a regime (``verdicts.regime``): the scale, not one the paper ran."""
+    return {"scale": scale, "paper_regime": False}
 
 
 def student_sf(x, df):
@@ -438,35 +486,36 @@ def test_a_measured_property_is_credited_only_with_what_training_changed_beyond_
     trained = {"euclip": [0.99, 1.0, 0.97], "euclidean-d2-l0": [0.95, 0.98, 0.9]}
     untrained = {"euclip": [0.8, 0.85, 0.9], "euclidean-d2-l0": [0.8, 0.85, 0.9]}  # the same init for both
     by_config = {c: {s: {key: trained[c][s], init: untrained[c][s]} for s in range(3)} for c in trained}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small")) if r["n_seeds"]]
     assert row["claim"] == "euclip-text-nearer-root" and row["configs"] == "euclip (control euclidean-d2-l0)"
     assert row["effect"] == pytest.approx(statistics.fmean([0.04, 0.02, 0.07]))
     assert row["config_trained"] == pytest.approx(statistics.fmean(trained["euclip"]))
     assert row["config_init"] == pytest.approx(0.85) and row["control_init"] == pytest.approx(0.85)
     saturated = {c: {s: {key: 1.0, init: 1.0} for s in range(3)} for c in trained}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), saturated, "small") if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), saturated, reading("small")) if r["n_seeds"]]
     assert row["verdict"] == "no spread" and row["effect"] == 0.0
     # The 2,048-step study's case: the measure stays at 1 with entailment and falls to 0 without it, one
     # seed's control at 4e-6 (one comparison of many): the effect sits at its bound, the seeds agree to far
-    # finer than the 0.001 it is read at, and every seed shows all of it: reproduced, as weaker evidence is.
+    # finer than the 0.001 it is read at, and every seed shows all of it: it holds, as weaker evidence does.
     control = {0: 0.0, 1: 0.0, 2: 4e-6}
     at_bound = {"euclip": {s: {key: 1.0, init: 1.0} for s in range(3)},
                 "euclidean-d2-l0": {s: {key: control[s], init: 1.0} for s in range(3)}}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), at_bound, "small") if r["n_seeds"]]
-    assert row["verdict"] == "reproduced" and row["effect"] == pytest.approx(1.0, abs=1e-5)
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), at_bound, reading("small")) if r["n_seeds"]]
+    assert row["verdict"] == "holds" and row["effect"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_temperature_claim_compares_the_learned_beta_paired_by_seed():
     study = load_study("study-temperature-noise")
     finals = {"sphere-m40": {0: 21.0, 1: 21.0, 2: 22.5}, "sphere-m0": {0: 18.0, 1: 18.5, 2: 19.0}}
     by_config = {c: {seed: {"temperature_final": v} for seed, v in values.items()} for c, values in finals.items()}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small")) if r["n_seeds"]]
     assert row["claim"] == "noisier-captions-raise-the-temperature" and row["metric"] == "temperature_final"
     diffs = [3.0, 2.5, 3.5]
     assert row["effect"] == pytest.approx(statistics.fmean(diffs))
     half = 4.302652729911275 * statistics.stdev(diffs) / math.sqrt(3)  # t(0.975, 2)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((statistics.fmean(diffs) - half, statistics.fmean(diffs) + half))
-    assert row["verdict"] == "reproduced" and row["paper_effect"] is None
+    # A direction without a value: the effect's sign is read beside it, the paper's own regime never run here.
+    assert row["verdict"] == "holds" and row["paper_effect"] is None and row["paper"] == "same sign"
     assert row["seeds_for_80pct_power"] is None  # no published value to measure the spread against
     assert row["paper_source"] == "Sun and Li, sections 2.1 (Figure 1) and 2.4: a direction, no value"
 
@@ -475,7 +524,7 @@ def test_a_claim_with_a_published_effect_says_how_many_seeds_give_eighty_percent
     study = load_study("study-geometries")
     shapes = {"euclip": {0: 30.0, 1: 34.0, 2: 38.0}, "euclip-ln": {0: 30.0, 1: 30.0, 2: 30.0}}  # paired: 0, 4, 8
     by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small")) if r["n_seeds"]]
     assert row["claim"] == "no-final-ln-helps-euclip" and row["paper_effect"] == pytest.approx(6.75)
     assert row["seeds_for_80pct_power"] == stats.seeds_needed(4.0, 6.75, 0.95) == 5  # a family of one claim
     text = T.to_markdown(study, {"rows": [], "claims": [row], "noise": [], "seeds": [0, 1, 2],
@@ -626,7 +675,7 @@ def test_an_effect_too_small_to_resolve_says_so_rather_than_nothing():
     study = load_study("study-geometries")
     shapes = {"euclip": {0: 30.0, 1: 40.0, 2: 25.0}, "meru": {0: 20.0, 1: 26.0, 2: 21.0}}
     by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
-    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, "small") if r["n_seeds"]]
+    (row,) = [r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small")) if r["n_seeds"]]
     assert row["paper_effect"] == pytest.approx(3.476 - 3.214) and row["seeds_for_80pct_power"] == math.inf
     assert stats.claim_cells(row)[-1] == "more than 1,000"
 
@@ -731,7 +780,7 @@ def test_the_last_record_read_from_a_files_end_is_the_last_a_full_read_finds(tmp
 
 
 def test_every_claims_metric_is_one_a_runs_values_can_hold():
-    """A claim on a metric no run reports would stay inconclusive for ever, silently."""
+    """A claim on a metric no run reports would stay undetermined for ever, silently."""
     from euclip_cli.protocol.tasks import TASKS
     from euclip_cli.study.summaries import RUN_MEASURES
     from euclip_cli.study.tables import GROUP_METRICS
@@ -750,14 +799,15 @@ def test_a_hierarchy_claim_is_the_paired_difference_of_the_runs_tree_errors():
     per_seed, _ = V.claim_values(claim, by_config)
     assert per_seed == pytest.approx({0: 0.4, 1: 0.1, 2: 0.5})
     study = load_study("study-geometries")
-    row = next(r for r in V.evaluate_claims(study, [claim], by_config, "small") if r["claim"] == claim.id)
+    row = next(r for r in V.evaluate_claims(study, [claim], by_config, reading("small")) if r["claim"] == claim.id)
     assert row["effect"] == pytest.approx(1 / 3) and row["paper_effect"] is None and row["family_size"] == 1
-    assert row["verdict"] == stats.verdict(stats.estimate([0.4, 0.1, 0.5], "t"), +1) == "inconclusive"
-    # euclip's own measure: with no published counterpart it holds, it is not "reproduced".
+    assert row["verdict"] == stats.verdict(stats.estimate([0.4, 0.1, 0.5], "t")) == "undetermined"
+    # euclip's own measure: with no published counterpart it holds, beside no published value.
     clear = {"euclidean-d2-l0": {s: {"shapes_mistake_tie": 2.5 + 0.1 * s} for s in range(3)},
              "euclip": {s: {"shapes_mistake_tie": 1.5 + 0.05 * s} for s in range(3)}}
-    row = next(r for r in V.evaluate_claims(study, [claim], clear, "small") if r["claim"] == claim.id)
-    assert row["verdict"] == "holds" and stats.claim_cells(row)[4] == "none: euclip's own measure"
+    row = next(r for r in V.evaluate_claims(study, [claim], clear, reading("small")) if r["claim"] == claim.id)
+    assert row["verdict"] == "holds" and row["paper"] == "no published value"
+    assert stats.claim_cells(row)[5] == "none: euclip's own measure"
 
 
 def test_the_hierarchy_figure_draws_every_configuration_beside_guessing_and_chance():

@@ -52,6 +52,10 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
                                                                   "nothing (its log, training records) before "
                                                                   "it is called stalled and, on SLURM, "
                                                                   "requeued to resume from its checkpoint."),
+          republish: Optional[Path] = typer.Option(None, callback=checked_path,
+                                                   help="A published study's folder: recompute its tables, claims "
+                                                        "and study.md from its seeds.csv with this euclip's "
+                                                        "statistics; trains nothing (alone, without --recipe)."),
           ) -> None:
     """Train and evaluate every (configuration, seed) of a study, then compare them with intervals.
 
@@ -63,6 +67,7 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
       euclip study --recipe study-geometries
       euclip study --recipe study-geometries --seeds 5 --jobs 2
       euclip study --recipe study-geometries --publish docs/results/geometries
+      euclip study --republish docs/results/geometries
       euclip study --recipe study-geometries --configs clip,euclip optim.samples=131072 --out results/studies/x4
       euclip study --recipe study-table4 --plan --throughput results/bench/train-20261125-101500.json
       euclip study --recipe study-table4 --launcher slurm --resource partition=gpu --max-gpu-hours 2000
@@ -77,6 +82,14 @@ def study(recipe: Optional[str] = typer.Option(None, "--recipe", "-r",
 
     say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     with errors():
+        if republish is not None:
+            from euclip_cli.study.runner import republish as recompute
+
+            if recipe is not None or out is not None or publish is not None:
+                raise UsageError("--republish recomputes a published folder from its own seeds.csv and command: "
+                                 "give it alone, without --recipe, --out or --publish")
+            say("written: " + ", ".join(str(p) for p in recompute(republish)))
+            return
         if launcher not in launch.LAUNCHERS:
             raise UsageError(f"--launcher '{launcher}': not one of {', '.join(launch.LAUNCHERS)}")
         if recipe is None:

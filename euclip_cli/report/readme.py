@@ -21,14 +21,16 @@ from pathlib import Path
 from euclip_cli.errors import UsageError
 from euclip_cli.readers import read_text
 from euclip_cli.rundir import read_json, write_text_atomic
-from euclip_cli.stats import FROZEN_BELOW, INCONCLUSIVE, NO_SPREAD, PRIMARY, SECONDARY, claim_sentence
+from euclip_cli.stats import FROZEN_BELOW, NO_SPREAD, NOT_TESTABLE, PRIMARY, SECONDARY, UNDETERMINED, claim_sentence
 
 BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|contrast) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
 
+# Verdicts that decide nothing about a claim's statement.
+UNSETTLED = (UNDETERMINED, NO_SPREAD, NOT_TESTABLE)
 # The columns a front page shows of a study's table (the study's own study.md has them all).
-FRONT_PAGE = ("config", "seeds", "Shapes", "Retrieval", "Average over 10 tasks", "Δ Shapes vs baseline")
+FRONT_PAGE = ("config", "seeds", "learned", "Shapes", "Retrieval", "Average over 10 tasks", "Δ Shapes vs baseline")
 
 
 def results_block(folder: Path, name: str, summary: bool = False) -> str:
@@ -52,10 +54,11 @@ def results_block(folder: Path, name: str, summary: bool = False) -> str:
         frozen = ["every learnable scalar"]
     lines = [f"`{made['command']}`: {made['runs']} runs at euclip {', '.join(made['euclip_commits'])} on "
              f"{', '.join(made['cpus'])} ({', '.join(made['precisions'])}); tables in `{name}`.",
-             f"Each run is {regime['steps']:,} steps of {regime['batch_size']} (the learning rates sum to "
-             f"{regime['summed_lr']:.3g}), so the claims are read against the paper's {regime['scale']} scale "
-             f"(its table of that scale where the paper has one); frozen (moved < {FROZEN_BELOW:.0%}): "
-             f"{', '.join(frozen) if frozen else 'none'}.", "",
+             f"Each run sees {regime['samples']:,} samples (learning rates summing to {regime['summed_lr']:.3g}); the "
+             f"claims are read beside the paper's {regime['scale']} scale, {regime['paper_samples']:,} samples summing "
+             f"to {regime['paper_summed_lr']:.3g}; frozen (moved < {FROZEN_BELOW:.0%}): "
+             f"{', '.join(frozen) if frozen else 'none'}. ± is the sd over seeds; Δ's interval is raw 95%, a "
+             f"claim's family-wise.", "",
              render(results[[c for c in results.columns if c in FRONT_PAGE or not summary]], "md").rstrip("\n"), ""]
     rows = pd.read_csv(folder / "claims.csv").to_dict("records") if (folder / "claims.csv").stat().st_size else []
     primary = [c for c in rows if c.get("family") == PRIMARY]
@@ -68,13 +71,13 @@ def results_block(folder: Path, name: str, summary: bool = False) -> str:
         # The claims the study was run to decide, in words that follow their intervals; the rest are
         # in its study.md.
         secondary = [c for c in rows if c.get("family") == SECONDARY]
-        decided = [c["claim"] for c in secondary if c["verdict"] not in (INCONCLUSIVE, NO_SPREAD)]
+        decided = [c["claim"] for c in secondary if c["verdict"] not in UNSETTLED]
         lines += [f"- {claim_sentence(c)}" for c in primary]
         lines += ["", f"{len(secondary)} secondary claims, adjusted among themselves, are in "
                       f"[{name}/study.md]({name}/study.md): "
                       + (f"{len(decided)} decided ({', '.join(decided)})." if decided else "none decided."), ""]
     else:
-        decided = [f"{c['claim']} ({c['verdict']})" for c in rows if c["verdict"] not in (INCONCLUSIVE, NO_SPREAD)]
+        decided = [f"{c['claim']} ({c['verdict']})" for c in rows if c["verdict"] not in UNSETTLED]
         lines += [f"{len(rows)} claims, decided together, are in [{name}/study.md]({name}/study.md): "
                   + (f"{len(decided)} decided: {', '.join(decided)}." if decided else "none decided."), ""]
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from euclip_cli.hierarchy import world_guessing
 from euclip_cli.rundir import RunDir, folder_lock, write_text_atomic
 from euclip_cli.study.jobs import RunPlan, plan, run_here
 from euclip_cli.study import launch
-from euclip_cli.study.spec import Study, StudyOptions, load_claims
+from euclip_cli.study.spec import Study, StudyOptions, load_claims, load_study
 from euclip_cli.study.summaries import summarize
 from euclip_cli.study.tables import PUBLISHED, write_tables
 
@@ -123,3 +123,58 @@ def publish(plans: list[RunPlan], folder: Path, dest: Path, command: str) -> lis
                   "last_run_started": max((m["started"] for m in metas), default=None)}
     write_text_atomic(dest / PROVENANCE, json.dumps(provenance, indent=2) + "\n")
     return written + [dest / PROVENANCE]
+
+
+# What republishing recomputes: the tables read from seeds.csv. The rest (seeds.csv itself, the noise
+# floor and the evaluation-size curve, measured from the runs' per-image outcomes) stays as published.
+RECOMPUTED = ("study.csv", "claims.csv", "regime.json", "study.md")
+
+
+def republish(folder: Path) -> list[Path]:
+    """Recompute a published study's tables (``RECOMPUTED``) from its committed per-seed values with this
+    euclip's statistics and claims, training nothing: the study is the one its provenance's command
+    names. The provenance gains the commit the tables were recomputed at."""
+    import csv
+    import io
+
+    from euclip_cli.readers import read_text
+    from euclip_cli.device import git_state
+    from euclip_cli.study.summaries import tabulate
+    from euclip_cli.study.tables import to_csv, to_markdown
+
+    for needed in ("seeds.csv", PROVENANCE, "noise.csv", "eval_size.csv"):
+        if not (folder / needed).is_file():
+            raise UsageError(f"{folder / needed} is missing: --republish reads a folder 'euclip study --publish' "
+                             f"wrote (with its seeds.csv)")
+
+    def rows_of(name: str) -> list[dict]:
+        return list(csv.DictReader(io.StringIO(read_text(folder / name, "a published table"))))
+
+    def number(text: str):
+        return None if text == "" else float(text)
+
+    provenance = json.loads(read_text(folder / PROVENANCE, "a study's provenance"))
+    given = StudyOptions.from_command(provenance["command"])
+    study = load_study(given.recipe, given.seeds, list(given.overrides),
+                       given.configs.split(",") if given.configs else None)
+    per_seed = rows_of("seeds.csv")
+    by_config: dict[str, dict[int, dict[str, float]]] = {}
+    for r in per_seed:
+        by_config.setdefault(r["config"], {}).setdefault(int(r["seed"]), {})[r["metric"]] = float(r["value"])
+    eval_size = [{**r, "images": int(r["images"]), "configs": int(r["configs"]),
+                  **{k: number(r[k]) for k in ("paired_sd_median", "paired_sampling_se_median")}}
+                 for r in rows_of("eval_size.csv")]
+    noise = [{k: v if k == "metric" else number(v) for k, v in r.items()} for r in rows_of("noise.csv")]
+    rows, reading, claims = tabulate(study, load_claims(), by_config, eval_size)
+    summary = {"rows": rows, "claims": claims, "seeds": sorted({int(r["seed"]) for r in per_seed}),
+               "per_seed": per_seed, "regime": reading, "noise": noise, "eval_size": eval_size}
+    texts = {"study.csv": to_csv(rows), "claims.csv": to_csv(claims), "regime.json": json.dumps(reading, indent=2),
+             "study.md": to_markdown(study, summary)}
+    written = []
+    for name in RECOMPUTED:
+        write_text_atomic(folder / name, texts[name])
+        written.append(folder / name)
+    commit, dirty = git_state()
+    provenance["tables_recomputed_at"] = commit[:7] + ("+changes" if dirty else "")
+    write_text_atomic(folder / PROVENANCE, json.dumps(provenance, indent=2) + "\n")
+    return written + [folder / PROVENANCE]

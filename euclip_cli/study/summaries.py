@@ -22,7 +22,7 @@ from euclip_cli.rundir import TRAINING_RECORD, RunDir, iter_jsonl, read_json
 from euclip_cli.study.jobs import RunPlan
 from euclip_cli.study.spec import Claim, Study
 from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS
-from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, regime
+from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, learning, regime
 from euclip_cli.worlddir import WorldDir
 
 
@@ -265,7 +265,26 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
             if p.config != study.baseline and p.seed in baseline:
                 for metric, se in paired_sampling_errors(p, baseline[p.seed], tasks).items():
                     paired_errors.setdefault(metric, []).append(se)
+    eval_size = evaluation_size_curve(study, plans)
+    rows, reading, claims_read = tabulate(study, claims, by_config, eval_size)
+    return {"rows": rows, "claims": claims_read, "seeds": list(study.seeds), "per_seed": per_seed, "regime": reading,
+            "noise": noise_floor(rows, [*GROUP_METRICS, *tasks], errors, paired_errors, ceilings(plans, tasks, world)),
+            "eval_size": eval_size,
+            "temperature": temperature_curves(study, plans)}
+
+
+def tabulate(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
+             eval_size: list[dict]) -> tuple[list[dict], dict, list[dict]]:
+    """``(study.csv rows, regime.json, claims.csv rows)`` from the runs' values (``by_config``: config ->
+    seed -> metric -> value, as seeds.csv holds them) and the evaluation-size curve (its full size is the
+    images a run's main score was counted on): each configuration's metrics over seeds with the paired
+    difference to the baseline, its main row with whether it learned (``verdicts.learning``), the regime,
+    and the claims, those involving a configuration that did not learn set aside."""
+    tasks = [t.key for t in select(study.tasks)]
     metrics = [*GROUP_METRICS, *tasks]
+    chance = main_chance(tasks)
+    main_tasks = [k for k in tasks if TASKS[k].group == "main"]
+    images = max((r["images"] for r in eval_size if main_tasks == [r["metric"]]), default=None)
     rows = []
     for config in study.configs:
         seeds = by_config.get(config, {})
@@ -283,13 +302,24 @@ def summarize(study: Study, plans: list[RunPlan], claims: list[Claim], world: Op
                 if diff is not None:
                     row.update(diff_mean=diff.mean, diff_sd=diff.sd, diff_low=diff.low, diff_high=diff.high,
                                diff_n=diff.n)
+            if metric == "main" and chance is not None:
+                row.update(learning(values, chance, images))
             rows.append(row)
     reading = regime(study, by_config)
-    return {"rows": rows, "claims": evaluate_claims(study, claims, by_config, reading["scale"]),
-            "seeds": list(study.seeds), "per_seed": per_seed, "regime": reading,
-            "noise": noise_floor(rows, metrics, errors, paired_errors, ceilings(plans, tasks, world)),
-            "eval_size": evaluation_size_curve(study, plans),
-            "temperature": temperature_curves(study, plans)}
+    idle = frozenset(r["config"] for r in rows if r["metric"] == "main" and r.get("learned") is False)
+    return rows, reading, evaluate_claims(study, claims, by_config, reading, idle)
+
+
+def main_chance(tasks: list[str]) -> Optional[float]:
+    """Uniform guessing's score on the main group (points): the mean over its tasks of 100 / classes;
+    None where one of them is not a world classification task (whose classes the world states)."""
+    from euclip_cli.data.world_tasks import WORLD_TASKS
+
+    classes = {f"world/{t.name}": t.classes for t in WORLD_TASKS}
+    main = [k for k in tasks if TASKS[k].group == "main"]
+    if not main or not all(classes.get(k) for k in main):
+        return None
+    return statistics.fmean(100 / len(classes[k]) for k in main)
 
 
 def temperature_curves(study: Study, plans: list[RunPlan]) -> dict:

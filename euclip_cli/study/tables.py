@@ -12,7 +12,8 @@ from typing import Optional
 from euclip_cli import config as C
 from euclip_cli.protocol.tasks import GROUPS, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
-from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table)
+from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table,
+                               learned_cell)
 from euclip_cli.study.spec import Study
 from euclip_cli.study.verdicts import regime_lines
 
@@ -49,21 +50,28 @@ def to_markdown(study: Study, summary: dict) -> str:
     names = SUITE_COLUMNS["world"]
     interval = "Student's t" if study.interval == "t" else "percentile bootstrap"
     lines = [f"# Study {study.name}", "",
-             f"Seeds {', '.join(map(str, summary['seeds']))}; zero-shot {study.tasks} tasks in %; 95% intervals "
-             f"over seeds ({interval}); Δ is the difference to `{study.baseline}` paired by seed.", ""]
+             f"Seeds {', '.join(map(str, summary['seeds']))}; zero-shot {study.tasks} tasks in %, as mean ± "
+             f"standard deviation over seeds; Δ is the difference to `{study.baseline}` paired by seed, with its raw "
+             f"95% interval over seeds ({interval}); \"learned\": whether the main score's interval excludes chance "
+             f"(below).", ""]
     rows = {(r["config"], r["metric"]): r for r in summary["rows"]}
+    idle = did_not_learn(rows)
     table = config_table(summary["rows"], list(study.configs), study.baseline, {m: names[m] for m in GROUP_METRICS})
     lines += _markdown(table)
-    lines += ["", "## Regime", "", *regime_lines(summary["regime"])]
+    lines += learning_section(study, rows)
+    lines += ["", "## Regime", "", *regime_lines(summary["regime"], idle)]
     lines += ["", "## Claims", "",
-              "Each claim is read against the published result of the study's regime (\"read against\"), in "
-              "the direction that result shows; the others are beside it. The verdict comes from the "
-              "family-wise interval: Holm's procedure within the claims' family (the primary claims the study "
-              "recipe declares before it runs, and the rest apart), so that the chance of any wrong verdict in a "
-              "family stays at most 5%; the interval's level is in brackets. A measured property is credited with "
-              "the change training made relative to its control's. The last column: the seeds needed to exclude 0 "
-              "with 80% chance at the family's Bonferroni level if the true effect were the paper's, at the paired "
-              "spread measured here (a yardstick: the paper's effects are ImageNet points at DataComp scale)."]
+              "Each claim gets two readings from its family-wise interval: Holm's procedure within the claims' "
+              "family (the primary claims the study recipe declares before it runs, and the rest apart), so that "
+              "the chance of any wrong verdict in a family stays at most 5%; the interval's level is in brackets, "
+              "beside the raw 95% one. \"statement\": what the interval says of the claim as stated (holds, "
+              "opposite, undetermined, excludes the paper's effect); \"not testable\" where a configuration it "
+              "involves did not learn. \"beside the paper\": apart from that, whether the effect has the sign of "
+              "the published result of the nearest regime (the Regime section's numbers say how far that regime "
+              "is). A measured property is credited with the change training made relative to its control's. "
+              "The last column: the seeds needed to exclude 0 with 80% chance at the family's Bonferroni level if "
+              "the true effect were the paper's, at the paired spread measured here (a yardstick: the paper's "
+              "effects are ImageNet points at DataComp scale)."]
     primary = [c for c in summary["claims"] if c.get("family") == PRIMARY]
     if primary:
         lines += ["", "### Decisions", "", *(f"- {claim_sentence(c)}" for c in primary)]
@@ -111,6 +119,43 @@ def to_markdown(study: Study, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def did_not_learn(rows: dict) -> frozenset[str]:
+    """The configurations study.csv's main rows (``rows``: by (config, metric)) say did not learn."""
+    return frozenset(config for (config, metric), r in rows.items()
+                     if metric == "main" and r.get("learned") in (False, "False"))
+
+
+def _label(config: str, idle: frozenset[str]) -> str:
+    """A configuration's name in a table, marked where its runs did not learn."""
+    return f"{config} (did not learn)" if config in idle else config
+
+
+def learning_section(study: Study, rows: dict) -> list[str]:
+    """Whether each configuration learned: its main score's excess over chance with its 95% interval over
+    seeds, and how many of its runs score above chance on their own evaluation images; nothing where the
+    main group has no chance level (``summaries.main_chance``)."""
+    mains = [rows[(c, "main")] for c in study.configs if (c, "main") in rows and "learned" in rows[(c, "main")]]
+    if not mains:
+        return []
+    images = mains[0].get("images")
+    lines = ["", "## Did it learn", "",
+             f"The main score less chance ({mains[0]['chance']:.1f}, uniform guessing), with its 95% interval over "
+             f"seeds (Student's t, its standard error counting the evaluation images' sampling error too, since every "
+             f"seed is scored on the same images), and the runs whose own score excludes chance "
+             + (f"(Clopper and Pearson's 95% interval over {int(images):,} evaluation images)" if images == images and images
+                else "(unknown here: the runs kept no per-image outcomes)")
+             + ". A configuration learned where the first excludes 0 above, or where every run excludes chance. "
+               "Claims that involve one that did not are not tested.", "",
+             "| config | main | above chance [95%] | learned | runs above chance |", "|---|---|---|---|---|"]
+    for r in mains:
+        interval = "" if r["above_chance_low"] is None else f" [{r['above_chance_low']:.1f}, {r['above_chance_high']:.1f}]"
+        runs = r.get("runs_above_chance")
+        counted = "–" if runs is None else f"{int(runs)} of {int(r['n_seeds'])}"
+        lines.append(f"| {r['config']} | {r['mean']:.1f} | {r['above_chance']:+.1f}{interval} | {learned_cell(r)} | "
+                     f"{counted} |")
+    return lines
+
+
 def _mean_sd(row: Optional[dict], digits: int = 1) -> str:
     if row is None:
         return "–"
@@ -152,7 +197,7 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
                  *(_mean_sd(rows.get((config, m)), 3) for m in ("shapes_jaccard", "shapes_h_precision",
                                                                   "family_similarity_auc", "family_cone_auc",
                                                                   "caption_root_order_auc", "caption_cone_order_auc"))]
-        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(config, did_not_learn(rows))} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -177,7 +222,7 @@ def temperature_section(study: Study, rows: dict, reading: dict) -> list[str]:
         # A temperature that is not learned, or barely moved, has no step it converged at: "frozen".
         frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale or any(
             r["config"] == config and r["scalar"] == "β" and r["frozen"] for r in reading["scalars"])
-        cells = [config, _mean_sd(rows.get((config, "temperature_final")), 2),
+        cells = [_label(config, did_not_learn(rows)), _mean_sd(rows.get((config, "temperature_final")), 2),
                  "frozen" if frozen else "–" if step is None else f"{step['mean']:.0f}",
                  _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
         if published is not None:

@@ -98,10 +98,14 @@ def read_against(effects: list[PaperEffect], scale: str) -> tuple[Optional[Paper
 
 def regime(study: Study, by_config: dict[str, dict[int, dict[str, float]]]) -> dict:
     """The study's budget (from the baseline's config) and the published scale it is read against,
-    with how far each configuration's learnable scalars moved (mean over seeds)."""
+    beside that scale's own budget (its recipe, ``{scale}-clip``), with how far each configuration's
+    learnable scalars moved (mean over seeds). ``paper_regime``: whether the study ran the paper's own
+    regime (its data and samples seen), the only place a claim can be "reproduced"."""
     cfg = C.load_config(study.configs[study.baseline].recipe, study.overrides(study.baseline, 0))
     steps = C.total_steps(cfg)
     scale = scale_for_steps(steps)
+    paper = C.load_config(f"{scale}-clip")
+    paper_steps = C.total_steps(paper)
     budgets = {name: C.total_steps(C.load_config(spec.recipe, study.overrides(name, 0)))
                for name, spec in study.configs.items()}
     scalars = []
@@ -115,10 +119,37 @@ def regime(study: Study, by_config: dict[str, dict[int, dict[str, float]]]) -> d
             moved = abs(end - start) / abs(start) if start else math.inf
             scalars.append({"config": config, "scalar": label, "init": start, "final": end, "relative_change": moved,
                             "frozen": moved < stats.FROZEN_BELOW})
-    return {"steps": steps, "batch_size": cfg.data.batch_size, "samples": steps * cfg.data.batch_size,
+    samples = steps * cfg.data.batch_size
+    return {"steps": steps, "batch_size": cfg.data.batch_size, "samples": samples,
             "summed_lr": summed_lr(cfg.optim.lr, cfg.optim.warmup_steps, steps), "scalar_lr_scale": cfg.optim.scalar_lr_scale,
             "scale": scale, "scale_steps": SCALES[scale].steps, "scale_batch": BATCH,
+            "paper_samples": paper_steps * paper.data.batch_size,
+            "paper_summed_lr": summed_lr(paper.optim.lr, paper.optim.warmup_steps, paper_steps),
+            "paper_regime": cfg.data.dataset == paper.data.dataset and samples == paper_steps * paper.data.batch_size,
             "other_budgets": {n: s for n, s in budgets.items() if s != steps}, "scalars": scalars}
+
+
+# ------------------------------------------------------------------ did it learn
+
+def learning(scores: dict[int, float], chance: float, images: Optional[int]) -> dict:
+    """Whether a configuration learned: its main score's excess over ``chance`` (points) over its seeds
+    with a 95% interval that counts the evaluation set's sampling error (``stats.above_chance``), and how
+    many of its runs score above chance on their own (Clopper and Pearson's 95% interval of the run's
+    accuracy on its ``images`` excludes chance; None where the count is unknown). ``learned``: where the
+    seeds' interval excludes 0 above, or every run's own interval excludes chance (few seeds give a wide
+    interval to runs that each plainly learned); None where neither test can be made."""
+    excess = stats.above_chance(list(scores.values()), chance, images)
+    above = None
+    if images:
+        # A run's score is its share right of the evaluation images, in points, so it rounds back to a count.
+        above = sum(1 for s in scores.values()
+                    if 100 * stats.proportion_interval(round(s * images / 100), images)[0] > chance)
+    if excess.low is None and above is None:
+        learned = None
+    else:
+        learned = (excess.low is not None and excess.low > 0) or above == len(scores)
+    return {"chance": chance, "above_chance": excess.mean, "above_chance_low": excess.low,
+            "above_chance_high": excess.high, "learned": learned, "runs_above_chance": above, "images": images}
 
 
 # ------------------------------------------------------------------ the claims
@@ -146,10 +177,6 @@ def claim_values(claim: Claim, by_config: dict[str, dict[int, dict[str, float]]]
     return {s: (cause[s][0] - cause[s][1]) - (control[s][0] - control[s][1]) for s in seeds}, parts
 
 
-def _worded(claim: Claim, verdict: str) -> str:
-    return stats.HOLDS if claim.own and verdict == stats.REPRODUCED else verdict
-
-
 def families(study: Study, tested: list[Claim]) -> dict[str, str]:
     """Each tested claim's family: ``primary`` (declared in the study recipe before it ran) or
     ``secondary``; ``all`` where the study declares none."""
@@ -159,13 +186,15 @@ def families(study: Study, tested: list[Claim]) -> dict[str, str]:
 
 
 def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
-                    scale: str) -> list[dict]:
+                    reading: dict, did_not_learn: frozenset[str] = frozenset()) -> list[dict]:
     """One row per claim the study tests: the effect with its raw 95% interval and its interval at
     Holm's level within its family (``families``: the claims with an interval, primary and secondary
-    apart), the verdict read from the latter against the published result of ``scale`` (the study's
-    regime), and the seeds 80% power needs if the true effect were the paper's, and if it were the
-    one measured here (each at the Bonferroni level of its family: Holm's level for the claim
-    decided first, and a bound on the others')."""
+    apart); read from the latter, the verdict on the claim's statement (``stats.verdict``; "not
+    testable" where a configuration it involves is in ``did_not_learn``) and, apart from it, how the
+    effect sits beside the published result of the study's scale (``reading``: ``regime``'s), with the
+    seeds 80% power needs if the true effect were the paper's, and if it were the one measured here
+    (each at the Bonferroni level of its family: Holm's level for the claim decided first, and a bound
+    on the others')."""
     tested = [c for c in claims if all(name in study.configs for name in c.configs)]
     values = {c.id: claim_values(c, by_config) for c in tested}
     family_of = families(study, tested)
@@ -182,12 +211,12 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         adjusted = levels.get(claim.id, stats.family_level(LEVEL, sizes[family]))
         raw = stats.estimate(list(per_seed.values()), study.interval, LEVEL) if per_seed else None
         wide = stats.estimate(list(per_seed.values()), study.interval, adjusted) if per_seed else None
-        primary, beside = read_against(paper_effects(claim), scale)
+        primary, beside = read_against(paper_effects(claim), reading["scale"])
         published = primary.effect if primary else None
-        # The claim's own direction, unless the table of this regime shows the other one: then what
-        # that table shows is the claim read here, and "matches" has no margin to grant.
-        sign = -1 if published is not None and published < 0 else +1
-        margin = claim.margin if sign > 0 else None
+        # A source that gives a direction only gives the statement's (the claim is the paper's).
+        paper_sign = None if primary is None else -1 if published is not None and published < 0 else +1
+        resolution = 10.0 ** -stats.claim_digits(claim.metric if claim.kind == "compare" else claim.measure)
+        idle = [name for name in claim.configs if name in did_not_learn]
         planning = stats.family_level(LEVEL, sizes[family])
         seeds = stats.seeds_needed(raw.sd if raw else None, published, planning) if published else None
         if seeds is None and published and raw and raw.sd:
@@ -204,9 +233,12 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
                     "ci_low": raw.low if raw else None, "ci_high": raw.high if raw else None,
                     "p_value": p_of[claim.id], "family": family,
                     "family_size": sizes[family], "family_level": adjusted, "fw_low": wide.low if wide else None,
-                    "fw_high": wide.high if wide else None, "margin": margin,
-                    "verdict": _worded(claim, stats.verdict(wide, sign, margin, published,
-                                                            resolution=10.0 ** -stats.claim_digits(metric))),
+                    "fw_high": wide.high if wide else None, "margin": claim.margin,
+                    "verdict": stats.NOT_TESTABLE if idle else stats.verdict(wide, claim.margin, published, resolution),
+                    "not_learned": ", ".join(idle),
+                    # A difference at the chance floor says no more of the paper's result than of the statement.
+                    "paper": stats.NOT_TESTABLE if idle else
+                    stats.beside_paper(wide, paper_sign, reading["paper_regime"], resolution),
                     "own": claim.own,
                     "read_against": primary.table if primary else "", "paper_effect": published,
                     "paper_source": primary.source if primary else "",
@@ -220,21 +252,34 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
 
 # ------------------------------------------------------------------ how the claims read
 
-def regime_lines(reading: dict) -> list[str]:
-    """The study's regime as study.md states it: budget, the scale it is read against, the scalars."""
+def regime_lines(reading: dict, did_not_learn: frozenset[str] = frozenset()) -> list[str]:
+    """The study's regime as study.md states it, beside the regime of the paper's scale it is read
+    against, in numbers: samples seen, the summed learning rate (how far a log-parameterised scalar can
+    travel) and how far each scalar did; a configuration that did not learn has its scalars marked, as
+    no mechanism is read from them."""
+    scaled = '' if reading['scalar_lr_scale'] == 1 else f", times the scalars' rate multiple {reading['scalar_lr_scale']:g}"
     lines = [f"{reading['steps']:,} steps of {reading['batch_size']} ({reading['samples']:,} samples seen); the "
              f"learning rates sum to {reading['summed_lr']:.3g} (a log-parameterised scalar moves at most about that "
-             f"far{'' if reading['scalar_lr_scale'] == 1 else ', times the scalars rate multiple ' + format(reading['scalar_lr_scale'], 'g')}). "
-             f"The claims are read against the paper's {reading['scale']} scale ({reading['scale_steps']:,} steps of "
-             f"{reading['scale_batch']:,}): the largest published scale whose steps the study reaches, else the smallest."]
+             f"far{scaled}). The claims are read against the paper's {reading['scale']} scale "
+             f"({reading['scale_steps']:,} steps of {reading['scale_batch']:,}): the largest published scale whose "
+             f"steps the study reaches, else the smallest.", "",
+             "| regime | samples seen | learning rates' sum |", "|---|---|---|",
+             f"| this study | {reading['samples']:,} | {reading['summed_lr']:.3g} |",
+             f"| the paper's {reading['scale']} scale | {reading['paper_samples']:,} | {reading['paper_summed_lr']:.3g} |",
+             "", f"The paper's regime sees {reading['paper_samples'] / reading['samples']:,.0f} times the samples, "
+                 f"with {reading['paper_summed_lr'] / reading['summed_lr']:.1f} times the learning rates' sum"
+                 + (" (the same regime)." if reading["paper_regime"] else
+                    ": no claim here is \"reproduced\", a word kept for the statement holding at a regime the paper ran.")]
     if reading["other_budgets"]:
         lines.append("Configurations with another budget: " + ", ".join(f"{n} {s:,} steps" for n, s in
                                                                          reading["other_budgets"].items()) + ".")
     if reading["scalars"]:
         lines += ["", "| config | scalar | initial | final | moved | |", "|---|---|---|---|---|---|"]
         for r in reading["scalars"]:
+            notes = (["frozen"] if r["frozen"] else []) + (["did not learn"] if r["config"] in did_not_learn else [])
             lines.append(f"| {r['config']} | {r['scalar']} | {r['init']:.3g} | {r['final']:.3g} | "
-                         f"{100 * r['relative_change']:.1f}% | {'frozen' if r['frozen'] else ''} |")
+                         f"{100 * r['relative_change']:.1f}% | {', '.join(notes)} |")
         lines += ["", f"\"frozen\": moved less than {stats.FROZEN_BELOW:.0%} of its initial value; the study says nothing "
-                      f"about where it would settle."]
+                      f"about where it would settle. \"did not learn\": its runs stayed at chance, and its scalars are "
+                      f"not read as a mechanism."]
     return lines

@@ -11,7 +11,6 @@ import math
 import os
 import platform
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -29,8 +28,8 @@ from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.downloads import training_record
 from euclip_cli.data.world_files import check_shared_world
 from euclip_cli.worlddir import WorldDir, fingerprint, recorded_settings
-from euclip_cli.device import (autocast_factory, cpu_name, host_memory_bytes, is_out_of_memory, resolve_device,
-                                resolve_precision)
+from euclip_cli.device import (autocast_factory, cpu_name, git_state, host_memory_bytes, is_out_of_memory,
+                                resolve_device, resolve_precision)
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.model import EuclipModel, check_buildable, init_source, initial_model, load_run_weights
 from euclip_cli.optim import build_optimizer, cosine_lr
@@ -60,14 +59,7 @@ def waits_for_data(record: dict) -> bool:
 
 
 def run_meta(cfg: C.Config, argv: list[str], precision: str) -> dict:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip() or "unknown"
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        rev, dirty = "unknown", False
+    rev, dirty = git_state()
     packages = {}
     for name in ("euclip", "torch", "torchvision", "open_clip_torch", "clip-benchmark", "webdataset", "numpy"):
         try:
