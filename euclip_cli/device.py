@@ -84,14 +84,17 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def git_state() -> tuple[str, bool]:
-    """``(commit, whether tracked files differ from it)`` of the euclip checkout this code runs from;
-    ("unknown", False) outside one, or without git: what a run's or a table's provenance records."""
+def git_state(code_only: bool = False) -> tuple[str, bool]:
+    """``(commit, whether tracked files differ from it)`` of the euclip checkout this code runs from,
+    ``code_only``: the package's files alone (a table recomputed from committed values depends on the
+    code, not on the other tables being rewritten beside it); ("unknown", False) outside a checkout, or
+    without git: what a run's or a table's provenance records."""
     root = Path(__file__).resolve().parents[1]
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip() or "unknown"
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
+                                     *(["--", str(Path(__file__).resolve().parent)] if code_only else [])],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return "unknown", False

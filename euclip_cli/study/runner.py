@@ -133,7 +133,7 @@ RECOMPUTED = ("study.csv", "claims.csv", "regime.json", "study.md")
 def republish(folder: Path) -> list[Path]:
     """Recompute a published study's tables (``RECOMPUTED``) from its committed per-seed values with this
     euclip's statistics and claims, training nothing: the study is the one its provenance's command
-    names. The provenance gains the commit the tables were recomputed at."""
+    names. The provenance gains the commit of the code that recomputed them."""
     import csv
     import io
 
@@ -174,7 +174,7 @@ def republish(folder: Path) -> list[Path]:
     for name in RECOMPUTED:
         write_text_atomic(folder / name, texts[name])
         written.append(folder / name)
-    commit, dirty = git_state()
+    commit, dirty = git_state(code_only=True)
     provenance["tables_recomputed_at"] = commit[:7] + ("+changes" if dirty else "")
     write_text_atomic(folder / PROVENANCE, json.dumps(provenance, indent=2) + "\n")
     return written + [folder / PROVENANCE]
