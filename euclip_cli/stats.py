@@ -511,18 +511,43 @@ class PowerLaw:
         return self.scale * samples ** -self.exponent
 
 
-def fit_power_law(samples: Sequence[float], shortfalls: Sequence[float]) -> PowerLaw:
-    """The least-squares line through (log samples, log shortfall): at least two distinct budgets,
-    every shortfall positive."""
-    if len(set(samples)) < 2 or len(samples) != len(shortfalls):
-        raise ValueError("a power law needs shortfalls at two budgets or more")
-    if min(shortfalls) <= 0:
-        raise ValueError(f"shortfall {min(shortfalls)}: a power law's shortfall is positive")
-    x = [math.log(s) for s in samples]
+@dataclass(frozen=True)
+class PowerLawFit:
+    """A power law fitted to shortfalls each known to a variance: the law, its exponent's standard error,
+    and the fit's chi-squared against those variances on ``df`` = budgets - 2 degrees of freedom with its
+    p-value (None from two budgets, which any law fits): a curve that misses its points by more than
+    their noise has a small one."""
+
+    law: PowerLaw
+    exponent_se: float
+    chi2: float
+    df: int
+    p_value: Optional[float]
+
+
+def fit_power_law(samples: Sequence[float], shortfalls: Sequence[float],
+                  log_variances: Sequence[float]) -> PowerLawFit:
+    """Weighted least squares through (log samples, log shortfall), each point weighted by the inverse
+    of its log shortfall's variance (``log_variances``: the mean's variance over seeds, over the
+    shortfall squared): at least two distinct budgets, every shortfall and variance positive."""
+    from scipy.special import chdtrc
+
+    if len(set(samples)) < 2 or not len(samples) == len(shortfalls) == len(log_variances):
+        raise ValueError("a power law needs shortfalls at two budgets or more, each with a variance")
+    if min(shortfalls) <= 0 or min(log_variances) <= 0:
+        raise ValueError(f"shortfall {min(shortfalls)}, variance {min(log_variances)}: a power law's are positive")
+    x = [math.log(v) for v in samples]
     y = [math.log(e) for e in shortfalls]
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-    return PowerLaw(math.exp(my - slope * mx), -slope)
+    w = [1 / v for v in log_variances]
+    total = sum(w)
+    mx, my = sum(a * b for a, b in zip(w, x)) / total, sum(a * b for a, b in zip(w, y)) / total
+    spread = sum(a * (b - mx) ** 2 for a, b in zip(w, x))
+    slope = sum(a * (b - mx) * (c - my) for a, b, c in zip(w, x, y)) / spread
+    intercept = my - slope * mx
+    chi2 = sum(a * (c - intercept - slope * b) ** 2 for a, b, c in zip(w, x, y))
+    df = len(samples) - 2
+    return PowerLawFit(PowerLaw(math.exp(intercept), -slope), math.sqrt(1 / spread), chi2, df,
+                       float(chdtrc(df, chi2)) if df > 0 else None)
 
 
 def crossing(a: PowerLaw, b: PowerLaw) -> Optional[float]:

@@ -352,3 +352,40 @@ def test_a_damaged_feature_cache_file_is_computed_again_and_replaced(tmp_path):
     world_cache = FeatureCache(tmp_path, world=None)
     world_cache.get("world/shapes", compute, per_world=True)
     assert len(calls) == 3  # a world of unknown identity is never cached, nor read from the cache
+
+
+def test_retrieval_breaks_ties_as_clip_benchmarks_own_evaluation_does():
+    """Duplicate captions (the world's "a red circle" belongs to many images) embed identically, so an image's
+    top texts tie. clip-benchmark leaves the tie to torch.topk, which on the CPU does not always take the lowest
+    index; euclip keeps that rule, so its CLIP-geometry retrieval equals clip-benchmark's zeroshot_retrieval
+    evaluation, run end to end here on the same tied features (a stand-in model and loader)."""
+    from clip_benchmark.metrics import zeroshot_retrieval
+
+    g = get_geometry("clip")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(40, 8, generator=generator)
+    # Four distinct texts shared among 40 images, two captions each: every query ties with others.
+    vocabulary = torch.randn(4, 8, generator=generator)
+    captions = [[f"t{(i + j) % 4}" for j in range(2)] for i in range(40)]
+
+    class Model:
+        def encode_image(self, index):
+            return images[index]
+
+        def encode_text(self, tokens):
+            return vocabulary[tokens]
+
+    loader = torch.utils.data.DataLoader(list(zip(range(40), captions)), batch_size=16,
+                                         collate_fn=lambda batch: (torch.tensor([b[0] for b in batch]),
+                                                                   [b[1] for b in batch]))
+    theirs = zeroshot_retrieval.evaluate(Model(), loader, lambda texts: torch.tensor([int(t[1:]) for t in texts]),
+                                         "cpu", amp=False, recall_k_list=[1, 5])
+    texts = torch.stack([vocabulary[int(t[1:])] for caps in captions for t in caps])
+    owner = torch.arange(40).repeat_interleave(2)
+    scores = g.similarity(g.embed(texts), g.embed(images))
+    top = scores.T.max(dim=1, keepdim=True).values
+    assert bool(((scores.T == top).sum(1) > 1).all())  # every image's best text is tied
+    mine = retrieval_metrics(g, g.embed(images), g.embed(texts), owner)
+    for k in (1, 5):
+        assert mine[f"image_retrieval_recall@{k}"] == pytest.approx(theirs[f"image_retrieval_recall@{k}"])
+        assert mine[f"text_retrieval_recall@{k}"] == pytest.approx(theirs[f"text_retrieval_recall@{k}"])

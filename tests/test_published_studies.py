@@ -175,3 +175,33 @@ def test_republishing_refuses_what_is_not_a_published_study(tmp_path):
     assert result.exit_code == 2 and "seeds.csv is missing" in result.output, result.output
     result = CliRunner().invoke(app, ["study", "--republish", str(RESULTS / "hycoclip"), "--recipe", "study-hycoclip"])
     assert result.exit_code == 2 and "give it alone" in result.output, result.output
+
+
+# A verdict or reading a page's prose cites, in quotes or italics.
+CITED = re.compile(r"""["*](holds|non-inferior|opposite|undetermined|excludes the paper's effect|no spread|not testable"""
+                   r"""|same sign|other sign|sign undetermined|reproduced|inconclusive)(?=[":*])""")
+PAGES = sorted(RESULTS.glob("*.md")) + [RESULTS.parents[1] / "README.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_pages_prose_cites_only_verdicts_its_studies_hold(page):
+    """A word a page's prose quotes as a claim's verdict ("opposite", *undetermined*) must be one that a claim
+    of a study the page renders holds today (its claims.csv), so that prose left from an older reading
+    fails when the tables are recomputed."""
+    from euclip_cli.report.readme import BLOCK, block_folders
+
+    text = page.read_text()
+    held = set()
+    for match in BLOCK.finditer(text):
+        for name in block_folders(match):
+            claims = page.parent / name / "claims.csv"
+            if claims.exists() and claims.stat().st_size:
+                held |= {word for row in read(claims) for word in (row["verdict"], row.get("paper", ""))}
+    prose = BLOCK.sub("", text)
+    cited = set(CITED.findall(prose))
+    assert cited <= held, f"{page.name} cites {sorted(cited - held)}, which no claim of its studies holds"
+
+
+def test_a_cited_verdict_that_no_claim_holds_is_caught():
+    assert CITED.findall('its verdict, "opposite" at −21.3, and *undetermined*: and "holds 0"') == ["opposite",
+                                                                                                   "undetermined"]

@@ -5,8 +5,9 @@ A block starts with ``<!-- results FOLDER -->`` and ends with ``<!-- /results --
 for a front page's shorter form), or, for one
 study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!-- /curve -->`` (its
 table), ``<!-- trend FOLDER,FOLDER,... -->`` to ``<!-- /trend -->`` (each difference's change from the
-first budget to the last, with its interval) or ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the
-power laws fitted to it), or, for pairs of one study's configurations neither of which is its baseline,
+first budget to the last, with its interval), ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the
+power laws fitted to it, where they fit) or ``<!-- worth FOLDER,FOLDER,... -->`` to ``<!-- /worth -->`` (each
+score's worth in the baseline's steps), or, for pairs of one study's configurations neither of which is its baseline,
 ``<!-- contrast FOLDER:CONFIG/AGAINST,CONFIG/AGAINST,... -->`` to ``<!-- /contrast -->`` (each pair's
 paired differences, ``tables.contrast_table``);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
@@ -23,7 +24,7 @@ from euclip_cli.readers import read_text
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, NO_SPREAD, NOT_TESTABLE, PRIMARY, SECONDARY, UNDETERMINED, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|contrast) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|worth|contrast) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
 
@@ -116,12 +117,13 @@ def _published(folders: list[Path]) -> None:
 
 # The blocks that render one study published at several budgets: the ``euclip_cli.report.tables`` function
 # that sets each out.
-BUDGET_BLOCKS = {"curve": "budget_curve", "trend": "budget_trend", "fit": "budget_fit"}
+BUDGET_BLOCKS = {"curve": "budget_curve", "trend": "budget_trend", "fit": "budget_fit", "worth": "budget_worth"}
 
 
 def budget_block(kind: str, folders: list[Path]) -> str:
-    """One study at several budgets as a block of ``kind``: its curve, each difference's trend or the power
-    laws fitted to it (``tables.budget_curve``, ``budget_trend``, ``budget_fit``)."""
+    """One study at several budgets as a block of ``kind``: its curve, each difference's trend, the power
+    laws fitted to it, or each score's worth in the baseline's steps (``tables.budget_curve``,
+    ``budget_trend``, ``budget_fit``, ``budget_worth``)."""
     from euclip_cli.report import tables
 
     _published(folders)

@@ -576,7 +576,8 @@ def budget_curve(folders: list[Path]) -> pd.DataFrame:
 
 def budget_trend(folders: list[Path]) -> pd.DataFrame:
     """How each configuration's paired difference to the baseline changes from the fewest steps to the
-    most: the change with Welch's 95% interval (the two budgets' runs are independent; ``stats.welch_difference``),
+    most: the change with Welch's 95% interval (the two budgets' runs are separate trainings, treated as
+    unpaired; ``stats.welch_difference``),
     named only where that interval excludes 0 ("gains on" or "loses ground to" the baseline; otherwise
     "undetermined"), beside the baseline's distance from the group's ceiling at the last budget (a gain
     in points there may be the ceiling's, which the curve's shortfall ratios show)."""
@@ -610,15 +611,14 @@ def budget_trend(folders: list[Path]) -> pd.DataFrame:
 
 
 # A mean at its ceiling has no shortfall left and no logarithm: it is fitted as this many points short,
-# below the sampling error of any world task (1,000 images: 0.3 points at 99%).
+# below the sampling error of any world task (1,000 images: 0.3 points at 99%). Seeds that agree exactly
+# are given this spread too, so that no budget's point weighs without bound.
 SHORTFALL_FLOOR = 0.1
-FIT_RESAMPLES = 2000
-# A fitted crossing is placed (before, within or beyond the measured budgets, or never) only where
-# this share of the seed resamples agree; otherwise it is undetermined.
-FIT_AGREEMENT = 0.95
+# A fitted curve is shown only where its chi-squared against the seed noise leaves at least this p-value.
+FIT_LEVEL = 0.05
 
 
-def _published_seeds(folder: Path, needs: str = "a curve fit resamples seeds") -> pd.DataFrame:
+def _published_seeds(folder: Path, needs: str = "a curve fit reads each budget's seeds") -> pd.DataFrame:
     path = folder / "seeds.csv"
     if not path.exists():
         raise UsageError(f"{path} is missing: {needs}, which a study publishes from euclip's seeds.csv on: "
@@ -626,40 +626,23 @@ def _published_seeds(folder: Path, needs: str = "a curve fit resamples seeds") -
     return pd.read_csv(path)
 
 
-def _where(cross: Optional[float], low: float, high: float) -> str:
-    if cross is None:
-        return "never"
-    return "before" if cross < low else "beyond" if cross > high else "within"
-
-
-def _interval95(ordered: list[float]) -> tuple[float, float]:
-    """The 2.5% and 97.5% percentiles of sorted resampled values."""
-    last = len(ordered) - 1
-    return ordered[int(0.025 * last)], ordered[int(math.ceil(0.975 * last))]
-
-
 def _steps(samples: float, batch: int) -> str:
-    """Samples as steps of ``batch`` for a crossing: nearly parallel fits meet absurdly far away or before
-    the first step, where thirty digits would say no more than "beyond" or "before" does."""
-    if samples == math.inf:
-        return "∞"
-    steps = samples / batch
-    return "< 1" if steps < 1 else f"{steps:,.0f}" if steps < 1e7 else f"{steps:.1e}"
+    """Samples as steps of ``batch``."""
+    return f"{samples / batch:,.0f}"
 
 
-def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_RESAMPLES,
-               seed: int = 0) -> pd.DataFrame:
-    """One study published at several budgets, as fitted curves: each configuration's shortfall from
-    the metric's ceiling (the mean over seeds) fitted as a power law of the samples seen
-    (``stats.fit_power_law``), and, for each configuration against the baseline, the difference of
-    their exponents and the samples at which the fitted curves cross, with 95% intervals from
-    resampling the seeds of every budget (paired: a resample draws the same seeds for every
-    configuration). A change is named (``falls faster``/``slower``) only where the exponent
-    difference's interval excludes 0, and the crossing placed (before, within or beyond the budgets
-    measured, or never) only where 95% of the resamples agree."""
-    import random
-
-    from euclip_cli.stats import crossing, fit_power_law
+def budget_fit(folders: list[Path], metric: str = "main") -> pd.DataFrame:
+    """One study published at several budgets, as fitted curves where they fit: each configuration's
+    shortfall from the metric's ceiling (its mean over seeds) as a power law of the samples seen,
+    weighted by each budget's seed noise (``stats.fit_power_law``), with the fit's chi-squared test
+    against that noise. A curve is shown only where the test passes (p >= ``FIT_LEVEL``; never from two
+    budgets, which any curve fits). For each configuration whose curve and the baseline's both fit: the
+    difference of their exponents with a Student's t interval (their standard errors combined, at the
+    fewest seeds any budget has less one degrees of freedom; unpaired, so wider than the seeds' pairing
+    would give), named "falls faster" or "slower" only where it excludes 0, and where the fitted curves
+    cross if that lies within the budgets measured; a crossing outside them would be an extrapolation
+    and is not given."""
+    from euclip_cli.stats import crossing, fit_power_law, t_quantile
 
     studies, baseline, _ = _budgets(folders)
     budgets = []
@@ -670,46 +653,105 @@ def budget_fit(folders: list[Path], metric: str = "main", resamples: int = FIT_R
     if len({b[0] for b in budgets}) < 2:
         raise UsageError("a curve fit needs the study at two budgets or more")
     configs = [c for c in budgets[0][1].columns if all(c in b[1].columns for b in budgets)]
-    lowest, highest = budgets[0][0], budgets[-1][0]
+    lowest, highest, batch = budgets[0][0], budgets[-1][0], budgets[0][3]
+    fewest = min(len(b[1].index) for b in budgets)
 
-    def fits(draws: list[list[int]]) -> dict[str, object]:
-        out = {}
-        for config in configs:
-            short = [max(SHORTFALL_FLOOR, ceiling - values.loc[draw, config].mean())
-                     for (_, values, ceiling, _), draw in zip(budgets, draws)]
-            out[config] = fit_power_law([b[0] for b in budgets], short)
-        return out
+    def fitted(config: str):
+        short, variances = [], []
+        for _, values, ceiling, _ in budgets:
+            scores = values[config]
+            gap = max(SHORTFALL_FLOOR, ceiling - scores.mean())
+            sd = max(SHORTFALL_FLOOR, scores.std(ddof=1)) if len(scores) > 1 else math.nan
+            short.append(gap)
+            variances.append(sd ** 2 / len(scores) / gap ** 2)  # the mean's variance, on the log scale
+        return None if any(math.isnan(v) for v in variances) else fit_power_law([b[0] for b in budgets], short,
+                                                                                  variances)
 
-    whole = fits([list(b[1].index) for b in budgets])
-    rng = random.Random(seed)
-    again = [fits([rng.choices(list(b[1].index), k=len(b[1].index)) for b in budgets]) for _ in range(resamples)]
-    batch = budgets[0][3]
+    fits = {config: fitted(config) for config in configs}
+
+    def fits_well(config: str) -> bool:
+        fit = fits[config]
+        return fit is not None and fit.p_value is not None and fit.p_value >= FIT_LEVEL
+
     table = []
     for config in configs:
-        law = whole[config]
-        row = {"config": config, f"exponent [{metric}]": f"{law.exponent:.3f}",
-               f"fitted shortfall at {lowest // batch:,} / {highest // batch:,} steps":
-                   f"{law.at(lowest):.1f} / {law.at(highest):.1f}"}
-        if config != baseline:
-            low, high = _interval95(sorted(f[config].exponent - f[baseline].exponent for f in again))
-            trend = ("falls faster" if low > 0 else "falls slower" if high < 0 else "undetermined")
-            row[f"exponent − {baseline}'s [95%]"] = (f"{law.exponent - whole[baseline].exponent:+.3f} "
-                                                     f"[{low:+.3f}, {high:+.3f}]: {trend}")
-            met = [crossing(f[config], f[baseline]) for f in again]
-            places = [_where(c, lowest, highest) for c in met]
-            place, share = max(((p, places.count(p)) for p in set(places)), key=lambda x: x[1])
-            at = crossing(law, whole[baseline])
-            c_low, c_high = _interval95(sorted(math.inf if c is None else c for c in met))
-
-            row["curves cross at (steps) [95%]"] = ("never (parallel)" if at is None else
-                                                    f"{_steps(at, batch)} [{_steps(c_low, batch)}, "
-                                                    f"{_steps(c_high, batch)}]")
-            row["where"] = (f"{place} the budgets measured ({share / resamples:.0%} of resamples)"
-                            if share >= FIT_AGREEMENT * resamples and place != "never" else
-                            f"never ({share / resamples:.0%} of resamples)" if share >= FIT_AGREEMENT * resamples
-                            else f"undetermined (most often {place}: {share / resamples:.0%})")
+        fit = fits[config]
+        row = {"config": config,
+               "fit (χ², df, p)": "one seed: no noise to test against" if fit is None else
+               f"{fit.chi2:.1f}, {fit.df}, " + ("–: two budgets fit any curve" if fit.p_value is None else
+                                                f"{fit.p_value:.3f}: " + ("fits" if fits_well(config) else "does not fit"))}
+        if not fits_well(config):
+            row |= {f"exponent [{metric}] ± se": "not shown", f"fitted shortfall at {lowest // batch:,} / "
+                    f"{highest // batch:,} steps": "not shown"}
+            if config != baseline:
+                row |= {f"exponent − {baseline}'s [95%, t]": "–: its curve does not fit", "fitted curves cross": "–"}
+            table.append(row)
+            continue
+        law = fit.law
+        row |= {f"exponent [{metric}] ± se": f"{law.exponent:.3f} ± {fit.exponent_se:.3f}",
+                f"fitted shortfall at {lowest // batch:,} / {highest // batch:,} steps":
+                    f"{law.at(lowest):.1f} / {law.at(highest):.1f}"}
+        if config != baseline and fits_well(baseline):
+            base = fits[baseline]
+            diff = law.exponent - base.law.exponent
+            half = t_quantile(0.975, fewest - 1) * math.hypot(fit.exponent_se, base.exponent_se)
+            trend = "falls faster" if diff - half > 0 else "falls slower" if diff + half < 0 else "undetermined"
+            row[f"exponent − {baseline}'s [95%, t]"] = f"{diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]: {trend}"
+            at = crossing(law, base.law)
+            row["fitted curves cross"] = ("never (parallel)" if at is None else
+                                          f"at {_steps(at, batch)} steps, within the budgets measured"
+                                          if lowest <= at <= highest else
+                                          "outside the budgets measured (an extrapolation: not given)")
+        elif config != baseline:
+            row |= {f"exponent − {baseline}'s [95%, t]": f"–: {baseline}'s curve does not fit", "fitted curves cross": "–"}
         table.append(row)
     return pd.DataFrame(table).fillna("baseline")
+
+
+def _worth(score: float, curve: list[tuple[int, float]]) -> str:
+    """The baseline's steps whose measured ``curve`` ((steps, mean) by steps) reaches ``score``, linear
+    in log steps between adjacent budgets; "< FIRST" or "> LAST" outside the curve, where it would be an
+    extrapolation."""
+    (first, low), (last, high) = curve[0], curve[-1]
+    if score < low:
+        return f"< {first:,}"
+    if score > high:
+        return f"> {last:,}"
+    for (s0, m0), (s1, m1) in zip(curve, curve[1:]):
+        if m0 <= score <= m1:
+            share = 0.0 if m1 == m0 else (score - m0) / (m1 - m0)
+            return f"{math.exp(math.log(s0) + share * (math.log(s1) - math.log(s0))):,.0f}"
+    raise AssertionError("a rising curve holds every score between its ends")
+
+
+def budget_worth(folders: list[Path], metric: str = "main") -> pd.DataFrame:
+    """An equivalent-budget yardstick, the unit scaling-law comparisons of training procedures use: how
+    many of the baseline's steps each configuration's score at each budget is worth, read off the
+    baseline's own measured curve (its mean at each budget, linear in log steps between them), at the
+    configuration's mean and at the ends of its 95% interval over seeds (the baseline curve's own noise
+    is not in that interval). Only within the baseline's measured budgets; outside them, "<" or ">" its
+    first or last. Refused where the baseline's curve does not rise with the budget, which no score can
+    be read off."""
+    names = SUITE_COLUMNS["world"]
+    studies, baseline, compared = _budgets(folders)
+    curve = [(regime["steps"], float(rows.loc[(baseline, metric), "mean"])) for regime, rows, _, _ in studies]
+    if len({s for s, _ in curve}) < 2:
+        raise UsageError("a yardstick needs the study at two budgets or more")
+    if any(m1 <= m0 for (_, m0), (_, m1) in zip(curve, curve[1:])):
+        raise UsageError(f"{baseline}'s {names.get(metric, metric)} does not rise with the budget "
+                         f"({', '.join(f'{m:.1f}' for _, m in curve)}): no score can be read off it")
+    table = []
+    for config in compared:
+        for regime, rows, _, _ in studies:
+            r = rows.loc[(config, metric)]
+            worth = _worth(r["mean"], curve)
+            ends = ("" if pd.isna(r["ci_low"]) else
+                    f" [{_worth(r['ci_low'], curve)}, {_worth(r['ci_high'], curve)}]")
+            table.append({"config": config, "steps": f"{regime['steps']:,}",
+                          f"{names.get(metric, metric)} [95%]": (f"{r['mean']:.1f}" + ("" if pd.isna(r["ci_low"]) else
+                                                                 f" [{r['ci_low']:.1f}, {r['ci_high']:.1f}]")),
+                          f"worth {baseline}'s steps [95%]": worth + ends})
+    return pd.DataFrame(table)
 
 
 def contrast_table(folder: Path, pairs: list[tuple[str, str]]) -> pd.DataFrame:
