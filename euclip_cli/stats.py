@@ -318,7 +318,7 @@ def above_chance(scores: Sequence[float], chance: float, images: Optional[int] =
     excess = estimate([s - chance for s in scores], "t", level)
     if excess.sd is None or not images:
         return excess
-    p = min(1.0, max(0.0, (excess.mean + chance) / 100))
+    p = min(1.0, max(0.0, (excess.mean + chance) / 100))  # a mean score outside [0, 100] only by rounding
     se = math.sqrt(excess.sd ** 2 / excess.n + (100 * binomial_se(p, images)) ** 2)
     half = t_quantile(0.5 + level / 2, excess.n - 1) * se
     return Estimate(excess.n, excess.mean, excess.sd, excess.mean - half, excess.mean + half)
@@ -408,8 +408,8 @@ def config_table(rows: list[dict], configs: list[str], baseline: str, groups: di
 
 
 def learned_cell(main: Optional[dict]) -> str:
-    """Whether a configuration learned, from its study.csv main row: "yes" or "no" (its seeds' interval of
-    the main score's excess over chance), "–" where unknown (one seed, or no chance level)."""
+    """Whether a configuration learned, from its study.csv main row (``study.verdicts.learning``): "yes" or
+    "no", "–" where unknown (no chance level, or neither test could be made)."""
     flag = None if main is None else main.get("learned")
     if flag is None or flag == "" or flag != flag:  # None, or empty or NaN read back from a CSV
         return "–"
