@@ -65,12 +65,14 @@ def _pool_worker() -> None:
 
 
 @contextlib.contextmanager
-def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of ``workers`` processes for independent pieces of work (shards). When the block raises
+def worker_pool(workers: int, pieces: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` processes, at most one per each of the ``pieces`` of independent work (shards)
+    it will be given: a forked pool starts every process at once, so 200 workers for 11 pieces would start
+    189 that never work. When the block raises
     (KeyboardInterrupt, SIGTERM's exception, a piece that failed), the pieces not yet started are cancelled
     and the running ones stopped (a piece may take a minute): the caller's cleanup then removes what they
     wrote, and no worker writes after it."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker)
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, pieces)), initializer=_pool_worker)
     try:
         yield pool
     except BaseException:

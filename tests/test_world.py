@@ -298,3 +298,22 @@ def test_each_sample_carries_the_boxes_of_the_objects_its_caption_names_in_hycoc
             assert not far.any()
             checked += 1
     assert checked > 100
+
+
+def test_a_generation_starts_no_more_processes_than_it_has_pieces_of_work(tmp_path, monkeypatch):
+    """--workers 200 for a world of one training shard and ten evaluation tasks: a forked pool starts every
+    process it may use at once, so the pool is sized to the eleven pieces, not to the 200 asked for."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from euclip_cli import workers
+
+    sizes = []
+
+    class Counted(ProcessPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            sizes.append(max_workers)
+            super().__init__(max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", Counted)
+    generate(tmp_path / "w", WorldSettings(seed=3, samples=60, eval_size=12), workers=200)
+    assert sizes == [1 + len(WORLD_TASKS)]

@@ -170,7 +170,7 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
     # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
     with whole_folder(out, lambda pid: PhotoShardsExistError(
             f"{out} is being written by another process (pid {pid}): wait for it, or choose another --out")) as staging:
-        with worker_pool(max(1, min(workers, len(counts)))) as pool:
+        with worker_pool(workers, len(counts)) as pool:
             jobs = [pool.submit(_write_shard, str(staging), seed, i, n) for i, n in enumerate(counts)]
             for done, job in enumerate(jobs, 1):
                 job.result()

@@ -186,7 +186,7 @@ def cut_all(out: Path, processes: int, say: Say) -> dict:
     if todo:
         say(f"boxes: cutting {len(todo)} of {len(raws)} shard(s) into {shards_dir}, as HyCoCLIP prepares GRIT")
         if processes > 1 and len(todo) > 1:
-            with worker_pool(min(processes, len(todo))) as pool:
+            with worker_pool(processes, len(todo)) as pool:
                 list(pool.map(cut_boxes, *zip(*todo)))
         else:
             for raw, shard in todo:
