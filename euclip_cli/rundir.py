@@ -332,6 +332,10 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write((("\n" if cut_short else "") + json.dumps(record) + "\n").encode())
 
 
+# A checkpoint pointer holds one file name: anything longer is not one.
+POINTER_LIMIT = 4096
+
+
 @dataclass(frozen=True)
 class RunDir:
     """One run directory; every path inside it comes from here."""
@@ -465,12 +469,24 @@ class RunDir:
                  if p.stem[len(CHECKPOINT_PREFIX):].isdigit()]
         return sorted(found, key=checkpoint_step)
 
-    def latest_checkpoint(self) -> Optional[Path]:
-        """The checkpoint ``latest`` names, or None when there is none yet."""
+    def latest_name(self) -> Optional[str]:
+        """The checkpoint name ``latest`` holds, None without it; a pointer that is not a short UTF-8 text file
+        (a FIFO, a device, other bytes) is a Failure naming it, read by every reader of it alike."""
         pointer = self.checkpoints_dir / "latest"
         if not pointer.exists():
             return None
-        path = self.checkpoints_dir / pointer.read_text().strip()
+        try:
+            return readers.read_bytes(pointer, "checkpoint pointer", POINTER_LIMIT).decode("utf-8").strip()
+        except (readers.UnreadableFile, UnicodeDecodeError):
+            raise Failure(f"{pointer} is not a checkpoint's name (a short UTF-8 text file): delete it to use the "
+                          f"newest checkpoint there") from None
+
+    def latest_checkpoint(self) -> Optional[Path]:
+        """The checkpoint ``latest`` names, or None when there is none yet."""
+        name = self.latest_name()
+        if name is None:
+            return None
+        path = self.checkpoints_dir / name
         return path if path.is_file() else None
 
     def run_id(self) -> Optional[str]:
@@ -485,12 +501,8 @@ class RunDir:
         is a Failure naming it and what to do, never a quiet fall-back to an older one: that would score,
         analyse or resume another step as the run's."""
         pointer = self.checkpoints_dir / "latest"
-        if pointer.exists():
-            try:
-                name = pointer.read_text().strip()
-            except UnicodeDecodeError:
-                raise Failure(f"{pointer} is not a checkpoint's name (not UTF-8 text): delete it to use the "
-                              f"newest checkpoint there") from None
+        name = self.latest_name()
+        if name is not None:
             path = self.checkpoints_dir / name
             if not path.is_file() or path.parent != self.checkpoints_dir:
                 newest = self.checkpoints()

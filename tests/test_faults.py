@@ -129,6 +129,9 @@ def _saved_run(rel: str, damage: str, seed: int = 0):
                     (other.checkpoints_dir / f"step_4.pt{suffix}").read_bytes())
         elif damage == "latest":
             (run.checkpoints_dir / "latest").write_bytes(b"\xff\xfe step")
+        elif damage == "latest-fifo":
+            (run.checkpoints_dir / "latest").unlink()
+            os.mkfifo(run.checkpoints_dir / "latest")
     return setup
 
 
@@ -276,7 +279,12 @@ CASES = [
     Case("train resuming from a checkpoint copied in from another run", [*TRAIN, "--name", "r"], 1,
          ["step_4.pt belongs to another run"], _saved_run("runs/r", "foreign")),
     Case("eval when 'latest' is not text", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
-         ["{tmp}/runs/r/checkpoints/latest", "not UTF-8", "delete it"], _saved_run("runs/r", "latest")),
+         ["{tmp}/runs/r/checkpoints/latest", "a short UTF-8 text file", "delete it"], _saved_run("runs/r", "latest")),
+    # Every reader of the pointer alike: a resume read it apart once, and gave a traceback.
+    Case("train resuming when 'latest' is not text", [*TRAIN, "--name", "r"], 1,
+         ["{tmp}/runs/r/checkpoints/latest", "a short UTF-8 text file", "delete it"], _saved_run("runs/r", "latest")),
+    Case("eval when 'latest' is a FIFO", ["eval", "{tmp}/runs/r", "--tasks", "world:main"], 1,
+         ["{tmp}/runs/r/checkpoints/latest", "a short UTF-8 text file"], _saved_run("runs/r", "latest-fifo")),
     # Numbers a machine cannot hold are refused as they are parsed, naming the key or option.
     Case("train with a batch whose images alone exceed the machine's memory",
          [*TRAIN, "data.batch_size=4611686018427387904", "optim.samples=4611686018427387904"], 2,
