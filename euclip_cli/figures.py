@@ -52,9 +52,12 @@ def spectra_plot(study: dict, title: str, stem: Path) -> list[Path]:
 
 
 def training_curves(metrics: dict[str, list[dict]], stem: Path) -> list[Path]:
-    """Every loss term, the logit scale and (where learned) the curvature against step, one line per run."""
+    """Every loss term, the logit scale and (where learned) the curvature against step, one line per run;
+    nothing where no record holds one of them."""
     keys = ["loss", "contrastive", "entailment", "logit_scale", "curvature"]
     present = [k for k in keys if any(k in r for records in metrics.values() for r in records)]
+    if not present:
+        return []
     fig, axes = plt.subplots(1, len(present), figsize=(3.2 * len(present), 3), squeeze=False)
     colours = {name: f"C{i % 10}" for i, name in enumerate(metrics)}  # one colour per run in every panel
     for ax, key in zip(axes[0], present):

@@ -556,3 +556,15 @@ def test_an_error_line_shows_whatever_width_columns_names(columns, tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == ["error: recipe 'no-such-recipe' not found (run 'euclip recipes list' to see "
                                         "the recipes)"], done.stderr
+
+
+@pytest.mark.parametrize("metrics", ["", '{"step": 0}\n'])
+def test_a_report_whose_only_run_was_killed_before_its_first_step_draws_no_curve(metrics, world, tmp_path):
+    """A run killed before its first training record leaves a metrics.jsonl with nothing to draw: the report
+    and its page are written without a training-curves figure (the figure once asked matplotlib for zero panels
+    and gave a traceback)."""
+    _both(_real_run("runs/early", None), _write("runs/early/metrics.jsonl", metrics))(tmp_path, world)
+    result = CliRunner().invoke(app, ["report", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "tables"),
+                                      "--format", "html"])
+    assert result.exit_code == 0, result.output
+    assert not list((tmp_path).rglob("training_curves*"))

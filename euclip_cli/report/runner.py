@@ -192,9 +192,9 @@ def write_figures(runs, runs_dir: Path, folder: Path) -> list[tuple[str, Path]]:
 
     made = []
     metrics = training_metrics(runs_dir, [r.name for r in runs])
-    if metrics:
-        png = training_curves(metrics, folder / "training_curves")[0]
-        made.append(("Training curves: loss terms, logit scale, curvature", png))
+    drawn = training_curves(metrics, folder / "training_curves") if metrics else []
+    if drawn:
+        made.append(("Training curves: loss terms, logit scale, curvature", drawn[0]))
     for suite in SUITE_COLUMNS:
         scores = {r.name: r.scores[suite] for r in runs if r.scores[suite]["tasks_done"]}
         if scores:

@@ -472,9 +472,10 @@ CURVE_POINTS = 2000
 
 def training_metrics(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
     """Each run's ``metrics.jsonl`` records for its curves, at most about ``CURVE_POINTS`` (lines cut
-    short by a crash are skipped)."""
+    short by a crash are skipped); a run killed before its first step has none and no curve."""
     runs = {name: RunDir(runs_dir / name) for name in names}
-    return {name: run.training_records(CURVE_POINTS) for name, run in runs.items() if run.metrics_file.exists()}
+    records = {name: run.training_records(CURVE_POINTS) for name, run in runs.items() if run.metrics_file.exists()}
+    return {name: kept for name, kept in records.items() if kept}
 
 
 def _interval(mean, low, high, digits: int = 1) -> str:
