@@ -416,6 +416,12 @@ def learned_cell(main: Optional[dict]) -> str:
     return "yes" if flag in (True, "True") else "no"
 
 
+def did_not_learn(rows: dict) -> frozenset[str]:
+    """The configurations study.csv's main rows (``rows``: by (config, metric)) say did not learn."""
+    return frozenset(config for (config, metric), r in rows.items()
+                     if metric == "main" and r.get("learned") in (False, "False"))
+
+
 CLAIMS_HEADER = ("claim", "effect here, raw 95%", "family-wise interval", "statement", "beside the paper",
                  "paper's effect, nearest regime", "other published", "seeds for 80% power")
 

@@ -761,8 +761,9 @@ def contrast_table(folder: Path, pairs: list[tuple[str, str]]) -> pd.DataFrame:
     pair with how far each one's learnable scalars moved (``regime.json``: the mean over seeds of the
     final value) and the paired difference on each of ``CURVE_METRICS``'s groups with its Student's t 95%
     interval, from the per-seed values (``seeds.csv``). Raw intervals: such a pair is a reading beside the
-    study's claims, not one of them."""
-    from euclip_cli.stats import paired_difference
+    study's claims, not one of them. A configuration study.csv says did not learn is marked so, its pair
+    read as one at the chance floor."""
+    from euclip_cli.stats import did_not_learn, paired_difference
 
     seeds = _published_seeds(folder, "a contrast pairs the seeds")
     regime = read_json(folder / "regime.json")
@@ -779,9 +780,15 @@ def contrast_table(folder: Path, pairs: list[tuple[str, str]]) -> pd.DataFrame:
         scalars = [r for r in regime["scalars"] if r["config"] == config]
         return "; ".join(f"{r['scalar']} {r['init']:.3g} → {r['final']:.3g}" for r in scalars) or MISSING
 
+    rows = pd.read_csv(folder / "study.csv")
+    idle = did_not_learn({(r["config"], r["metric"]): r for r in rows.to_dict("records")})
+
+    def named(config: str) -> str:
+        return f"{config} (did not learn)" if config in idle else config
+
     table = []
     for config, against in pairs:
-        row = {"config": config, "against": against, "its scalars (initial → final)": moved(config),
+        row = {"config": named(config), "against": named(against), "its scalars (initial → final)": moved(config),
                "against's scalars": moved(against)}
         for metric in CURVE_METRICS:
             diff = paired_difference(values[config].get(metric, {}), values[against].get(metric, {}), "t")

@@ -13,7 +13,7 @@ from euclip_cli import config as C
 from euclip_cli.protocol.tasks import GROUPS, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
 from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table,
-                               learned_cell)
+                               did_not_learn, learned_cell)
 from euclip_cli.study.spec import Study
 from euclip_cli.study.verdicts import regime_lines
 
@@ -117,12 +117,6 @@ def to_markdown(study: Study, summary: dict) -> str:
             share = "–" if not sd else f"{min(1.0, (se / sd) ** 2):.0%}"
             lines.append(f"| {r['images']} | {_fmt(sd, 2)} | {_fmt(se, 2)} | {share} |")
     return "\n".join(lines) + "\n"
-
-
-def did_not_learn(rows: dict) -> frozenset[str]:
-    """The configurations study.csv's main rows (``rows``: by (config, metric)) say did not learn."""
-    return frozenset(config for (config, metric), r in rows.items()
-                     if metric == "main" and r.get("learned") in (False, "False"))
 
 
 def _label(config: str, idle: frozenset[str]) -> str:
