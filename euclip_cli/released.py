@@ -348,13 +348,16 @@ def openclip_run_name(spec: str) -> str:
     return "openclip-" + "-".join(filter(None, [arch, Path(tag).stem if "/" in tag else tag]))
 
 
-def _fit(model, state: dict, source: str) -> None:
-    """Load ``state`` into ``model`` or name the first problem: missing, unexpected or misshapen keys."""
+def _fit(model, state: dict, source: str, fmt: str) -> None:
+    """Load ``state`` into ``model`` or name the first problem: missing, unexpected or misshapen keys, with
+    advice this format's import takes (an export names its own model: no option changes it)."""
     from euclip_cli.model import state_mismatch
 
     problem = state_mismatch(model, state)
     if problem:
-        raise CheckpointError(f"{source}: {problem}; check --geometry and --arch against the checkpoint")
+        advice = ("its euclip_config.json does not describe its weights: export the run again" if fmt == "euclip-export"
+                  else "check --geometry and --arch against the checkpoint")
+        raise CheckpointError(f"{source}: {problem}; {advice}")
     expected = model.state_dict()
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
@@ -373,7 +376,7 @@ def import_run(fmt: str, source: str, name: str, runs_dir: Path, geometry: Optio
            else C.load_config(None, [*converted.overrides, f"eval.tasks={converted.tasks}"]))
     model = EuclipModel(cfg, clip=converted.clip)
     if converted.state is not None:
-        _fit(model, converted.state, source)
+        _fit(model, converted.state, source, fmt)
     config = C.to_dict(cfg)
     meta = {"imported": {"format": fmt, **converted.meta}}
     if run.latest_checkpoint() is not None and run.meta().get("imported") == meta["imported"]:

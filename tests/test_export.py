@@ -349,3 +349,19 @@ def test_a_trained_run_goes_out_and_back_through_the_cli_in_fresh_processes(tmp_
     assert f"{first['main_metric']:.4f}" in (tmp_path / "out" / exported.CARD).read_text()
     assert "back (imported: euclip-export)" in (tmp_path / "tables" / "embedded.md").read_text()
     assert (tmp_path / "runs" / "back" / "analysis").is_dir()
+
+
+def test_an_export_whose_weights_its_config_does_not_fit_gets_advice_this_import_takes(tmp_path):
+    """An export's config names its own model, so import euclip-export refuses --geometry and --arch; its
+    advice for weights that do not fit must not send the user to them."""
+    runs = tmp_path / "runs"
+    make_run(runs, "tiny-clip", name="clip")
+    folder = tmp_path / "export"
+    assert runner.invoke(app, ["export", "clip", str(folder), "--runs-dir", str(runs)]).exit_code == 0
+    described = json.loads((folder / exported.CONFIG).read_text())
+    described["config"]["model"]["class_tokens"] = 2  # a model the weights are not
+    (folder / exported.CONFIG).write_text(json.dumps(described))
+    result = runner.invoke(app, ["import", "euclip-export", str(folder), "--name", "back", "--runs-dir", str(runs)])
+    one_error_line(result, 1, "euclip_config.json does not describe its weights", "export the run again")
+    assert "--geometry" not in result.output
+    assert not (runs / "back").exists()
