@@ -362,6 +362,6 @@ def test_an_export_whose_weights_its_config_does_not_fit_gets_advice_this_import
     described["config"]["model"]["class_tokens"] = 2  # a model the weights are not
     (folder / exported.CONFIG).write_text(json.dumps(described))
     result = runner.invoke(app, ["import", "euclip-export", str(folder), "--name", "back", "--runs-dir", str(runs)])
-    one_error_line(result, 1, "euclip_config.json does not describe its weights", "export the run again")
+    one_error_line(result, 2, "euclip_config.json does not describe its weights", "export the run again")
     assert "--geometry" not in result.output
     assert not (runs / "back").exists()
