@@ -158,9 +158,15 @@ def hub_token(repo: str, token: Optional[str] = None) -> str:
     """The token a push to ``repo`` (OWNER/NAME) sends: ``token``, else HF_TOKEN or the one 'hf auth login'
     stored; a usage error for a malformed name or no token, found before anything is written."""
     from huggingface_hub import get_token
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
 
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise UsageError(f"'{repo}': a Hub repository is OWNER/NAME")
+    try:
+        validate_repo_id(repo)  # the Hub's own rule for names, before anything is created
+    except HFValidationError as err:
+        raise UsageError(f"'{repo}' is not a name the Hub accepts ({_first_line(err)}): choose another") from None
     configure_hub_client()
     token = token or get_token()
     if not token:
@@ -172,13 +178,17 @@ def push(folder: Path, repo: str, private: bool = True, token: Optional[str] = N
     """Upload export ``folder`` to a new model repository ``repo`` (OWNER/NAME), private unless told
     otherwise; returns its URL. A taken name or a missing token is a usage error; nothing is left on the
     Hub when the upload fails."""
-    from huggingface_hub import HfApi
+    from httpx2 import TransportError
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError
 
     described = exported.read_described(folder)  # not an export: refused before anything is created
     api = HfApi(token=hub_token(repo, token))
     try:
         url = api.create_repo(repo, private=private, exist_ok=False)
+    except TransportError as err:  # no answer at all: refused, reset, timed out, no route
+        raise Failure(f"could not reach the Hub at {constants.ENDPOINT} to create {repo} ({_first_line(err)}): "
+                      f"check the network or HF_ENDPOINT; nothing was uploaded") from None
     except HfHubHTTPError as err:
         status = getattr(err.response, "status_code", None)
         if status == 409:
@@ -194,10 +204,10 @@ def push(folder: Path, repo: str, private: bool = True, token: Optional[str] = N
     except BaseException as err:
         try:
             api.delete_repo(repo)
-        except HfHubHTTPError as cleanup:
+        except (HfHubHTTPError, TransportError) as cleanup:
             raise Failure(f"the upload to {repo} failed ({_first_line(err)}) and the repository it created "
                           f"could not be deleted ({_first_line(cleanup)}): delete it on the Hub") from None
-        if isinstance(err, (HfHubHTTPError, OSError)):
+        if isinstance(err, (HfHubHTTPError, OSError, TransportError)):
             raise Failure(f"the upload to {repo} failed ({_first_line(err)}); the repository it created was "
                           f"deleted: push again with euclip push {folder} {repo}") from None
         raise

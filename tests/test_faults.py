@@ -330,6 +330,16 @@ CASES = [
     Case("import from the Hub with an HF_ENDPOINT that is not a URL",
          ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"], 2,
          ["HF_ENDPOINT='not a url'"], env={"HF_ENDPOINT": "not a url"}),
+    Case("import from the Hub with an HF_ENDPOINT urllib cannot parse",
+         ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"], 2,
+         ["HF_ENDPOINT='http://[bad'"], env={"HF_ENDPOINT": "http://[bad"}),
+    # The Hub's edges: a name its validator refuses, a Hub that does not answer.
+    Case("push to a repository name the Hub refuses", ["push", "{tmp}/runs/good", "me/re..po"], 2,
+         ["'me/re..po' is not a name the Hub accepts", "choose another"], _checkpointed_run("runs/good"),
+         env={"HF_TOKEN": "hf_abc", "HF_ENDPOINT": "http://127.0.0.1:9"}),
+    Case("push when the Hub does not answer", ["push", "{tmp}/runs/good", "me/model"], 1,
+         ["could not reach the Hub at http://127.0.0.1:9", "nothing was uploaded"], _checkpointed_run("runs/good"),
+         env={"HF_TOKEN": "hf_abc", "HF_ENDPOINT": "http://127.0.0.1:9"}),
     # Evaluation sets that cannot be read are named with their folder and the command that fetches them.
     Case("eval on a world whose shapes shard was cut", ["eval", "{tmp}/runs/good", "--tasks", "world/shapes",
                                                         "--world", "{tmp}/w"], 1,
@@ -568,3 +578,20 @@ def test_a_report_whose_only_run_was_killed_before_its_first_step_draws_no_curve
                                       "--format", "html"])
     assert result.exit_code == 0, result.output
     assert not list((tmp_path).rglob("training_curves*"))
+
+
+def test_a_malformed_hf_endpoint_is_one_line_before_any_command_starts(tmp_path):
+    """huggingface_hub parses HF_ENDPOINT as it is imported, with open_clip, by nearly every command: one that
+    urllib cannot parse gave a traceback from that import, before any command's own check. The real CLI process,
+    so that the import happens in it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_ENDPOINT="http://[bad")
+    done = subprocess.run([sys.executable, "-m", "euclip_cli", "report", "--out", str(tmp_path / "t")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == ["error: environment variable HF_ENDPOINT='http://[bad' is not an "
+                                                "http(s) URL such as https://huggingface.co: set it to the Hub's URL, "
+                                                "or unset it"]
+    assert not (tmp_path / "t").exists()

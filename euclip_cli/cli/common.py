@@ -25,7 +25,7 @@ from typer.core import TyperGroup
 # typer 0.29 (pinned) vendors click and does not re-export its exception base classes.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
-from euclip_cli.errors import DamagedLines, EuclipError, out_of_file_descriptors
+from euclip_cli.errors import DamagedLines, EuclipError, UsageError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
 
 # Rich sizes its lines by COLUMNS where it is set, and at 0 or below prints nothing at all, errors
@@ -212,6 +212,15 @@ def run_app(app: typer.Typer) -> None:
     # worker, a shell's background job): Ctrl-C and kill -INT then did nothing, and a world was written whole.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     warnings.showwarning = show_warning
+    # huggingface_hub parses HF_ENDPOINT as it is imported, and open_clip imports it with the model: a bad one is
+    # named before any command starts, rather than in a traceback from whichever import met it first.
+    from euclip_cli.data.fetch import check_hub_endpoint
+
+    try:
+        check_hub_endpoint()
+    except UsageError as err:  # outside any command yet: no Typer to turn fail's Exit into the exit code
+        err_console.print(f"[bold red]error:[/] {escape(one_line(str(err)))}", highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
     # clip-benchmark 1.6.2 builds its WebDatasets without ``shardshuffle``; the warning is about
     # its code, says nothing to a user, and the evaluation order it implies (none) is what we want.
     warnings.filterwarnings("ignore", message=r"WebDataset\(shardshuffle=\.\.\.\) is None")

@@ -184,9 +184,7 @@ def check_hub_environment() -> None:
     """The Hugging Face variables euclip's Hub calls read, checked before any is used: a token holding a space,
     a line break (pasted with its newline) or a character that is not ASCII would be sent as a malformed
     header, an endpoint that is not an http(s) URL fails deep inside the client. Each is a usage error
-    naming the variable."""
-    from urllib.parse import urlparse
-
+    naming the variable (the endpoint: ``check_hub_endpoint``)."""
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         token = os.environ.get(name)
         # A token is printable ASCII: anything else cannot go into an HTTP header.
@@ -196,10 +194,22 @@ def check_hub_environment() -> None:
                     else "a space, a line break, a control character or a character that is not ASCII")
             raise UsageError(f"environment variable {name} holds {what}: set it to the token alone (hf_...), or "
                              f"unset it")
+    check_hub_endpoint()
+
+
+def check_hub_endpoint() -> None:
+    """HF_ENDPOINT, an http(s) URL where set: huggingface_hub parses it as it is imported (open_clip imports it
+    with every model), so a malformed one fails there, whatever the command; a usage error naming it."""
+    from urllib.parse import urlparse
+
     endpoint = os.environ.get("HF_ENDPOINT")
     if endpoint is not None:
-        url = urlparse(endpoint.strip())
-        if url.scheme not in ("http", "https") or not url.hostname or endpoint != endpoint.strip():
+        try:
+            url = urlparse(endpoint.strip())
+            host = url.hostname
+        except ValueError:  # urllib refuses some malformed URLs outright ('http://[bad': an unclosed IPv6 host)
+            host = None
+        if host is None or url.scheme not in ("http", "https") or endpoint != endpoint.strip():
             raise UsageError(f"environment variable HF_ENDPOINT={endpoint!r} is not an http(s) URL such as "
                              f"https://huggingface.co: set it to the Hub's URL, or unset it")
 
