@@ -98,10 +98,15 @@ def scalars_of(model: EuclipModel) -> dict[str, float]:
 def write(folder: Path, model: EuclipModel, config: dict, provenance: dict) -> dict:
     """Write the weights and the configs of ``model`` (built from ``config``) into ``folder``; returns the
     euclip config as written. The caller owns the folder's atomicity and the model card."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     towers = {key: value.detach().contiguous().cpu() for key, value in model.clip.state_dict().items()}
-    save_file(towers, str(folder / WEIGHTS), metadata={"format": FORMAT, "geometry": config["geometry"]["name"]})
+    try:
+        save_file(towers, str(folder / WEIGHTS), metadata={"format": FORMAT, "geometry": config["geometry"]["name"]})
+    except SafetensorError as err:  # safetensors reports its write's OS error (a full disk) as its own error
+        raise Failure(f"{folder / WEIGHTS} could not be written ({str(err).splitlines()[0]}): free space where the "
+                      f"export goes, or give another folder, and export again") from None
     embed_dim = int(model.clip.text_projection.shape[-1])
     problem = open_clip_problem(config)
     described = {

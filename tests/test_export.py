@@ -365,3 +365,22 @@ def test_an_export_whose_weights_its_config_does_not_fit_gets_advice_this_import
     one_error_line(result, 2, "euclip_config.json does not describe its weights", "export the run again")
     assert "--geometry" not in result.output
     assert not (runs / "back").exists()
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """safetensors reports its write's OS error as a SafetensorError, which gave a traceback."""
+    from safetensors import SafetensorError
+    import safetensors.torch
+
+    runs = tmp_path / "runs"
+    make_run(runs, "tiny-clip", name="clip")
+
+    def full_disk(tensors, filename, metadata=None):
+        open(filename, "wb").write(b"half")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    result = runner.invoke(app, ["export", "clip", str(tmp_path / "out"), "--runs-dir", str(runs)])
+    one_error_line(result, 1, "open_clip_model.safetensors could not be written", "No space left on device",
+                   "export again")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
