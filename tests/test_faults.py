@@ -595,3 +595,20 @@ def test_a_malformed_hf_endpoint_is_one_line_before_any_command_starts(tmp_path)
                                                 "http(s) URL such as https://huggingface.co: set it to the Hub's URL, "
                                                 "or unset it"]
     assert not (tmp_path / "t").exists()
+
+
+def test_too_little_memory_to_load_torch_is_one_line(tmp_path):
+    """Under a 400 MB address-space limit torch's shared library cannot be mapped, and its import raised an
+    ImportError through every command that trains or evaluates: now one line naming memory and the limit."""
+    import resource
+    import subprocess
+    import sys
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (400 * 2 ** 20, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--runs-dir",
+                           str(tmp_path / "runs")], preexec_fn=limited, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: out of memory while loading a library") and "ulimit -v" in line, line

@@ -104,9 +104,14 @@ NEW_RUNS_DIR_OPTION = typer.Option(RUNS_DIR, callback=writable_folder, help="Whe
 WORLD_OPTION = typer.Option(None, callback=checked_path, help="Embedded world folder (default: the one trained on).")
 
 
+# What the dynamic loader says when a shared library (torch's) cannot be mapped for want of memory.
+LOADER_OUT_OF_MEMORY = ("failed to map segment from shared object", "cannot allocate memory")
+
+
 def environment_fault(err: Exception) -> Optional[tuple[str, int]]:
     """``(message, exit code)`` for an error that the user or the machine caused (a file where a folder
-    goes, no permission, a full disk, too few file descriptors), or None for one that is a bug of ours.
+    goes, no permission, a full disk, too few file descriptors, too little memory to load a library), or None
+    for one that is a bug of ours.
     The path in the message is the one the operating system named."""
     if out_of_file_descriptors(err):
         import resource
@@ -115,6 +120,13 @@ def environment_fault(err: Exception) -> Optional[tuple[str, int]]:
         room = max(4096, 4 * soft) if hard == resource.RLIM_INFINITY else hard
         remedy = f"raise it (ulimit -n {room})" if room > soft else f"ask for a hard limit above {hard}"
         return f"too many open files: this process may hold {soft} (ulimit -n); {remedy} and rerun the same command", 1
+    if isinstance(err, ImportError) and any(sign in str(err) for sign in LOADER_OUT_OF_MEMORY):
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        held = "" if limit == resource.RLIM_INFINITY else f" (this process may map {limit / 2 ** 30:.1f} GiB: ulimit -v)"
+        return (f"out of memory while loading a library ({one_line(str(err))}){held}: free memory or raise the "
+                f"limit, and rerun the same command", 1)
     if not isinstance(err, OSError):
         return None
     path = Path(err.filename) if err.filename else None
@@ -154,7 +166,7 @@ def errors():
         fail("terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted", 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
-    except (OSError, RuntimeError) as err:
+    except (OSError, RuntimeError, ImportError) as err:
         fault = environment_fault(err)
         if fault is None:
             raise
@@ -182,7 +194,7 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             err_console.print("[bold red]error:[/] interrupted", highlight=False)
             sys.exit(1)
-        except (OSError, RuntimeError) as err:
+        except (OSError, RuntimeError, ImportError) as err:
             # What a command's own error funnel (common.errors) would say of a fault of the machine,
             # for one raised before the command reached it (a library's import out of open files).
             fault = environment_fault(err)
