@@ -337,9 +337,7 @@ CASES = [
     Case("push to a repository name the Hub refuses", ["push", "{tmp}/runs/good", "me/re..po"], 2,
          ["'me/re..po' is not a name the Hub accepts", "choose another"], _checkpointed_run("runs/good"),
          env={"HF_TOKEN": "hf_abc", "HF_ENDPOINT": "http://127.0.0.1:9"}),
-    Case("push when the Hub does not answer", ["push", "{tmp}/runs/good", "me/model"], 1,
-         ["could not reach the Hub at http://127.0.0.1:9", "nothing was uploaded"], _checkpointed_run("runs/good"),
-         env={"HF_TOKEN": "hf_abc", "HF_ENDPOINT": "http://127.0.0.1:9"}),
+
     # Evaluation sets that cannot be read are named with their folder and the command that fetches them.
     Case("eval on a world whose shapes shard was cut", ["eval", "{tmp}/runs/good", "--tasks", "world/shapes",
                                                         "--world", "{tmp}/w"], 1,
@@ -612,3 +610,18 @@ def test_too_little_memory_to_load_torch_is_one_line(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: out of memory while loading a library") and "ulimit -v" in line, line
+
+
+def test_a_push_to_a_hub_that_does_not_answer_is_one_line_and_uploads_nothing(world, tmp_path, monkeypatch):
+    """httpx's connection errors are not the Hub's HTTP errors, and gave a traceback. huggingface_hub reads
+    HF_ENDPOINT once, as it is imported, so the endpoint is set where it keeps it: a port nothing listens on."""
+    from huggingface_hub import constants
+
+    _checkpointed_run("runs/good")(tmp_path, world)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_abc")
+    result = runner.invoke(app, ["push", str(tmp_path / "runs" / "good"), "me/model"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "could not reach the Hub at http://127.0.0.1:9 to create me/model" in line
+    assert "nothing was uploaded" in " ".join(result.output.split())
