@@ -18,7 +18,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 INTERVALS = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 10_000
@@ -416,10 +416,10 @@ def learned_cell(main: Optional[dict]) -> str:
     return "yes" if flag in (True, "True") else "no"
 
 
-def did_not_learn(rows: dict) -> frozenset[str]:
-    """The configurations study.csv's main rows (``rows``: by (config, metric)) say did not learn."""
-    return frozenset(config for (config, metric), r in rows.items()
-                     if metric == "main" and r.get("learned") in (False, "False"))
+def did_not_learn(rows: Iterable[dict]) -> frozenset[str]:
+    """The configurations study.csv's main rows say did not learn (``rows``: as computed, or read back from
+    the CSV, where the mark is text)."""
+    return frozenset(r["config"] for r in rows if r.get("metric") == "main" and r.get("learned") in (False, "False"))
 
 
 CLAIMS_HEADER = ("claim", "effect here, raw 95%", "family-wise interval", "statement", "beside the paper",

@@ -64,15 +64,20 @@ def _pool_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def pool_size(workers: int, pieces: int) -> int:
+    """The processes a pool of ``workers`` starts for ``pieces`` of independent work: at most one per piece,
+    since a forked pool starts every process at once, and at least one."""
+    return max(1, min(workers, pieces))
+
+
 @contextlib.contextmanager
 def worker_pool(workers: int, pieces: int) -> Iterator[ProcessPoolExecutor]:
-    """A pool of ``workers`` processes, at most one per each of the ``pieces`` of independent work (shards)
-    it will be given: a forked pool starts every process at once, so 200 workers for 11 pieces would start
-    189 that never work. When the block raises
+    """A pool of ``pool_size(workers, pieces)`` processes for ``pieces`` of independent work (shards): 200
+    workers for 11 pieces would start 189 that never work. When the block raises
     (KeyboardInterrupt, SIGTERM's exception, a piece that failed), the pieces not yet started are cancelled
     and the running ones stopped (a piece may take a minute): the caller's cleanup then removes what they
     wrote, and no worker writes after it."""
-    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, pieces)), initializer=_pool_worker)
+    pool = ProcessPoolExecutor(max_workers=pool_size(workers, pieces), initializer=_pool_worker)
     try:
         yield pool
     except BaseException:

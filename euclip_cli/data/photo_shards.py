@@ -33,7 +33,7 @@ import numpy as np
 
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import read_json, whole_folder
-from euclip_cli.workers import make_room_for_workers, worker_pool
+from euclip_cli.workers import make_room_for_workers, pool_size, worker_pool
 
 GENERATOR_VERSION = 1
 LONGEST_SIDE = 512  # DataComp's img2dataset image_size
@@ -165,7 +165,7 @@ def generate(out: Path, samples: int, seed: int = 0, workers: int = 2,
         raise PhotoShardsExistError(f"{out} exists and holds files that are not these shards (no manifest.json); "
                                     f"choose another --out or delete it")
     counts = [min(SAMPLES_PER_SHARD, samples - s) for s in range(0, samples, SAMPLES_PER_SHARD)]
-    make_room_for_workers(max(1, min(workers, len(counts))), "--workers")
+    make_room_for_workers(pool_size(workers, len(counts)), "--workers")
     start = time.time()
     # Written whole or not at all: an interrupted run leaves nothing in ``out``, and the same command starts again.
     with whole_folder(out, lambda pid: PhotoShardsExistError(

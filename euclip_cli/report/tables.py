@@ -780,8 +780,7 @@ def contrast_table(folder: Path, pairs: list[tuple[str, str]]) -> pd.DataFrame:
         scalars = [r for r in regime["scalars"] if r["config"] == config]
         return "; ".join(f"{r['scalar']} {r['init']:.3g} → {r['final']:.3g}" for r in scalars) or MISSING
 
-    rows = pd.read_csv(folder / "study.csv")
-    idle = did_not_learn({(r["config"], r["metric"]): r for r in rows.to_dict("records")})
+    idle = did_not_learn(pd.read_csv(folder / "study.csv").to_dict("records"))
 
     def named(config: str) -> str:
         return f"{config} (did not learn)" if config in idle else config

@@ -306,8 +306,7 @@ def tabulate(study: Study, claims: list[Claim], by_config: dict[str, dict[int, d
                 row.update(learning(values, chance, images))
             rows.append(row)
     reading = regime(study, by_config)
-    idle = frozenset(r["config"] for r in rows if r["metric"] == "main" and r.get("learned") is False)
-    return rows, reading, evaluate_claims(study, claims, by_config, reading, idle)
+    return rows, reading, evaluate_claims(study, claims, by_config, reading, stats.did_not_learn(rows))
 
 
 def main_chance(tasks: list[str]) -> Optional[float]:

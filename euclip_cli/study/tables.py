@@ -55,7 +55,7 @@ def to_markdown(study: Study, summary: dict) -> str:
              f"95% interval over seeds ({interval}); \"learned\": whether the main score's interval excludes chance "
              f"(below).", ""]
     rows = {(r["config"], r["metric"]): r for r in summary["rows"]}
-    idle = did_not_learn(rows)
+    idle = did_not_learn(summary["rows"])
     table = config_table(summary["rows"], list(study.configs), study.baseline, {m: names[m] for m in GROUP_METRICS})
     lines += _markdown(table)
     lines += learning_section(study, rows)
@@ -182,6 +182,7 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
              "| config | Shapes | tree-induced error | mistakes' TIE (uniform) | Jaccard | hierarchical precision "
              "| AUC, similarity | AUC, cone | order AUC, [ROOT] | order AUC, cone |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    idle = did_not_learn(rows.values())
     for config in study.configs:
         mistakes = _mean_sd(rows.get((config, "shapes_mistake_tie")), 2)
         uniform = rows.get((config, "shapes_random_mistake_tie"))
@@ -191,7 +192,7 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
                  *(_mean_sd(rows.get((config, m)), 3) for m in ("shapes_jaccard", "shapes_h_precision",
                                                                   "family_similarity_auc", "family_cone_auc",
                                                                   "caption_root_order_auc", "caption_cone_order_auc"))]
-        lines.append(f"| {_label(config, did_not_learn(rows))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(config, idle)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -211,12 +212,13 @@ def temperature_section(study: Study, rows: dict, reading: dict) -> list[str]:
     if published is not None:
         header += ["Sun and Li row", "temperature init → final, as printed", "converged", "ImageNet zero-shot", "Flickr I2T / T2I R@1"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    idle = did_not_learn(rows.values())
     for config, spec in study.configs.items():
         step = rows.get((config, "temperature_converged_step"))
         # A temperature that is not learned, or barely moved, has no step it converged at: "frozen".
         frozen = not C.load_config(spec.recipe, study.overrides(config, 0)).geometry.learn_logit_scale or any(
             r["config"] == config and r["scalar"] == "β" and r["frozen"] for r in reading["scalars"])
-        cells = [_label(config, did_not_learn(rows)), _mean_sd(rows.get((config, "temperature_final")), 2),
+        cells = [_label(config, idle), _mean_sd(rows.get((config, "temperature_final")), 2),
                  "frozen" if frozen else "–" if step is None else f"{step['mean']:.0f}",
                  _mean_sd(rows.get((config, "main"))), _mean_sd(rows.get((config, "retrieval")))]
         if published is not None:

@@ -215,7 +215,8 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         published = primary.effect if primary else None
         # A source that gives a direction only gives the statement's (the claim is the paper's).
         paper_sign = None if primary is None else -1 if published is not None and published < 0 else +1
-        resolution = 10.0 ** -stats.claim_digits(claim.metric if claim.kind == "compare" else claim.measure)
+        metric = claim.metric if claim.kind == "compare" else claim.measure
+        resolution = 10.0 ** -stats.claim_digits(metric)
         idle = [name for name in claim.configs if name in did_not_learn]
         planning = stats.family_level(LEVEL, sizes[family])
         seeds = stats.seeds_needed(raw.sd if raw else None, published, planning) if published else None
@@ -225,7 +226,6 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
         here = stats.seeds_needed(raw.sd, raw.mean, planning) if raw and raw.sd is not None else None
         if here is None and raw and raw.sd:
             here = math.inf
-        metric = claim.metric if claim.kind == "compare" else claim.measure
         out.append({"claim": claim.id, "statement": claim.statement, "metric": metric,
                     "configs": " vs ".join(claim.configs) if claim.kind == "compare" else
                     f"{claim.config} (control {claim.control})",
