@@ -22,11 +22,11 @@ from euclip_cli.data.datacomp import SCALES
 from euclip_cli.data.fetch import configure_hub_client
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.protocol.aggregate import suite_line
+from euclip_cli.protocol.tasks import SUITE_COLUMNS
 from euclip_cli.rundir import RunDir
 
 # The Hub's datasets a run's ``data.dataset`` names (the embedded world is generated, not hosted).
 HUB_DATASETS = {f"datacomp-{scale}": found.repo for scale, found in SCALES.items()}
-SUITES = ("world", "datacomp", "meru")
 
 
 def destination_problem(out: Path) -> Optional[str]:
@@ -52,7 +52,7 @@ def results_table(results: list[dict]) -> str:
     for line in results:
         value = line["metrics"].get("main_metric")
         rows.append(f"| {line['key']} | {line['dataset']} | {'—' if value is None else f'{value:.4f}'} |")
-    rows += [f"\n{line}" for suite in SUITES if (line := suite_line(results, suite))]
+    rows += [f"\n{line}" for suite in SUITE_COLUMNS if (line := suite_line(results, suite))]
     return "\n".join(rows) + "\n"
 
 

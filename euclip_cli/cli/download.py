@@ -17,6 +17,7 @@ from euclip_cli.download import grit as grit_data  # `grit` is the command below
 from euclip_cli.download.redcaps import ANNOTATIONS_URL
 from euclip_cli.data.wordnet import INDEX_URL
 from euclip_cli.download.webshards import ASSET_CACHE, DISTRIBUTORS, ImageOptions
+from euclip_cli.evaluate.selection_sets import COCO_VAL2017_URL, SUGARCREPE_URL
 
 WORKERS = 2
 
@@ -246,8 +247,13 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
                                        help="Where task folders go (eval.root in recipes)."),
              base_url: Optional[str] = typer.Option(None, help="Dataset host; a mirror or a local server for tests "
                                                                "(default: Hugging Face's datasets, where "
-                                                               "clip-benchmark keeps them).")) -> None:
-    """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable.
+                                                               "clip-benchmark keeps them)."),
+             sugarcrepe_url: str = typer.Option(SUGARCREPE_URL, help="SugarCrepe's annotation folder; a mirror or a "
+                                                                     "local server for tests."),
+             coco_url: str = typer.Option(COCO_VAL2017_URL, help="COCO's val2017.zip (SugarCrepe's images); a mirror "
+                                                                 "or a local server for tests.")) -> None:
+    """Fetch DataComp's evaluation sets (clip-benchmark wds layout), checksummed and resumable, and the
+    compositional ones (SugarCrepe from its authors and COCO; Winoground from the Hub, gated: set HF_TOKEN).
 
     Re-running continues interrupted files and skips finished ones.
 
@@ -255,12 +261,14 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
       euclip download evalsets --tasks imagenet1k
       euclip download evalsets --tasks datacomp:main,wilds/fmow
       euclip download evalsets --tasks meru      (the DataComp sets MERU's suite reads)
+      euclip download evalsets --tasks compositional      (SugarCrepe's seven splits and Winoground)
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from euclip_cli.errors import Failure
     from euclip_cli.evaluate.evalsets import HF_DATASETS, download
     from euclip_cli.evaluate.runner import export_command
+    from euclip_cli.evaluate.selection_sets import download_sugar_crepe, download_winoground
     from euclip_cli.protocol.tasks import TASKS, select
 
     with errors():
@@ -273,7 +281,8 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
     if not chosen:
         if unhosted:
             return
-        fail(f"--tasks '{tasks}' names no DataComp task (the embedded world's come from 'euclip download world')", 2)
+        fail(f"--tasks '{tasks}' names no DataComp or compositional task (the embedded world's come from 'euclip "
+             f"download world')", 2)
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
     with Progress(*columns, console=console, transient=True) as progress:
         bars: dict[str, int] = {}
@@ -283,19 +292,35 @@ def evalsets(tasks: str = typer.Option("datacomp", help="A suite, SUITE:GROUP or
                 bars[name] = progress.add_task(name, total=total)
             progress.advance(bars[name], advance)
 
+        # SugarCrepe's seven splits share one folder, fetched once.
+        by_folder: dict[Path, object] = {}
         for task in chosen:
+            by_folder.setdefault(task.data_dir(root, Path("data/world")), task)
+        for folder, task in by_folder.items():
             bars.clear()
-            folder = task.data_dir(root, Path("data/world"))
+            shown = lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total)  # noqa: E731
             with errors():  # a folder holding another source is a usage error
                 try:
-                    result = download(task, folder, base_url or HF_DATASETS,
-                                      lambda name, n, total, key=task.key: on_progress(f"{key} {name}", n, total))
+                    if task.key == "winoground":
+                        result = download_winoground(folder, base_url or HF_DATASETS, shown)
+                    elif task.suite == "compositional":
+                        result = download_sugar_crepe(folder, sugarcrepe_url, coco_url, shown)
+                    else:
+                        result = download(task, folder, base_url or HF_DATASETS, shown)
                 except Failure as err:
-                    fail(f"{task.key}: {err}", 1, err.details)
+                    fail(f"{result_name(task)}: {err}", 1, err.details)
             what = f"{result['shards']} shard(s)" if "shards" in result else "instances and images"
+            if "pairs" in result:
+                what = f"{result['pairs']:,} pairs of all seven splits and {result['images']:,} images"
             if "captions" in result:
                 what += f", {result['images']:,} images and {result['captions']:,} captions"
-            console.print(f"{task.key}: {what} in {folder} ({result['fetched']} fetched, {result['present']} already there)")
+            console.print(f"{result_name(task)}: {what} in {folder} ({result['fetched']} fetched, "
+                          f"{result['present']} already there)")
+
+
+def result_name(task) -> str:
+    """How a download's line names what it fetched: SugarCrepe's splits come as one set."""
+    return "sugar_crepe" if task.key.startswith("sugar_crepe/") else task.key
 
 
 @app.command()

@@ -17,7 +17,8 @@ def report(table: str = typer.Option("all", help="embedded, 1, 4, 5, 8 (the pape
                                                           "their published rows), meru (MERU's Tables 1, 2, 3 "
                                                           "and 7 beside MERU-comparable runs), equilibrium (runs' euclip "
                                                           "analyze equilibrium, studies' runs included), hierarchy "
-                                                          "(runs' euclip analyze hierarchy --tree wordnet) or all."),
+                                                          "(runs' euclip analyze hierarchy --tree wordnet), "
+                                                          "compositional (SugarCrepe and Winoground) or all."),
            fmt: str = typer.Option("md", "--format", help="md, csv, tex, or html (one self-contained report.html "
                                                            "with every table and figure)."),
            runs_dir: Path = RUNS_DIR_OPTION,

@@ -26,7 +26,7 @@ from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, e
 from euclip_cli.errors import EuclipError, UsageError
 from euclip_cli.protocol.aggregate import suite_line
 from euclip_cli.protocol.hits import pack_hits
-from euclip_cli.protocol.tasks import DIGIT_SETS, NAMES_FROM, Task, select
+from euclip_cli.protocol.tasks import DIGIT_SETS, NAMES_FROM, SUITE_COLUMNS, Task, select
 from euclip_cli.evaluate.zeroshot import (FAIRFACE_OBJECTIVES, classification_metrics, fairface_metrics,
                                           retrieval_metrics, top_classes, wilds_metrics, winogavil_metrics)
 from euclip_cli.model import EuclipModel
@@ -65,7 +65,12 @@ def _lines(path: Path) -> list[str]:
 def has_data(task: Task, data_dir: Path) -> bool:
     """Whether ``data_dir`` holds the task's evaluation set (as ``euclip download`` writes it; a probe's
     train split too)."""
+    from euclip_cli.evaluate.selection_sets import SUGARCREPE_IMAGES, WINOGROUND_EXAMPLES
+
     markers = {"winogavil": ["instances.jsonl"], "probe": ["train/nshards.txt", "test/nshards.txt"]}
+    if task.kind == "selection":  # SugarCrepe: the split's pairs beside COCO's images (clip-benchmark's layout)
+        found = [WINOGROUND_EXAMPLES] if task.key == "winoground" else [f"{task.key.split('/')[1]}.json", SUGARCREPE_IMAGES]
+        return all((data_dir / m).exists() for m in found)
     return all((data_dir / m).exists() for m in markers.get(task.kind, ["test/nshards.txt"]))
 
 
@@ -83,9 +88,12 @@ def fetch_command(tasks: list[Task]) -> str:
     """The one command that fetches the evaluation sets of ``tasks``."""
     if all(t.suite == "world" for t in tasks):
         return "euclip download world"
-    hosted = [t for t in tasks if not t.folder]
-    keys = ",".join(dict.fromkeys(t.images_key for t in hosted))
-    commands = [f"euclip download evalsets --tasks {keys if len(hosted) <= 3 else 'datacomp'}"] if hosted else []
+    hosted = [t for t in tasks if not t.folder and t.suite not in ("world", "compositional")]
+    composed = [t for t in tasks if t.suite == "compositional"]
+    commands = []
+    for suite, named in (("datacomp", hosted), ("compositional", composed)):
+        keys = ",".join(dict.fromkeys(t.images_key for t in named))
+        commands += [f"euclip download evalsets --tasks {keys if len(named) <= 3 else suite}"] if named else []
     # A set on no host is made from the original dataset by clip-benchmark's exporter (docs/meru.md).
     commands += [export_command(t) for t in tasks if t.folder]
     return "' and '".join(commands)
@@ -130,6 +138,8 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
     if task.kind == "winogavil":
         return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     _require_data(task, data_dir)
+    if task.kind == "selection":
+        return evaluate_selection(model, cfg, task, data_dir, device, batch_size, cache, on_images, hits)
     if task.kind == "probe":
         return evaluate_probe(model, task, data_dir, device, batch_size, cache, on_images)
     if task.key in ("fairness/fairface", "fairness/utkface"):
@@ -280,6 +290,53 @@ def evaluate_fairface(model: EuclipModel, cfg: C.Config, task: Task, data_dir: P
     return fairface_metrics(predicted, metadata)
 
 
+@torch.no_grad()
+def selection_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
+                     batch_size: int, cache: Optional[FeatureCache] = None,
+                     on_images: Callable[[int], None] = lambda n: None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection task's ``(image_emb (N, I, D), text_emb (N, T, D))`` on ``device``: each instance's images
+    (through the feature cache) and captions, read by clip-benchmark's SugarCrepe builder or ``WinogroundSet``."""
+    from euclip_cli.evaluate.selection import WinogroundSet
+
+    cache = cache or FeatureCache(None)
+    _require_data(task, data_dir)
+    _, transform = transforms_for(model.clip)
+    if task.key == "winoground":
+        ds = WinogroundSet(data_dir, transform)
+    else:  # every file it reads is there (has_data), so its builder fetches nothing
+        ds = build_dataset(task.key, root=str(data_dir), transform=transform, split="test",
+                           task="image_caption_selection")
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, collate_fn=image_captions_collate_fn,
+                                         num_workers=0)
+
+    def embed() -> tuple[torch.Tensor, list]:
+        embs, captions = [], []
+        for images, texts in read_set(loader, task, data_dir):
+            images = images if images.dim() == 5 else images[:, None]  # (B, I, C, H, W): one image per instance
+            flat = model.encode_image(images.flatten(0, 1).to(device))
+            embs.append(flat.reshape(images.shape[0], images.shape[1], -1).cpu())
+            captions += [list(t) for t in texts]
+            on_images(images.shape[0] * images.shape[1])
+        return torch.cat(embs), captions
+
+    image_emb, captions = cache.get(task.features_key, embed)
+    if len({len(c) for c in captions}) != 1:
+        raise EvalError(f"task {task.key}: the instances in {data_dir} hold different numbers of captions "
+                        f"({sorted({len(c) for c in captions})}); fetch the set again ({fetch_command([task])})")
+    text_emb = embed_texts(model, tokenizer_for(cfg.model.arch), [t for caps in captions for t in caps])
+    return image_emb.to(device), text_emb.reshape(len(captions), len(captions[0]), -1)
+
+
+def evaluate_selection(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
+                       batch_size: int, cache: FeatureCache, on_images: Callable[[int], None],
+                       hits: Optional[dict] = None) -> dict:
+    """clip-benchmark's image-caption selection metrics in the run's geometry (``selection.selection_metrics``)."""
+    from euclip_cli.evaluate.selection import selection_metrics
+
+    image_emb, text_emb = selection_inputs(model, cfg, task, data_dir, device, batch_size, cache, on_images)
+    return selection_metrics(model.geometry, image_emb, text_emb, model.curvature(), hits=hits)
+
+
 def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
                        batch_size: int, cache: FeatureCache, on_images: Callable[[int], None]) -> dict:
     """DataComp's WinoGAViL protocol on ``instances.jsonl`` + ``images/`` (``euclip download evalsets``)."""
@@ -334,7 +391,7 @@ class EvalOutcome:
 
     def suite_lines(self) -> list[str]:
         """Each suite with a task scored: its groups' and average's main metric."""
-        return [line for suite in ("world", "datacomp", "meru") if (line := suite_line(self.results, suite))]
+        return [line for suite in SUITE_COLUMNS if (line := suite_line(self.results, suite))]
 
 
 def task_status(line: Optional[dict]) -> str:

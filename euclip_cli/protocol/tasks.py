@@ -1,5 +1,6 @@
-"""The task registry: DataComp's 40 evaluation tasks, the embedded world's, and MERU's (its 20 zero-shot
-datasets and 2 retrieval sets, read from DataComp's evaluation sets with MERU's prompts), one layout for all.
+"""The task registry: DataComp's 40 evaluation tasks, the embedded world's, MERU's (its 20 zero-shot
+datasets and 2 retrieval sets, read from DataComp's evaluation sets with MERU's prompts) and the
+compositional ones (SugarCrepe's seven splits and Winoground, as clip-benchmark reads them), one layout for all.
 
 Each suite groups its tasks the same way, so one report layout serves both:
 ``main`` (ImageNet / Shapes), ``shifts`` (ImageNet distribution shifts / shifted
@@ -22,10 +23,10 @@ from euclip_cli.worlddir import WorldDir
 class Task:
     key: str  # clip-benchmark style id, the results key ("imagenet1k", "world/shapes")
     name: str  # display name (DataComp's results "dataset")
-    kind: str  # classification, retrieval, winogavil, wilds, fairness, probe
+    kind: str  # classification, retrieval, winogavil, wilds, fairness, probe, selection
     main_metric: Optional[str]  # None: produces no main metric (FairFace, UTKFace)
     group: Optional[str]  # main, shifts, attributes, retrieval, or None
-    suite: str  # "datacomp", "world" or "meru"
+    suite: str  # "datacomp", "world", "meru", "meru-probe" or "compositional"
     # meru suite: the DataComp task whose evaluation set it reads (None: a set of its own, ``folder``),
     # and the prompts that replace that set's own templates.
     source: Optional[str] = None
@@ -66,6 +67,8 @@ class Task:
             return eval_root / self.folder
         if self.suite == "world":
             return WorldDir(world_root).task(self.key.split("/", 1)[1])
+        if self.suite == "compositional":
+            return eval_root / self.key.split("/", 1)[0]  # SugarCrepe's seven splits share one folder
         if self.kind == "winogavil":
             return eval_root / "winogavil"  # instances.jsonl + images/, see euclip_cli.evaluate.evalsets
         key = self.key.split("/", 1)[1] if self.key.startswith("fairness/") else self.key
@@ -83,6 +86,9 @@ SUITE_COLUMNS = {
     # MERU's Table 7: linear probes on the 19 datasets (train, val and test splits of each).
     "meru-probe": {"main": "(none)", "shifts": "(none)", "attributes": "19 datasets (linear probe)",
                    "retrieval": "(none)", "average": "Average over 19 datasets"},
+    # Image-caption selection: Winoground's group score, and SugarCrepe's seven splits (their mean).
+    "compositional": {"main": "Winoground", "shifts": "(none)", "attributes": "SugarCrepe",
+                      "retrieval": "(none)", "average": "Average over 8 tasks"},
 }
 GROUPS = ("main", "shifts", "attributes", "retrieval")
 
@@ -201,10 +207,26 @@ def _meru_probe_tasks() -> list[Task]:
             for key, name, _, _ in _MERU if key != "imagenet"]
 
 
+# SugarCrepe's splits (Hsieh et al. 2023), as clip-benchmark names them: a COCO image, its caption and a
+# negative made by replacing, swapping or adding an attribute, object or relation.
+SUGARCREPE_SPLITS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+
+
+def _compositional_tasks() -> list[Task]:
+    """clip-benchmark's image-caption selection tasks. Their main metric is clip-benchmark's ``acc``: a
+    SugarCrepe pair is right when the image is closer to its caption than to the negative; a Winoground
+    instance when each of its two images and each of its two captions picks its own partner (the group
+    score)."""
+    tasks = [Task(f"sugar_crepe/{split}", f"SugarCrepe {split.replace('_', '-')}", "selection", "acc", "attributes",
+                  "compositional") for split in SUGARCREPE_SPLITS]
+    return tasks + [Task("winoground", "Winoground", "selection", "acc", "main", "compositional")]
+
+
 TASKS: dict[str, Task] = {t[0]: Task(*t, suite="datacomp") for t in _DATACOMP}
 TASKS.update({t.key: t for t in _world_tasks()})
 TASKS.update({t.key: t for t in _meru_tasks()})
 TASKS.update({t.key: t for t in _meru_probe_tasks()})
+TASKS.update({t.key: t for t in _compositional_tasks()})
 
 
 def list_tasks(suite: Optional[str] = None) -> list[Task]:
@@ -227,6 +249,6 @@ def select(spec: str) -> list[Task]:
         else:
             unknown.append(item)
     if unknown:
-        raise UsageError(f"unknown task(s) {', '.join(unknown)}: use a suite (datacomp, world), "
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: use a suite ({', '.join(SUITE_COLUMNS)}), "
                          f"SUITE:GROUP (groups: {', '.join(GROUPS)}) or task keys ('euclip eval --list-tasks')")
     return list(dict.fromkeys(chosen))

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from euclip_cli.errors import UsageError
-from euclip_cli.report.tables import (equilibrium_table, hierarchy_table, fill_command, hycoclip_table, load_runs,
-                                      meru_table, noise_table, paper_table, released_table, render, single_seed_note,
-                                      study_tables, suite_table,
-                                      traversal_table, without_runs)
+from euclip_cli.report.tables import (compositional_table, equilibrium_table, hierarchy_table, fill_command,
+                                      hycoclip_table, load_runs, meru_table, noise_table, paper_table, released_table,
+                                      render, single_seed_note, study_tables, suite_table, traversal_table,
+                                      without_runs)
 from euclip_cli.rundir import RUNS_DIR, STUDIES_DIR
 
 TABLES = ("embedded", "1", "4", "5", "8", "traversal", "released", "meru", "hycoclip", "equilibrium", "hierarchy",
-          "all")
+          "compositional", "all")
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -70,6 +70,10 @@ def _table(name: str, runs, runs_dir: Path, study_folders: list[Path]):
         return "Embedded world: zero-shot results (%)" + single_seed_note(list(df.get("seeds", []))), df
     if name == "released":
         return "Released models imported: published ImageNet zero-shot vs ours (%)", released_table(runs)
+    if name == "compositional":
+        df = compositional_table(runs)
+        return ("Compositional tasks: Winoground's scores and SugarCrepe's accuracy per split, in each run's "
+                "geometry (%)" + single_seed_note(list(df.get("seeds", []))), df)
     if name == "meru":
         return ("MERU's Tables 1, 2, 3 and 7: published vs ours, by MERU's suites or DataComp's task of each dataset (%)",
                 meru_table(runs))

@@ -90,13 +90,14 @@ def _cell(values: list[Optional[float]], digits: int = 1) -> str:
     return f"{100 * statistics.mean(values):.{digits}f} ± {100 * statistics.stdev(values):.{digits}f} (n={len(values)})"
 
 
-def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
-    """One row per configuration with any result in ``suite``; columns named as the suite names them."""
+def _configurations(runs: list[Run], suite: str) -> list[tuple[dict, list[Run]]]:
+    """The runs with any result in ``suite``, one group per configuration (its seeds), each with the row's
+    leading columns: who they are, their geometry, logit, final LN and λ."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         if run.scores[suite]["tasks_done"]:
             groups.setdefault(_row_key(run), []).append(run)
-    rows = []
+    found = []
     for members in groups.values():
         # Seeds of one recipe are named by the recipe; anything else by its run names.
         same_recipe = len(members) > 1 and len({m.recipe for m in members}) == 1 and members[0].recipe
@@ -104,11 +105,35 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
             m.name + (f" (imported: {m.imported})" if m.imported else "") for m in members)
         g = members[0].config["geometry"]
         logit = describe(g["name"]).logit(g["logit"])
-        row = {"run": label, "seeds": len(members), "geometry": g["name"], "logit": logit,
-               "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
-               "λ": members[0].config["loss"]["entail_weight"]}
+        found.append(({"run": label, "seeds": len(members), "geometry": g["name"], "logit": logit,
+                       "final LN": "yes" if members[0].config["model"]["final_ln"] else "no",
+                       "λ": members[0].config["loss"]["entail_weight"]}, members))
+    return found
+
+
+def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
+    """One row per configuration with any result in ``suite``; columns named as the suite names them."""
+    rows = []
+    for row, members in _configurations(runs, suite):
         for metric in METRICS:
             row[SUITE_COLUMNS[suite][metric]] = _cell([m.scores[suite][metric] for m in members])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compositional_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per configuration scored on a compositional task: Winoground's text, image and group scores,
+    each SugarCrepe split's accuracy and their mean (the suite's SugarCrepe column)."""
+    splits = [t for t in TASKS.values() if t.suite == "compositional" and t.key != "winoground"]
+    rows = []
+    for row, members in _configurations(runs, "compositional"):
+        wino = [m.results.get("winoground", {}) for m in members]
+        for metric, name in (("text_acc", "text"), ("image_acc", "image"), ("acc", "group")):
+            row[f"Winoground {name}"] = _cell([r.get(metric) for r in wino])
+        for task in splits:
+            row[task.name] = _cell([m.results.get(task.key, {}).get("acc") for m in members])
+        row[SUITE_COLUMNS["compositional"]["attributes"]] = _cell(
+            [m.scores["compositional"]["attributes"] for m in members])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -172,6 +197,8 @@ def fill_command(name: str) -> str:
         return "euclip import meru SOURCE --name RUN, then euclip eval RUN --tasks meru"
     if name == "hycoclip":
         return "euclip import hycoclip SOURCE --name RUN, then euclip eval RUN --tasks meru"
+    if name == "compositional":
+        return "euclip download evalsets --tasks compositional, then euclip eval RUN --tasks compositional"
     return "euclip report --help"
 
 
