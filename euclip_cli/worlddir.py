@@ -9,7 +9,8 @@ says (stdlib only)::
 
     WORLD/manifest.json          the generator version, the settings and every file's size
     WORLD/train/NNNNN.tar        img2dataset's webdataset layout (and its parquet and stats files)
-    WORLD/eval/<task>/           clip-benchmark's local "wds" layout
+    WORLD/eval/<task>/           clip-benchmark's local "wds" layout; a selection task's also
+                                 kinds.json (each pair's kind of negative) and text_only.json (its baseline)
     WORLD/eval/hierarchy.json    which captions entail which retrieval images
 """
 
@@ -110,6 +111,14 @@ class WorldDir:
     def task(self, name: str) -> Path:
         """Evaluation task ``name``'s folder (``shapes`` for ``world/shapes``)."""
         return self.eval / name
+
+    def negative_kinds_file(self, name: str) -> Path:
+        """A selection task's kind of negative for each of its pairs, in order (a JSON list)."""
+        return self.task(name) / "kinds.json"
+
+    def text_only_file(self, name: str) -> Path:
+        """A selection task's text-only baseline and chance (a JSON object)."""
+        return self.task(name) / "text_only.json"
 
     @property
     def hierarchy_file(self) -> Path:

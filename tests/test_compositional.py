@@ -5,6 +5,7 @@ import io
 import json
 import tarfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -291,3 +292,116 @@ def test_the_report_has_a_compositional_table(compositional_sets, tiny_clip, tmp
     # A split not scored is missing, and so is a mean of one split of seven.
     assert found["SugarCrepe add-att"] == MISSING and found["SugarCrepe"] == MISSING
     assert found["geometry"] == "clip"
+
+
+# ---------------------------------------------------------------- the embedded world's hard negatives
+
+def read_listing(caption: str) -> list[dict]:
+    """The mentions of "a red circle on the left and a small blue star at the top", read back by pattern."""
+    import re
+
+    from euclip_cli.data import world as w
+
+    places = "|".join(re.escape(p) for p in w.POSITION_PHRASE.values())
+    pattern = re.compile(rf"^an? (?:(small|large) )?({'|'.join(w.COLOURS)}) ({'|'.join(w.SHAPES)}) ({places})$")
+    found = []
+    for part in caption.split(" and "):
+        size, colour, shape, place = pattern.match(part).groups()
+        position = next(k for k, v in w.POSITION_PHRASE.items() if v == place)
+        found.append({"colour": colour, "shape": shape, "position": position} | ({"size": size} if size else {}))
+    return found
+
+
+def true_of(mentions: list[dict], scene: list[dict]) -> bool:
+    return all(any(all(o[k] == v for k, v in m.items()) for o in scene) for m in mentions)
+
+
+def test_every_world_pair_is_a_true_caption_and_a_false_negative_of_its_kind(world):
+    from euclip_cli.worlddir import WorldDir
+
+    folder = WorldDir(world).task("hard-negatives")
+    scenes = json.loads((folder / "scenes.json").read_text())
+    kinds = json.loads(WorldDir(world).negative_kinds_file("hard-negatives").read_text())
+    with tarfile.open(folder / "test" / "0.tar") as tar:
+        pairs = [tar.extractfile(m).read().decode().split("\n") for m in tar.getmembers() if m.name.endswith(".txt")]
+    assert len(pairs) == len(scenes) == len(kinds) == 120 and set(kinds) == set(SUGARCREPE_SPLITS)
+    for (caption, negative), scene, kind in zip(pairs, scenes, kinds):
+        mine, theirs = read_listing(caption), read_listing(negative)
+        assert true_of(mine, scene) and not true_of(theirs, scene), (kind, caption, negative)
+        if kind.startswith("swap"):  # the same words, moved
+            assert sorted(caption.split()) == sorted(negative.split()) and caption != negative
+        elif kind.startswith("replace"):  # one property of one object
+            assert len(mine) == len(theirs) and sum(a != b for a, b in zip(mine, theirs)) == 1
+        elif kind == "add_att":
+            assert [set(m) for m in theirs] != [set(m) for m in mine] and theirs[1] == mine[1]
+        else:
+            assert len(theirs) == len(mine) + 1 and theirs[0] == mine[0]
+
+
+def test_the_text_only_baseline_is_a_bigram_model_of_the_training_captions():
+    from euclip_cli.data.world_tasks import BigramScorer
+
+    scorer = BigramScorer(["a red circle", "a red star", "a blue star"])
+    # Vocabulary <s> a red blue circle star </s> and an unknown word: 8; counts of "a" as a first word: 3.
+    expected = np.log((3 + 1) / (3 + 8)) + np.log((2 + 1) / (3 + 8)) + np.log((1 + 1) / (2 + 8)) + np.log((2 + 1) / (2 + 8))
+    assert scorer.score("a red star") == pytest.approx(expected)
+    assert scorer.picks_caption("a red star", "a star red") == 1.0
+    assert scorer.picks_caption("a red star", "a red star") == 0.5
+
+
+def test_the_world_task_is_scored_beside_text_alone_and_chance(world, tiny_clip, tmp_path):
+    from euclip_cli.protocol.hits import unpack_hits
+    from euclip_cli.rundir import RunDir
+    from euclip_cli.worlddir import WorldDir
+
+    run = copy_run(tiny_clip, tmp_path / "runs")
+    result = runner.invoke(app, ["eval", str(run), "--tasks", "world/hard-negatives", "--world", str(world),
+                                 "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    (line,) = RunDir(run).eval_lines()
+    metrics = line["metrics"]
+    baseline = json.loads(WorldDir(world).text_only_file("hard-negatives").read_text())
+    kinds = json.loads(WorldDir(world).negative_kinds_file("hard-negatives").read_text())
+    assert metrics["text_only_acc"] == baseline["acc"] and metrics["chance"] == 0.5
+    assert sum(metrics[f"pairs_{k}"] for k in SUGARCREPE_SPLITS) == 120
+    hits = np.array(unpack_hits(line["hits"]["acc"]))
+    assert metrics["acc"] == pytest.approx(hits.mean())
+    for kind in SUGARCREPE_SPLITS:
+        assert metrics[f"acc_{kind}"] == pytest.approx(hits[np.array(kinds) == kind].mean())
+        assert metrics[f"text_only_acc_{kind}"] == baseline[f"acc_{kind}"]
+    assert metrics["main_metric"] == metrics["acc"]
+    from euclip_cli.protocol.aggregate import aggregate
+
+    # Outside the world's groups and average, which studies compare: scored, it counts in none of them.
+    found = aggregate(RunDir(run).latest_results(), "world")
+    assert (found["tasks_done"], found["tasks_total"], found["average"]) == (0, 10, None)
+    assert f"acc {metrics['acc']:.4f} (text alone {baseline['acc']:.4f}, chance 0.50)" in " ".join(result.output.split())
+
+
+def test_a_world_from_before_the_hard_negatives_gains_them_unchanged_otherwise(world, tmp_path):
+    import hashlib
+    import shutil
+
+    from euclip_cli.worlddir import WorldDir
+
+    old = Path(shutil.copytree(world, tmp_path / "world"))
+    written = (old / "eval" / "hard-negatives" / "text_only.json").read_text()
+    shutil.rmtree(old / "eval" / "hard-negatives")
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["eval_tasks"].remove("hard-negatives")
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if "hard-negatives" not in k}
+    (old / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in old.rglob("*") if p.is_file()}
+    identity = WorldDir(old).identity()
+    args = ["download", "world", "--out", str(old), "--seed", "7", "--samples", "1500", "--mismatch", "0.1",
+            "--eval-size", "120"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "added the evaluation task(s) it lacked: hard-negatives" in " ".join(result.output.split())
+    assert (old / "eval" / "hard-negatives" / "text_only.json").read_text() == written  # as a new world has it
+    assert WorldDir(old).identity() == identity
+    changed = [p for p, d in digests.items() if hashlib.sha256(p.read_bytes()).hexdigest() != d]
+    assert changed == [old / "manifest.json"]
+    assert "hard-negatives" in json.loads((old / "manifest.json").read_text())["eval_tasks"]
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "nothing to do" in again.output

@@ -8,7 +8,7 @@ import torch
 
 from euclip_cli.errors import UsageError
 from euclip_cli.protocol.aggregate import aggregate
-from euclip_cli.protocol.tasks import TASKS, list_tasks, select
+from euclip_cli.protocol.tasks import TASKS, averaged, list_tasks, select
 from euclip_cli.evaluate.zeroshot import classification_metrics, retrieval_metrics
 from euclip_cli.geometry import get_geometry, list_geometries
 from tests.wdsfixtures import with_metadata
@@ -92,7 +92,10 @@ def test_registry_has_datacomps_forty_tasks_and_the_worlds():
     groups = {g: sum(t.group == g for t in datacomp) for g in ("main", "shifts", "attributes", "retrieval")}
     assert groups == {"main": 1, "shifts": 6, "attributes": 13, "retrieval": 3}
     world = list_tasks("world")
-    assert {t.group for t in world} == {"main", "shifts", "attributes", "retrieval"}
+    # Ten tasks in DataComp's four groups, and the hard negatives outside them and outside the average.
+    assert {t.group for t in world if t.key != "world/hard-negatives"} == {"main", "shifts", "attributes", "retrieval"}
+    assert len(world) == 11 and [t.key for t in averaged("world")] == [t.key for t in world][:10]
+    assert TASKS["world/hard-negatives"].group is None and TASKS["world/hard-negatives"].main_metric == "acc"
     assert [t.key for t in select("world:shifts")] == ["world/shapes-outline", "world/shapes-palette", "world/shapes-clutter"]
     with pytest.raises(UsageError, match="unknown task"):
         select("imagenet2k")

@@ -24,7 +24,7 @@ def micro_study(tmp_path, world):
     path = tmp_path / "study-micro.toml"
     overrides = [f"data.train_dir={world / 'train'}", "data.batch_size=32", "optim.samples=64",
                  "optim.warmup_steps=1", "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=100"]
-    path.write_text(f'[study]\nseeds = 2\ntasks = "world/shapes,world/colour"\nbaseline = "clip"\n'
+    path.write_text(f'[study]\nseeds = 2\ntasks = "world/shapes,world/colour,world/hard-negatives"\nbaseline = "clip"\n'
                     f'overrides = {json.dumps(overrides)}\n[configs.clip]\nrecipe = "tiny-clip"\n'
                     f'[configs.euclip]\nrecipe = "tiny-euclip"\n'
                     f'[configs.euclidean-d2-l0]\nrecipe = "tiny-euclip"\noverrides = ["loss.entail_weight=0"]\n')
@@ -154,6 +154,18 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
     assert float(curve[1]["paired_sd_median"]) == pytest.approx(statistics.median(spread))
     assert "## Precision against the evaluation set's size" in (out / "study.md").read_text()
     assert "world/colour" in noise  # one attribute task of several: a row of its own
+    # The world's hard negatives: each run's accuracy as its eval line has it, beside text alone (the world's).
+    baseline = json.loads((world / "eval" / "hard-negatives" / "text_only.json").read_text())
+    for run in (out / "runs").iterdir():
+        line = next(json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines() if "hard-negatives" in l)
+        config, seed = run.name.rsplit("-seed", 1)
+        found = {r["metric"]: float(r["value"]) for r in seeds if r["config"] == config and r["seed"] == seed}
+        assert found["world/hard-negatives"] == pytest.approx(100 * line["metrics"]["acc"])
+        assert found["hard_negatives_swap_att"] == pytest.approx(100 * line["metrics"]["acc_swap_att"])
+        assert found["hard_negatives_text_only"] == pytest.approx(100 * baseline["acc"])
+    section = (out / "study.md").read_text().split("## Compositional hard negatives")[1]
+    assert f"| text alone | {100 * baseline['acc']:.1f} |" in section and "| chance | 50.0 |" in section
+    assert section.count("\n| euclip") == 1 and float(noise["world/hard-negatives"]["ceiling"]) == 100
     assert "average" not in noise  # two of the ten tasks: no average, and no error of one
     assert "## Noise floor" in (out / "study.md").read_text()
     assert (out / "study.png").exists() and "## Claims" in (out / "study.md").read_text()

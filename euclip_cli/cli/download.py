@@ -41,6 +41,9 @@ def generate_world(out: Path, settings: W.WorldSettings, workers: int) -> None:
                          lambda progress: generate(out, settings, workers=workers, progress=progress))
     if manifest.get("skipped"):
         console.print(f"{out} already holds this world (seed {settings.seed}, {settings.samples} pairs): nothing to do")
+    elif manifest.get("added"):
+        console.print(f"{out} holds this world (seed {settings.seed}, {settings.samples} pairs); added the evaluation "
+                      f"task(s) it lacked: {', '.join(manifest['added'])}")
     else:
         console.print(f"wrote {settings.samples} training pairs in {manifest['train_shards']} shard(s) to {out / 'train'} and "
                       f"{len(manifest['eval_tasks'])} evaluation tasks to {out / 'eval'} in {manifest['seconds']} s")

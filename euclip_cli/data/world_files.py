@@ -30,9 +30,9 @@ import webdataset as wds
 
 from euclip_cli.config import DataConfig
 from euclip_cli.data import world as w
-from euclip_cli.data.world_tasks import WORLD_TASKS, retrieval_ceiling, retrieval_specs
+from euclip_cli.data.world_tasks import WORLD_TASKS, BigramScorer, retrieval_ceiling, retrieval_specs
 from euclip_cli.errors import UsageError
-from euclip_cli.rundir import read_json, whole_folder
+from euclip_cli.rundir import read_json, whole_folder, write_text_atomic
 from euclip_cli.workers import make_room_for_workers, pool_size, worker_pool
 from euclip_cli import worlddir as W
 from euclip_cli.worlddir import WorldDir, WorldSettings
@@ -148,20 +148,25 @@ def _write_eval_task(out: str, settings: WorldSettings, index: int) -> str:
     rng = _rng("eval", settings.seed, task.name)
     folder = Path(out) / task.name
     (folder / "test").mkdir(parents=True, exist_ok=True)
-    scenes = []
+    scenes, kinds = [], []
     nshards = (settings.eval_size + EVAL_SHARD_SIZE - 1) // EVAL_SHARD_SIZE
     for shard in range(nshards):
         with wds.TarWriter(str(folder / "test" / f"{shard}.tar"), mtime=TAR_MTIME) as sink:
             for i in range(shard * EVAL_SHARD_SIZE, min(settings.eval_size, (shard + 1) * EVAL_SHARD_SIZE)):
                 image, label, scene = task.sample(rng, settings.object_scale)
                 sample = {"__key__": f"s{i:07d}", "jpg": w.encode_jpeg(image)}
-                if task.classes is None:
+                if task.selection:  # the caption, then its negative: clip-benchmark's retrieval layout reads both
+                    sample["txt"] = "\n".join(label["captions"])
+                    kinds.append(label["kind"])
+                elif task.classes is None:
                     sample["txt"] = "\n".join(label)
                 else:
                     sample["cls"] = label
                 sink.write(sample)
                 scenes.append(w.scene_json(scene))
     (folder / "test" / "nshards.txt").write_text(f"{nshards}\n")
+    if task.selection:
+        WorldDir(Path(out).parent).negative_kinds_file(task.name).write_text(json.dumps(kinds))
     if task.classes is None:
         (folder / "dataset_type.txt").write_text("retrieval\n")
     else:
@@ -185,6 +190,36 @@ def caption_pool() -> list[dict]:
     return specs
 
 
+def train_captions(world: WorldDir) -> list[str]:
+    """Every training pair's caption (``KEY.txt``; a box's phrase, ``KEY.parentNNN.txt``, is not one)."""
+    captions = []
+    for shard in sorted(world.train.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            captions += [tar.extractfile(m).read().decode() for m in tar.getmembers()
+                         if m.name.endswith(".txt") and m.name.count(".") == 1]
+    return captions
+
+
+def _write_text_only(world: WorldDir) -> None:
+    """The text-only baseline of each selection task (``world_tasks.BigramScorer`` of the training captions):
+    its accuracy overall and per kind of negative, beside chance, in its ``WorldDir.text_only_file``."""
+    scorer = BigramScorer(train_captions(world))
+    for task in (t for t in WORLD_TASKS if t.selection):
+        folder = world.task(task.name)
+        kinds = read_json(world.negative_kinds_file(task.name))
+        picks: dict[str, list[float]] = {}
+        for shard in sorted((folder / "test").glob("*.tar"), key=lambda p: int(p.stem)):
+            with tarfile.open(shard) as tar:
+                for member in (m for m in tar.getmembers() if m.name.endswith(".txt")):
+                    caption, negative = tar.extractfile(member).read().decode().split("\n")
+                    picks.setdefault(kinds[int(member.name[1:8])], []).append(scorer.picks_caption(caption, negative))
+        everything = [p for found in picks.values() for p in found]
+        doc = {"scorer": "bigram language model of the training captions, add-one smoothing, total log-probability",
+               "captions": scorer.captions, "acc": sum(everything) / len(everything),
+               **{f"acc_{kind}": sum(found) / len(found) for kind, found in sorted(picks.items())}, "chance": 0.5}
+        world.text_only_file(task.name).write_text(json.dumps(doc, indent=1))
+
+
 def _write_hierarchy(world: WorldDir) -> None:
     scenes = [w.scene_from_json(s) for s in read_json(world.task("retrieval") / "scenes.json")]
     captions = []
@@ -205,7 +240,8 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
     found = WorldDir(out).manifest()
     if found is not None:
         check_world(out, found, settings, f"choose another --out or delete {out}")
-        return found | {"skipped": True}
+        added = _add_missing_tasks(WorldDir(out), settings, found)
+        return (found | {"added": added}) if added else (found | {"skipped": True})
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise WorldExistsError(f"{out} exists and is not an embedded world (no manifest.json); "
                                f"choose another --out or delete it")
@@ -218,6 +254,26 @@ def generate(out: Path, settings: WorldSettings, workers: int = 2, progress=None
 def pieces(settings: WorldSettings) -> int:
     """The world's independent pieces of work: its training shards and its evaluation tasks."""
     return -(-settings.samples // SAMPLES_PER_SHARD) + len(WORLD_TASKS)
+
+
+def _add_missing_tasks(world: WorldDir, settings: WorldSettings, found: dict) -> list[str]:
+    """Write into a finished world the evaluation tasks its manifest does not list (a world generated before
+    they existed) and then list them; returns their names. Each task's images are drawn from its own seed, so
+    the tasks a world already has, its training shards and its fingerprint are what they were; an addition cut
+    short is not listed, and the next one writes it again."""
+    listed = found.get("eval_tasks", [t.name for t in WORLD_TASKS])
+    missing = [i for i, task in enumerate(WORLD_TASKS) if task.name not in listed]
+    if not missing:
+        return []
+    for i in missing:
+        _write_eval_task(str(world.eval), settings, i)
+    if any(WORLD_TASKS[i].selection for i in missing):
+        _write_text_only(world)
+    files = {str(p.relative_to(world.path)): p.stat().st_size for part in (world.train, world.eval)
+             for p in sorted(part.rglob("*")) if p.is_file()}
+    write_text_atomic(world.manifest_file, json.dumps(found | {"eval_tasks": [t.name for t in WORLD_TASKS],
+                                                               "files": files}, indent=2))
+    return [WORLD_TASKS[i].name for i in missing]
 
 
 def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> dict:
@@ -235,6 +291,7 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
             if progress:
                 progress(done, total)
     _write_hierarchy(world)
+    _write_text_only(world)
     files = {str(p.relative_to(out)): p.stat().st_size for part in (world.train, world.eval)
              for p in sorted(part.rglob("*")) if p.is_file()}
     manifest = W.manifest_settings(settings, GENERATOR_VERSION) | {
@@ -248,9 +305,10 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
 def task_ceiling(eval_dir: Path, name: str) -> float:
     """The best main metric any model can expect on the world's evaluation task ``name`` (a fraction),
     from its files under ``eval_dir``: 1 for a classification task, whose label is a function of the
-    scene each image renders; for retrieval, the limit its captions set (``world_tasks.retrieval_ceiling``)."""
+    scene each image renders, and for a selection task, whose negatives are false of theirs; for
+    retrieval, the limit its captions set (``world_tasks.retrieval_ceiling``)."""
     task = next(t for t in WORLD_TASKS if t.name == name)
-    if task.classes is not None:
+    if task.classes is not None or task.selection:  # every negative is false of its scene (hard_negative)
         return 1.0
     folder = eval_dir / name
     scenes = [w.scene_from_json(s) for s in read_json(folder / "scenes.json")]

@@ -25,9 +25,11 @@ Sampler = Callable[[random.Random, float], Sample]
 class WorldTask:
     name: str  # folder name under data/world/eval/, and the task key "world/<name>"
     title: str
-    group: str  # "main", "shifts", "attributes", "retrieval"
-    classes: Optional[list[str]]  # class names with article; None for retrieval
+    group: Optional[str]  # "main", "shifts", "attributes", "retrieval"; None: in no group and no average
+    classes: Optional[list[str]]  # class names with article; None for retrieval and selection
     sample: Sampler
+    # Image-caption selection (each image's caption and a hard negative; ``hard_negative``), not retrieval.
+    selection: bool = False
 
 
 def _classify(count=1, palette=None, fill=None, clutter=False, line_width=2, label: Callable = None):
@@ -51,6 +53,91 @@ def _retrieval(rng: random.Random, scale: float = 1.0) -> Sample:
     return w.render(scene, rng, scale=scale), captions, scene
 
 
+# ---------------------------------------------------------------- hard negatives
+
+# SugarCrepe's seven kinds of negative caption (Hsieh et al., NeurIPS 2023), as clip-benchmark names its splits.
+NEGATIVE_KINDS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+SIZE_SWAP = {"small": "large", "large": "small"}
+
+
+def listing(mentions: list[dict]) -> str:
+    """"a red circle on the left and a blue star at the top": the mentions joined, each with its article."""
+    return " and ".join(w.article(w.describe(m)) for m in mentions)
+
+
+def hard_negative(scene: list[w.Obj], kind: str, rng: random.Random) -> tuple[str, str]:
+    """A caption true of a two-object ``scene`` (two colours, two shapes) and a negative of ``kind`` that is false
+    of it, as close to the caption as the kind allows: a replaced word is, where the world has one, a word the
+    image also shows (the other object's colour) or a near one (a shape of the same family); a swap moves
+    words and adds none, so a bag of words cannot tell the two apart. Raises ValueError for a scene the kinds
+    cannot use, and if the negative came out true (a bug)."""
+    a, b = scene
+    if len(scene) != 2 or a.colour == b.colour or a.shape == b.shape:
+        raise ValueError("a hard negative needs two objects of different colours and shapes")
+    ma, mb = ({"colour": o.colour, "shape": o.shape, "position": o.position} for o in (a, b))
+    caption = [ma, mb]
+    if kind == "replace_att":
+        negative = [dict(ma, colour=b.colour), mb]
+    elif kind == "replace_obj":
+        negative = [dict(ma, shape=rng.choice([s for s in w.TAXONOMY[a.family] if s != a.shape])), mb]
+    elif kind == "replace_rel":  # the world's relation is where an object stands: moved to a free place
+        negative = [dict(ma, position=rng.choice([p for p in w.POSITIONS if p not in (a.position, b.position)])), mb]
+    elif kind == "swap_att":
+        negative = [dict(ma, colour=b.colour), dict(mb, colour=a.colour)]
+    elif kind == "swap_obj":
+        negative = [dict(ma, shape=b.shape), dict(mb, shape=a.shape)]
+    elif kind == "add_att":  # a size the object does not have (the other's, where theirs differ)
+        negative = [dict(ma, size=SIZE_SWAP[a.size]), mb]
+    elif kind == "add_obj":  # the caption names one object; the negative adds one the scene does not hold
+        caption = [ma]
+        negative = [ma, dict(mb, shape=rng.choice([s for s in w.SHAPES if s not in (a.shape, b.shape)]))]
+    else:
+        raise ValueError(f"unknown kind of negative {kind!r}: one of {', '.join(NEGATIVE_KINDS)}")
+    if not w.entails({"mentions": caption}, scene) or w.entails({"mentions": negative}, scene):
+        raise ValueError(f"the {kind} pair of this scene is not (true, false): {listing(caption)!r}, {listing(negative)!r}")
+    return listing(caption), listing(negative)
+
+
+def _hard_negatives(rng: random.Random, scale: float = 1.0) -> Sample:
+    """A two-object scene (two colours, two shapes) and ``{"kind", "captions": [caption, negative]}``."""
+    while True:
+        scene = w.sample_scene(rng, count=2)
+        if scene[0].colour != scene[1].colour and scene[0].shape != scene[1].shape:
+            break
+    kind = rng.choice(NEGATIVE_KINDS)
+    return w.render(scene, rng, scale=scale), {"kind": kind, "captions": list(hard_negative(scene, kind, rng))}, scene
+
+
+def tokens(caption: str) -> list[str]:
+    return caption.lower().replace(",", " ").replace(":", " ").split()
+
+
+class BigramScorer:
+    """A text-only baseline that never sees an image: a bigram language model of the world's training
+    captions (add-one smoothing over their vocabulary and one unknown word), scoring a caption by its total
+    log-probability, as a grammar model would: so a longer caption scores lower, the artefact SugarCrepe's
+    authors found in add-negatives, and a swap that reads as the training captions read scores higher."""
+
+    def __init__(self, captions: list[str]):
+        from collections import Counter
+
+        self.pairs, self.firsts, self.captions = Counter(), Counter(), len(captions)
+        for caption in captions:
+            words = ["<s>", *tokens(caption), "</s>"]
+            self.pairs.update(zip(words, words[1:]))
+            self.firsts.update(words[:-1])
+        self.vocabulary = len({w for pair in self.pairs for w in pair}) + 1  # + the unknown word
+
+    def score(self, caption: str) -> float:
+        words = ["<s>", *tokens(caption), "</s>"]
+        return sum(np.log((self.pairs[(x, y)] + 1) / (self.firsts[x] + self.vocabulary)) for x, y in zip(words, words[1:]))
+
+    def picks_caption(self, caption: str, negative: str) -> float:
+        """1 where the caption scores above its negative, 0 below, 0.5 on a tie (a coin)."""
+        mine, theirs = self.score(caption), self.score(negative)
+        return 0.5 if mine == theirs else float(mine > theirs)
+
+
 SHAPE_CLASSES = [w.article(s) for s in w.SHAPES]
 
 WORLD_TASKS: list[WorldTask] = [
@@ -72,6 +159,8 @@ WORLD_TASKS: list[WorldTask] = [
     WorldTask("family", "Shape family", "attributes", [w.article(f) for f in w.FAMILIES],
               _classify(label=lambda s: w.FAMILIES.index(s[0].family))),
     WorldTask("retrieval", "Image-caption retrieval", "retrieval", None, _retrieval),
+    WorldTask("hard-negatives", "Hard negatives, SugarCrepe's seven kinds", None, None, _hard_negatives,
+              selection=True),
 ]
 
 

@@ -68,7 +68,7 @@ def has_data(task: Task, data_dir: Path) -> bool:
     from euclip_cli.evaluate.selection_sets import SUGARCREPE_IMAGES, WINOGROUND_EXAMPLES
 
     markers = {"winogavil": ["instances.jsonl"], "probe": ["train/nshards.txt", "test/nshards.txt"]}
-    if task.kind == "selection":  # SugarCrepe: the split's pairs beside COCO's images (clip-benchmark's layout)
+    if task.suite == "compositional":  # SugarCrepe: the split's pairs beside COCO's images (clip-benchmark's layout)
         found = [WINOGROUND_EXAMPLES] if task.key == "winoground" else [f"{task.key.split('/')[1]}.json", SUGARCREPE_IMAGES]
         return all((data_dir / m).exists() for m in found)
     return all((data_dir / m).exists() for m in markers.get(task.kind, ["test/nshards.txt"]))
@@ -301,13 +301,18 @@ def selection_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Pa
     cache = cache or FeatureCache(None)
     _require_data(task, data_dir)
     _, transform = transforms_for(model.clip)
-    if task.key == "winoground":
-        ds = WinogroundSet(data_dir, transform)
-    else:  # every file it reads is there (has_data), so its builder fetches nothing
-        ds = build_dataset(task.key, root=str(data_dir), transform=transform, split="test",
-                           task="image_caption_selection")
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, collate_fn=image_captions_collate_fn,
-                                         num_workers=0)
+    if task.suite == "world":  # the caption and its negative as a retrieval set's captions (world_files)
+        ds = build_dataset("wds/" + task.key, root=str(data_dir), transform=transform, split="test",
+                           task="zeroshot_retrieval")
+        loader = torch.utils.data.DataLoader(ds.batched(batch_size, collation_fn=image_captions_collate_fn),
+                                             batch_size=None, num_workers=0)
+    else:
+        ds = (WinogroundSet(data_dir, transform) if task.key == "winoground" else
+              # every file it reads is there (has_data), so its builder fetches nothing
+              build_dataset(task.key, root=str(data_dir), transform=transform, split="test",
+                            task="image_caption_selection"))
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, collate_fn=image_captions_collate_fn,
+                                             num_workers=0)
 
     def embed() -> tuple[torch.Tensor, list]:
         embs, captions = [], []
@@ -319,7 +324,7 @@ def selection_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Pa
             on_images(images.shape[0] * images.shape[1])
         return torch.cat(embs), captions
 
-    image_emb, captions = cache.get(task.features_key, embed)
+    image_emb, captions = cache.get(task.features_key, embed, per_world=task.suite == "world")
     if len({len(c) for c in captions}) != 1:
         raise EvalError(f"task {task.key}: the instances in {data_dir} hold different numbers of captions "
                         f"({sorted({len(c) for c in captions})}); fetch the set again ({fetch_command([task])})")
@@ -330,11 +335,27 @@ def selection_inputs(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Pa
 def evaluate_selection(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
                        batch_size: int, cache: FeatureCache, on_images: Callable[[int], None],
                        hits: Optional[dict] = None) -> dict:
-    """clip-benchmark's image-caption selection metrics in the run's geometry (``selection.selection_metrics``)."""
+    """clip-benchmark's image-caption selection metrics in the run's geometry (``selection.selection_metrics``);
+    on the embedded world's hard negatives also ``acc_KIND`` and ``pairs_KIND`` for each kind of negative, and
+    the text-only baseline and chance beside them (``text_only_acc``, ``text_only_acc_KIND``, ``chance``)."""
     from euclip_cli.evaluate.selection import selection_metrics
 
     image_emb, text_emb = selection_inputs(model, cfg, task, data_dir, device, batch_size, cache, on_images)
-    return selection_metrics(model.geometry, image_emb, text_emb, model.curvature(), hits=hits)
+    hits = {} if hits is None else hits
+    metrics = selection_metrics(model.geometry, image_emb, text_emb, model.curvature(), hits=hits)
+    if task.suite == "world":
+        world = WorldDir(data_dir.parent.parent)
+        kinds = json.loads(world.negative_kinds_file(task.key.split("/", 1)[1]).read_text())
+        baseline = json.loads(world.text_only_file(task.key.split("/", 1)[1]).read_text())
+        if len(kinds) != len(hits["acc"]):
+            raise EvalError(f"task {task.key}: {len(kinds)} kinds of negative for {len(hits['acc'])} pairs in "
+                            f"{data_dir}: generate the world again (euclip download world)")
+        for kind in sorted(set(kinds)):
+            mine = hits["acc"][torch.tensor([k == kind for k in kinds])]
+            metrics |= {f"acc_{kind}": mine.float().mean().item(), f"pairs_{kind}": len(mine)}
+        metrics |= {f"text_only_{k}": v for k, v in baseline.items() if k.startswith("acc")}
+        metrics["chance"] = baseline["chance"]
+    return metrics
 
 
 def evaluate_winogavil(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path, device: torch.device,
@@ -400,7 +421,10 @@ def task_status(line: Optional[dict]) -> str:
         return "already evaluated"
     if line.get("failed"):
         return f"failed: {line['error']}"
-    value = line["metrics"]["main_metric"]
+    metrics = line["metrics"]
+    if "text_only_acc" in metrics:  # a selection task's accuracy means little without what text alone scores
+        return f"acc {metrics['acc']:.4f} (text alone {metrics['text_only_acc']:.4f}, chance {metrics['chance']:.2f})"
+    value = metrics["main_metric"]
     return "scored (no main metric)" if value is None else f"{value:.4f}"
 
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 from statistics import mean
 from typing import Optional
 
-from euclip_cli.protocol.tasks import GROUPS, TASKS, list_tasks
+from euclip_cli.protocol.tasks import GROUPS, TASKS, averaged
 
 
 def aggregate(results: list[dict], suite: str) -> dict[str, Optional[float]]:
     """``{main, shifts, attributes, retrieval, average}`` from eval.jsonl lines (fractions in [0, 1]).
 
-    Lines whose ``main_metric`` is null are dropped, as DataComp drops FairFace and UTKFace.
-    A group (or the average) with any task missing is None: a partial mean would mislead.
+    Lines whose ``main_metric`` is null are dropped, as DataComp drops FairFace and UTKFace, and so are the
+    tasks outside the average (``averaged``). A group (or the average) with any task missing is None: a
+    partial mean would mislead.
     """
     scores = {r["key"]: r["metrics"].get("main_metric") for r in results if r["key"] in TASKS}
     scores = {k: v for k, v in scores.items() if v is not None}
-    tasks = [t for t in list_tasks(suite) if t.main_metric is not None]
+    tasks = averaged(suite)
     out: dict[str, Optional[float]] = {}
     for group in GROUPS:
         members = [t.key for t in tasks if t.group == group]

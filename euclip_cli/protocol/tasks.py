@@ -42,6 +42,9 @@ class Task:
     resize: str = "crop"
     # A set on no host (``folder``): the name clip-benchmark's exporter knows its dataset by.
     exporter_name: Optional[str] = None
+    # Whether its main metric joins the suite's average (``averaged``): the world's hard negatives do not, so
+    # the world's average stays the ten tasks that studies published before them compare.
+    in_average: bool = True
 
     @property
     def images_key(self) -> str:
@@ -141,8 +144,11 @@ _DATACOMP = [
 def _world_tasks() -> list[Task]:
     from euclip_cli.data.world_tasks import WORLD_TASKS
 
-    return [Task(f"world/{t.name}", t.title, _R if t.classes is None else _C,
-                 "mean_recall@1" if t.classes is None else "acc1", t.group, "world") for t in WORLD_TASKS]
+    def kind(t) -> tuple[str, Optional[str]]:
+        return ("selection", "acc") if t.selection else (_R, "mean_recall@1") if t.classes is None else (_C, "acc1")
+
+    return [Task(f"world/{t.name}", t.title, *kind(t), t.group, "world", in_average=not t.selection)
+            for t in WORLD_TASKS]
 
 
 # MERU's evaluation (its Tables 1 and 2; catalog in its meru/evaluation/catalog.py): (task, name, the
@@ -231,6 +237,12 @@ TASKS.update({t.key: t for t in _compositional_tasks()})
 
 def list_tasks(suite: Optional[str] = None) -> list[Task]:
     return [t for t in TASKS.values() if suite is None or t.suite == suite]
+
+
+def averaged(suite: str) -> list[Task]:
+    """The tasks of ``suite`` its groups and average are means of: those with a main metric (DataComp drops
+    FairFace and UTKFace) that join the average (``Task.in_average``)."""
+    return [t for t in list_tasks(suite) if t.main_metric is not None and t.in_average]
 
 
 def select(spec: str) -> list[Task]:

@@ -17,11 +17,11 @@ from typing import Callable, Iterable, Optional
 from euclip_cli import config as C
 from euclip_cli import stats
 from euclip_cli.protocol.aggregate import aggregate
-from euclip_cli.protocol.tasks import TASKS, list_tasks, select
+from euclip_cli.protocol.tasks import TASKS, averaged, select
 from euclip_cli.rundir import TRAINING_RECORD, RunDir, iter_jsonl, read_json
 from euclip_cli.study.jobs import RunPlan
 from euclip_cli.study.spec import Claim, Study
-from euclip_cli.study.tables import CONVERGED_WITHIN, GROUP_METRICS
+from euclip_cli.study.tables import COMPOSITION_MEASURES, CONVERGED_WITHIN, GROUP_METRICS, HARD_NEGATIVES
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, learning, regime
 from euclip_cli.worlddir import WorldDir
 
@@ -34,6 +34,9 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
     for line in results:
         if line["key"] in tasks and line["metrics"].get("main_metric") is not None:
             values[line["key"]] = 100 * line["metrics"]["main_metric"]
+        if line["key"] == HARD_NEGATIVES and line["key"] in tasks:
+            values.update({metric: 100 * line["metrics"][key] for metric, key in COMPOSITION_MEASURES.items()
+                           if line["metrics"].get(key) is not None})
     agg = aggregate(results, "world")
     for group in GROUP_METRICS:
         if agg.get(group) is not None:
@@ -109,13 +112,14 @@ ENTAILMENT_MEASURES = {"family_similarity_auc": "similarity", "family_cone_auc":
 # The world's caption pairs at every level against their reverses (ROC AUC): study metric -> score.
 ORDER_MEASURES = {"caption_root_order_auc": "root_order", "caption_cone_order_auc": "cone"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *ORDER_MEASURES)
+                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *ORDER_MEASURES,
+                *COMPOSITION_MEASURES)
 
 
 def with_groups(values: dict[str, float], combine: Callable[[list[float]], float]) -> dict[str, float]:
     """Per-task values of the world's tasks with those of the group means and the average built from
     them (as ``aggregate`` groups them), ``combine(members' values)``, added where every member has one."""
-    world_tasks = [t for t in list_tasks("world") if t.main_metric is not None]
+    world_tasks = averaged("world")
     for group in GROUP_METRICS:
         members = [t.key for t in world_tasks if group == "average" or t.group == group]
         if members and all(k in values for k in members):
@@ -192,7 +196,8 @@ def paired_sampling_errors(p: RunPlan, base: RunPlan, tasks: list[str]) -> dict[
         if TASKS[key].suite != "world" or not all("hits" in by_key.get(key, {}) for by_key in lines):
             continue
         ours, theirs = (by_key[key]["hits"] for by_key in lines)
-        names = ("image_retrieval_recall@1", "text_retrieval_recall@1") if TASKS[key].kind == "retrieval" else ("acc1",)
+        names = {"retrieval": ("image_retrieval_recall@1", "text_retrieval_recall@1"),
+                 "selection": ("acc",)}.get(TASKS[key].kind, ("acc1",))
         if not all(name in ours and name in theirs and ours[name]["n"] == theirs[name]["n"] for name in names):
             continue
         per_name = [stats.paired_proportion_se(unpack_hits(ours[name]), unpack_hits(theirs[name])) for name in names]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from euclip_cli import config as C
+from euclip_cli.data.world_tasks import NEGATIVE_KINDS
 from euclip_cli.protocol.tasks import GROUPS, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
 from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table,
@@ -18,6 +19,13 @@ from euclip_cli.study.spec import Study
 from euclip_cli.study.verdicts import regime_lines
 
 GROUP_METRICS = (*GROUPS, "average")
+# The world's hard negatives (``world_tasks.hard_negative``), in points: each kind's accuracy, and what the
+# text-only baseline scores on the same pairs (the world's, alike for every run on it): study metric -> the
+# eval line's metric.
+HARD_NEGATIVES = "world/hard-negatives"
+COMPOSITION_MEASURES = {**{f"hard_negatives_{kind}": f"acc_{kind}" for kind in NEGATIVE_KINDS},
+                        "hard_negatives_text_only": "text_only_acc",
+                        **{f"hard_negatives_text_only_{kind}": f"text_only_acc_{kind}" for kind in NEGATIVE_KINDS}}
 # What a study writes, in the order it writes them; ``--publish`` copies them.
 PUBLISHED = ("study.csv", "claims.csv", "seeds.csv", "noise.csv", "eval_size.csv", "regime.json", "study.md")
 CONVERGED_WITHIN = 0.02
@@ -85,6 +93,7 @@ def to_markdown(study: Study, summary: dict) -> str:
         lines += ["| " + " | ".join(claim_cells(c)) + " |" for c in chosen]
     lines += temperature_section(study, rows, summary["regime"])
     lines += hierarchy_section(study, rows)
+    lines += composition_section(study, rows)
     if summary["noise"]:
         lines += ["", "## Noise floor", "",
                   "In points: the seed standard deviation of each configuration (median over configurations, and "
@@ -193,6 +202,36 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
                                                                   "family_similarity_auc", "family_cone_auc",
                                                                   "caption_root_order_auc", "caption_cone_order_auc"))]
         lines.append(f"| {_label(config, idle)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def composition_section(study: Study, rows: dict) -> list[str]:
+    """Each configuration's accuracy on the world's hard negatives, overall and by kind of negative, beside
+    what the text-only baseline and chance score on the same pairs; nothing where no run scored them."""
+    if not any(metric == HARD_NEGATIVES for _, metric in rows):
+        return []
+    lines = ["", "## Compositional hard negatives", "",
+             "The world's hard negatives (docs/embedded-world.md): each image's caption against a negative of one "
+             "of SugarCrepe's seven kinds, in %, mean ± sd over seeds; Δ to the baseline paired by seed, with its "
+             "raw 95% interval. The last two rows score the same pairs without any model: a bigram language model "
+             "of the world's training captions (text alone) and chance. A kind where text alone is far from 50 is "
+             "one a caption's wording gives away (or misleads on).", "",
+             "| config | all kinds | Δ | " + " | ".join(k.replace("_", "-") for k in NEGATIVE_KINDS) + " |",
+             "|---|" + "---|" * (len(NEGATIVE_KINDS) + 2)]
+    idle = did_not_learn(rows.values())
+    for config in study.configs:
+        row = rows.get((config, HARD_NEGATIVES))
+        delta = ("" if row is None or row.get("diff_mean") in (None, "") else
+                 f"{row['diff_mean']:+.1f} [{row['diff_low']:+.1f}, {row['diff_high']:+.1f}]")
+        cells = [_mean_sd(row), delta, *(_mean_sd(rows.get((config, f"hard_negatives_{k}"))) for k in NEGATIVE_KINDS)]
+        lines.append(f"| {_label(config, idle)} | " + " | ".join(cells) + " |")
+    # The world's, alike for every run on it: read from any configuration that has it.
+    text = {metric: r["mean"] for (_, metric), r in rows.items() if metric.startswith("hard_negatives_text_only")}
+    if text:
+        cells = [text.get(f"hard_negatives_text_only_{k}") for k in NEGATIVE_KINDS]
+        lines.append(f"| text alone | {_fmt(text.get('hard_negatives_text_only'))} | | "
+                     + " | ".join(_fmt(c) for c in cells) + " |")
+    lines.append("| chance | 50.0 | | " + " | ".join("50.0" for _ in NEGATIVE_KINDS) + " |")
     return lines
 
 

@@ -187,7 +187,8 @@ def families(study: Study, tested: list[Claim]) -> dict[str, str]:
 
 def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict[int, dict[str, float]]],
                     reading: dict, did_not_learn: frozenset[str] = frozenset()) -> list[dict]:
-    """One row per claim the study tests: the effect with its raw 95% interval and its interval at
+    """One row per claim the study tests (its configurations are the study's, and its metric one some run
+    recorded): the effect with its raw 95% interval and its interval at
     Holm's level within its family (``families``: the claims with an interval, primary and secondary
     apart); read from the latter, the verdict on the claim's statement (``stats.verdict``; "not
     testable" where a configuration it involves is in ``did_not_learn``) and, apart from it, how the
@@ -195,7 +196,9 @@ def evaluate_claims(study: Study, claims: list[Claim], by_config: dict[str, dict
     seeds 80% power needs if the true effect were the paper's, and if it were the one measured here
     (each at the Bonferroni level of its family: Holm's level for the claim decided first, and a bound
     on the others')."""
-    tested = [c for c in claims if all(name in study.configs for name in c.configs)]
+    measured = {metric for seeds in by_config.values() for values in seeds.values() for metric in values}
+    tested = [c for c in claims if all(name in study.configs for name in c.configs)
+              and (c.metric if c.kind == "compare" else c.measure) in measured]
     values = {c.id: claim_values(c, by_config) for c in tested}
     family_of = families(study, tested)
     p_of = {c.id: stats.t_test_p(list(values[c.id][0].values())) for c in tested}
