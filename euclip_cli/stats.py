@@ -362,10 +362,10 @@ MISSING = "missing"
 
 
 # (study metric, heading, digits): the run measures the configuration table shows beside the groups, where
-# the runs have them: the learned temperature, and the Shapes mistakes' tree-induced error and the family
-# captions' entailment AUC (``euclip analyze hierarchy``).
+# the runs have them: the learned temperature, the Shapes mistakes' tree-induced error and the family
+# captions' entailment AUC (``euclip analyze hierarchy``), and the world's hard negatives (in %).
 RUN_COLUMNS = (("temperature_final", "β final", 2), ("shapes_tie", "tree-induced error (Shapes)", 2),
-               ("family_cone_auc", "entailment AUC, cone", 3))
+               ("family_cone_auc", "entailment AUC, cone", 3), ("world/hard-negatives", "hard negatives", 1))
 
 
 def config_table(rows: list[dict], configs: list[str], baseline: str, groups: dict[str, str]) -> list[dict[str, str]]:

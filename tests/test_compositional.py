@@ -19,7 +19,7 @@ from euclip_cli.cli.main import app
 from euclip_cli.evaluate.selection import selection_metrics, selection_outcomes
 from euclip_cli.geometry.registry import get_geometry
 from euclip_cli.protocol.tasks import SUGARCREPE_SPLITS, select
-from tests.test_evalsets import FakeHub
+from tests.test_evalsets import FakeHub, download_from
 from tests.trained import copy_run
 from tests.webfakes import StaticHost
 
@@ -248,14 +248,9 @@ def test_winoground_as_parquet_is_read_too(world, tmp_path, monkeypatch):
                                    "caption_0": f"one {i}", "caption_1": f"two {i}"} for i in range(2)])
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
-    hub = FakeHub({"facebook/winoground/data/test-00000-of-00001.parquet": buffer.getvalue(),
-                   "facebook/winoground/README.md": b"gated"})
     monkeypatch.setenv("HF_TOKEN", "hf_stand_in")
-    try:
-        result = runner.invoke(app, ["download", "evalsets", "--tasks", "winoground", "--root", str(tmp_path),
-                                     "--base-url", hub.url])
-    finally:
-        hub.server.shutdown()
+    result = download_from({"facebook/winoground/data/test-00000-of-00001.parquet": buffer.getvalue(),
+                            "facebook/winoground/README.md": b"gated"}, "winoground", tmp_path)
     assert result.exit_code == 0, result.output
     from PIL import Image
 
@@ -267,13 +262,13 @@ def test_winoground_as_parquet_is_read_too(world, tmp_path, monkeypatch):
     assert np.array_equal(np.asarray(images[0].convert("RGB")), np.asarray(Image.open(io.BytesIO(jpegs[2])).convert("RGB")))
 
 
-def test_the_report_has_a_compositional_table(compositional_sets, tiny_clip, tmp_path):
+def test_the_report_has_a_compositional_table(compositional_sets, tiny_clip, world, tmp_path):
     root, _ = compositional_sets
     runs = tmp_path / "runs"
     for name in ("a", "b"):  # one run, twice: the table reads each run's own lines
         run = copy_run(tiny_clip, runs, name)
-        assert runner.invoke(app, ["eval", str(run), "--tasks", "sugar_crepe/swap_obj,winoground", "--eval-root",
-                                   str(root), "--device", "cpu"]).exit_code == 0
+        assert runner.invoke(app, ["eval", str(run), "--tasks", "sugar_crepe/swap_obj,winoground,world/hard-negatives",
+                                   "--eval-root", str(root), "--world", str(world), "--device", "cpu"]).exit_code == 0
     result = runner.invoke(app, ["report", "--table", "compositional", "--runs-dir", str(runs), "--out",
                                  str(tmp_path / "tables")])
     assert result.exit_code == 0, result.output
@@ -292,6 +287,9 @@ def test_the_report_has_a_compositional_table(compositional_sets, tiny_clip, tmp
     # A split not scored is missing, and so is a mean of one split of seven.
     assert found["SugarCrepe add-att"] == MISSING and found["SugarCrepe"] == MISSING
     assert found["geometry"] == "clip"
+    hard = lines["world/hard-negatives"]
+    assert found["world hard negatives"] == f"{100 * hard['acc']:.1f} ± 0.0 (n=2)"
+    assert found["text alone"] == f"{100 * hard['text_only_acc']:.1f} ± 0.0 (n=2)"
 
 
 # ---------------------------------------------------------------- the embedded world's hard negatives

@@ -46,14 +46,14 @@ def test_train_eval_report_through_the_cli(world, tiny_clip, tmp_path):
     result = runner.invoke(app, ["eval", str(run), "--tasks", "world"])
     assert result.exit_code == 0, result.output
     results = [json.loads(l) for l in (run / "eval.jsonl").read_text().splitlines()]
-    assert len(results) == 10
+    assert len(results) == 11  # the ten tasks of the average and the hard negatives
     for line in results:
         assert {"key", "dataset", "metrics", "checkpoint", "protocol"} <= set(line)
         assert 0 <= line["metrics"]["main_metric"] <= 1
 
     again = runner.invoke(app, ["eval", str(run), "--tasks", "world"])  # resumes: nothing to add
     assert again.exit_code == 0 and "already evaluated" in again.output
-    assert len((run / "eval.jsonl").read_text().splitlines()) == 10
+    assert len((run / "eval.jsonl").read_text().splitlines()) == 11
 
     out = tmp_path / "tables"
     report = runner.invoke(app, ["report", "--runs-dir", str(runs), "--out", str(out)])

@@ -147,6 +147,15 @@ def test_an_unreachable_host_is_one_clear_error(tmp_path):
     assert result.exit_code == 1 and "could not reach" in result.output and "Traceback" not in result.output
 
 
+def download_from(files: dict[str, bytes], tasks: str, root):
+    """``euclip download evalsets --tasks TASKS --root ROOT`` from a Hub stand-in serving ``files``."""
+    fake = FakeHub(files)
+    try:
+        return runner.invoke(app, ["download", "evalsets", "--tasks", tasks, "--root", str(root), "--base-url", fake.url])
+    finally:
+        fake.server.shutdown()
+
+
 def test_winogavil_is_fetched_converted_and_scored(world, tmp_path):
     import torch
 
@@ -166,13 +175,8 @@ def test_winogavil_is_fetched_converted_and_scored(world, tmp_path):
     csv = "ID,cue,candidates,associations\n" + "".join(
         f'{i},{cue},"{json.dumps(c).replace(chr(34), chr(34) * 2)}","{json.dumps(a).replace(chr(34), chr(34) * 2)}"\n'
         for i, cue, c, a in rows)
-    fake = FakeHub({"nlphuji/winogavil/winogavil_dataset.csv": csv.encode(),
-                    "nlphuji/winogavil/winogavil_images.zip": archive.getvalue()})
-    try:
-        result = runner.invoke(app, ["download", "evalsets", "--tasks", "misc/winogavil", "--root", str(tmp_path),
-                                     "--base-url", fake.url])
-    finally:
-        fake.server.shutdown()
+    result = download_from({"nlphuji/winogavil/winogavil_dataset.csv": csv.encode(),
+                            "nlphuji/winogavil/winogavil_images.zip": archive.getvalue()}, "misc/winogavil", tmp_path)
     assert result.exit_code == 0, result.output
     folder = tmp_path / "winogavil"
     instances = [json.loads(line) for line in (folder / "instances.jsonl").read_text().splitlines()]

@@ -163,6 +163,7 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
         assert found["world/hard-negatives"] == pytest.approx(100 * line["metrics"]["acc"])
         assert found["hard_negatives_swap_att"] == pytest.approx(100 * line["metrics"]["acc_swap_att"])
         assert found["hard_negatives_text_only"] == pytest.approx(100 * baseline["acc"])
+    assert "hard negatives" in (out / "study.md").read_text().split("\n## ")[0]  # a column of the first table
     section = (out / "study.md").read_text().split("## Compositional hard negatives")[1]
     assert f"| text alone | {100 * baseline['acc']:.1f} |" in section and "| chance | 50.0 |" in section
     assert section.count("\n| euclip") == 1 and float(noise["world/hard-negatives"]["ceiling"]) == 100

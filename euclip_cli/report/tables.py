@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -90,12 +90,12 @@ def _cell(values: list[Optional[float]], digits: int = 1) -> str:
     return f"{100 * statistics.mean(values):.{digits}f} ± {100 * statistics.stdev(values):.{digits}f} (n={len(values)})"
 
 
-def _configurations(runs: list[Run], suite: str) -> list[tuple[dict, list[Run]]]:
-    """The runs with any result in ``suite``, one group per configuration (its seeds), each with the row's
-    leading columns: who they are, their geometry, logit, final LN and λ."""
+def _configurations(runs: list[Run], scored: Callable[[Run], bool]) -> list[tuple[dict, list[Run]]]:
+    """The runs ``scored`` picks, one group per configuration (its seeds), each with the row's leading
+    columns: who they are, their geometry, logit, final LN and λ."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        if run.scores[suite]["tasks_done"]:
+        if scored(run):
             groups.setdefault(_row_key(run), []).append(run)
     found = []
     for members in groups.values():
@@ -114,7 +114,7 @@ def _configurations(runs: list[Run], suite: str) -> list[tuple[dict, list[Run]]]
 def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
     """One row per configuration with any result in ``suite``; columns named as the suite names them."""
     rows = []
-    for row, members in _configurations(runs, suite):
+    for row, members in _configurations(runs, lambda run: run.scores[suite]["tasks_done"]):
         for metric in METRICS:
             row[SUITE_COLUMNS[suite][metric]] = _cell([m.scores[suite][metric] for m in members])
         rows.append(row)
@@ -123,10 +123,13 @@ def suite_table(runs: list[Run], suite: str) -> pd.DataFrame:
 
 def compositional_table(runs: list[Run]) -> pd.DataFrame:
     """One row per configuration scored on a compositional task: Winoground's text, image and group scores,
-    each SugarCrepe split's accuracy and their mean (the suite's SugarCrepe column)."""
+    each SugarCrepe split's accuracy and their mean (the suite's SugarCrepe column), and the world's hard
+    negatives beside what text alone scores on them (``evaluate.runner.evaluate_selection``)."""
     splits = [t for t in TASKS.values() if t.suite == "compositional" and t.key != "winoground"]
+    world = "world/hard-negatives"
     rows = []
-    for row, members in _configurations(runs, "compositional"):
+    for row, members in _configurations(runs, lambda run: run.scores["compositional"]["tasks_done"]
+                                         or world in run.results):
         wino = [m.results.get("winoground", {}) for m in members]
         for metric, name in (("text_acc", "text"), ("image_acc", "image"), ("acc", "group")):
             row[f"Winoground {name}"] = _cell([r.get(metric) for r in wino])
@@ -134,6 +137,8 @@ def compositional_table(runs: list[Run]) -> pd.DataFrame:
             row[task.name] = _cell([m.results.get(task.key, {}).get("acc") for m in members])
         row[SUITE_COLUMNS["compositional"]["attributes"]] = _cell(
             [m.scores["compositional"]["attributes"] for m in members])
+        row["world hard negatives"] = _cell([m.results.get(world, {}).get("acc") for m in members])
+        row["text alone"] = _cell([m.results.get(world, {}).get("text_only_acc") for m in members])
         rows.append(row)
     return pd.DataFrame(rows)
 
