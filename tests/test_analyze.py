@@ -361,9 +361,17 @@ def test_hierarchy_scores_the_runs_own_predictions_in_the_worlds_tree(runs, worl
     # Entailment as a score: every geometry's similarity; a cone score where the geometry has cones.
     images = found["tasks"]["world/shapes"]["n"]
     assert set(found["entailment"]["text-image"]) == ({"similarity", "cone"} if run == "tiny-meru" else {"similarity"})
-    for pairs, (related, total) in (("text-image", (images, 3 * images)), ("text-text", (12, 36))):
+    # The world's caption pool against the retrieval images, each pair related where hierarchy.json says the
+    # caption is true of the image.
+    pool = json.loads((world / "eval" / "hierarchy.json").read_text())["captions"]
+    scenes = len(json.loads((world / "eval" / "retrieval" / "scenes.json").read_text()))
+    true = sum(len(c["entails"]) for c in pool)
+    assert set(found["entailment"]["caption-image"]) == set(found["entailment"]["text-image"])
+    for pairs, (related, total) in (("text-image", (images, 3 * images)), ("text-text", (12, 36)),
+                                    ("caption-image", (true, len(pool) * scenes))):
         for row in found["entailment"][pairs].values():
-            assert 0 <= row["roc_auc"] <= 1 and (row["positives"], row["pairs"]) == (related, total)
+            assert 0 <= row["roc_auc"] <= 1 and 0 <= row["average_precision"] <= 1
+            assert (row["positives"], row["pairs"]) == (related, total)
     # The order of the world's caption pairs against their reverses: [ROOT]-order for every geometry, cones where
     # the geometry has them; the convention is HyCoCLIP's, and the mistakes are scored beside uniform ones.
     from euclip_cli.data.world import caption_order_pairs
@@ -373,3 +381,19 @@ def test_hierarchy_scores_the_runs_own_predictions_in_the_worlds_tree(runs, worl
     assert {k for k in order if k in ("root_order", "cone")} == ({"root_order", "cone"} if run == "tiny-meru" else {"root_order"})
     assert all(0 <= order[k]["roc_auc"] <= 1 for k in ("root_order", "cone") if k in order)
     assert found["convention"] == "hycoclip" and shapes["mistakes"] == round((1 - shapes["accuracy"]) * shapes["n"])
+
+
+def test_entailment_scores_a_pool_larger_than_one_block_of_cones_as_one_broadcast_would():
+    import torch
+    from sklearn.metrics import roc_auc_score
+
+    from euclip_cli.analysis.studies import CONE_ROWS, entailment_study
+    from euclip_cli.geometry.registry import get_geometry
+
+    g, curv = get_geometry("hyperbolic"), torch.tensor(1.0)
+    generator = torch.Generator().manual_seed(0)
+    generic, specific = torch.randn(CONE_ROWS * 2 + 5, 6, generator=generator), torch.randn(40, 6, generator=generator)
+    related = torch.rand(len(generic), len(specific), generator=generator) < 0.3
+    whole = -g.cone_violation(generic[:, None], specific[None], 0.1, curv)  # every pair at once
+    found = entailment_study(g, curv, generic, specific, related, 0.1)
+    assert found["cone"]["roc_auc"] == pytest.approx(roc_auc_score(related.flatten().numpy(), whole.flatten().numpy()))

@@ -164,6 +164,12 @@ def test_a_micro_study_resumes_without_retraining_and_its_tables_parse(tmp_path,
         assert found["hard_negatives_swap_att"] == pytest.approx(100 * line["metrics"]["acc_swap_att"])
         assert found["hard_negatives_text_only"] == pytest.approx(100 * baseline["acc"])
     assert "hard negatives" in (out / "study.md").read_text().split("\n## ")[0]  # a column of the first table
+    # The caption pool's entailment score, as each run's hierarchy analysis has it, read into the study.
+    for r in (r for r in seeds if r["metric"] == "pool_similarity_auc"):
+        analysed = json.loads((out / "runs" / f"{r['config']}-seed{r['seed']}" / "analysis" / "hierarchy.json").read_text())
+        assert float(r["value"]) == pytest.approx(analysed["entailment"]["caption-image"]["similarity"]["roc_auc"])
+    assert sum(r["metric"] == "pool_similarity_auc" for r in seeds) == 6
+    assert "| pool AUC, similarity | pool AUC, cone |" in (out / "study.md").read_text()
     section = (out / "study.md").read_text().split("## Compositional hard negatives")[1]
     assert f"| text alone | {100 * baseline['acc']:.1f} |" in section and "| chance | 50.0 |" in section
     assert section.count("\n| euclip") == 1 and float(noise["world/hard-negatives"]["ceiling"]) == 100

@@ -219,7 +219,8 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
     metrics (``euclip_cli.hierarchy``) of its zero-shot predictions, each image given the class its own
     geometry scores highest, on every world task whose classes are the tree's shapes; and entailment as a
     score (``studies.entailment_study``): family captions against the Shapes images and the shape
-    captions, a pair related where the shape belongs to the family."""
+    captions, a pair related where the shape belongs to the family, and the world's generic-to-specific
+    caption pool against the retrieval images, a pair related where the caption is true of the image."""
     from euclip_cli.analysis.embeddings import collect
     from euclip_cli.analysis.studies import entailment_study, order_study
     from euclip_cli.data.world import FAMILIES, FAMILY_OF, SHAPES, caption_order_pairs, caption_text
@@ -232,8 +233,13 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
     named = [caption_text({"level": "shape", "mentions": [{"shape": s}]}) for s in SHAPES]
     specs, pairs = caption_order_pairs()
     ordered = [caption_text(spec) for spec in specs]
+    # The generic-to-specific caption pool and the retrieval images each caption is true of (world_files).
+    found = WorldDir(world or C.world_dir(cfg)).hierarchy_file
+    if not found.exists():
+        raise UsageError(f"no {found.name} under {found.parent}: run 'euclip download world'")
+    pool = read_json(found)["captions"]
     with status(f"embedding the world's shape tasks and its captions at every level with {run_dir.name}"):
-        emb = collect(run_dir, device, world, vocabulary=generic + named + ordered)
+        emb = collect(run_dir, device, world, vocabulary=generic + named + ordered + [c["text"] for c in pool])
     tree = world_tree()
     tasks, guessing = {}, {}
     for key in world_hierarchy_tasks():
@@ -243,13 +249,18 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
         tasks[key] = hierarchical_metrics([SHAPES[i] for i in predicted.tolist()], true, tree, SHAPES, convention)
         guessing[key] = chance(true, SHAPES, tree, convention)
     families, shapes = emb.vocabulary[:len(generic)], emb.vocabulary[len(generic):len(generic) + len(named)]
-    captions = emb.vocabulary[len(generic) + len(named):]
+    captions = emb.vocabulary[len(generic) + len(named):len(generic) + len(named) + len(ordered)]
+    pooled = emb.vocabulary[len(generic) + len(named) + len(ordered):]
+    true_of = torch.zeros(len(pool), len(emb.image), dtype=torch.bool)
+    for i, caption in enumerate(pool):
+        true_of[i, caption["entails"]] = True
     shown = emb.classes[HIERARCHY_IMAGES]
     of_image = torch.tensor([[FAMILY_OF[SHAPES[i]] == f for i in shown.labels.tolist()] for f in FAMILIES])
     of_shape = torch.tensor([[FAMILY_OF[s] == f for s in SHAPES] for f in FAMILIES])
     radius = cfg.loss.entail_min_radius
     entailment = {"text-image": entailment_study(emb.geometry, emb.curv, families, shown.images, of_image, radius),
-                  "text-text": entailment_study(emb.geometry, emb.curv, families, shapes, of_shape, radius)}
+                  "text-text": entailment_study(emb.geometry, emb.curv, families, shapes, of_shape, radius),
+                  "caption-image": entailment_study(emb.geometry, emb.curv, pooled, emb.image, true_of, radius)}
     # [ROOT] as the euclip protocol has it: the origin, or the mean of the images and captions analysed.
     root = emb.geometry.root(torch.cat([shown.images, captions]))
     order = order_study(emb.geometry, emb.curv, captions, pairs, root, radius)
@@ -258,7 +269,8 @@ def hierarchy(run: Run, device: str = "auto", world: Optional[Path] = None, runs
               "tree": {"source": "the embedded world's generator (data.world.TAXONOMY)", "root": WORLD_ROOT,
                        "parents": tree.parents},
               "tasks": tasks, "chance": guessing,
-              "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named, **entailment},
+              "entailment": {"families": generic, "images": HIERARCHY_IMAGES, "shapes": named,
+                             "pool": {"captions": len(pool), "images": "world/retrieval"}, **entailment},
               "order": {"captions": len(ordered), "pairs": len(pairs),
                         "levels": {f"{a} > {b}": n for (a, b), n in sorted(levels.items())}, **order}}
     return Analysis(result, write_result(run_dir, RunDir(run_dir).hierarchy_file.stem, result), run_dir)

@@ -213,6 +213,10 @@ def folder_traversal_study(g: Geometry, curv: Optional[torch.Tensor], names: lis
     return result
 
 
+# Generic points scored against every specific one at once (``entailment_study``'s cone).
+CONE_ROWS = 32
+
+
 def entailment_study(g, curv: Optional[torch.Tensor], generic: torch.Tensor, specific: torch.Tensor,
                      related: torch.Tensor, min_radius: float) -> dict:
     """How well a geometry's scores tell the (generic, specific) pairs the tree relates from the others,
@@ -224,7 +228,9 @@ def entailment_study(g, curv: Optional[torch.Tensor], generic: torch.Tensor, spe
     """
     scores = {"similarity": g.similarity(generic, specific, curv)}
     if g.has_entailment:
-        scores["cone"] = -g.cone_violation(generic[:, None], specific[None], min_radius, curv)
+        # A block of generic rows at a time: the pairs' broadcast (G, S, D) would not fit for a caption pool.
+        scores["cone"] = torch.cat([-g.cone_violation(generic[i:i + CONE_ROWS, None], specific[None], min_radius, curv)
+                                    for i in range(0, len(generic), CONE_ROWS)])
     labels = related.flatten().numpy()
     return {name: {"roc_auc": float(roc_auc_score(labels, s.flatten().double().numpy())),
                    "average_precision": float(average_precision_score(labels, s.flatten().double().numpy())),

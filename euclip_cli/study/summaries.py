@@ -53,6 +53,8 @@ def run_values(p: RunPlan, tasks: list[str]) -> dict[str, float]:
                            if shapes.get(key) is not None})
         scores = found.get("entailment", {}).get("text-image", {})
         values.update({metric: scores[s]["roc_auc"] for metric, s in ENTAILMENT_MEASURES.items() if s in scores})
+        pool = found.get("entailment", {}).get("caption-image", {})
+        values.update({metric: pool[s]["roc_auc"] for metric, s in POOL_MEASURES.items() if s in pool})
         order = found.get("order", {})
         values.update({metric: order[s]["roc_auc"] for metric, s in ORDER_MEASURES.items() if s in order})
     last = run.last_training_record()
@@ -109,10 +111,13 @@ HIERARCHY_MEASURES = {"shapes_tie": "tie", "shapes_jaccard": "jaccard", "shapes_
                       "shapes_mistake_tie": "mistake_tie", "shapes_random_mistake_tie": "random_mistake_tie"}
 # Entailment as a score, family captions over the Shapes images (ROC AUC): study metric -> score.
 ENTAILMENT_MEASURES = {"family_similarity_auc": "similarity", "family_cone_auc": "cone"}
+# The world's caption pool over the retrieval images, each pair related where the caption is true (ROC AUC).
+POOL_MEASURES = {"pool_similarity_auc": "similarity", "pool_cone_auc": "cone"}
 # The world's caption pairs at every level against their reverses (ROC AUC): study metric -> score.
 ORDER_MEASURES = {"caption_root_order_auc": "root_order", "caption_cone_order_auc": "cone"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
-                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *ORDER_MEASURES,
+                "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *POOL_MEASURES,
+                *ORDER_MEASURES,
                 *COMPOSITION_MEASURES)
 
 

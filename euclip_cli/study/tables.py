@@ -174,6 +174,11 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
     from euclip_cli.hierarchy import world_guessing
 
     guess = world_guessing()
+    # Analyses older than the caption pool's score have none: their studies' tables stay as published.
+    pooled = any(metric == "pool_similarity_auc" for _, metric in rows)
+    measures = ("shapes_jaccard", "shapes_h_precision", "family_similarity_auc", "family_cone_auc",
+                *(("pool_similarity_auc", "pool_cone_auc") if pooled else ()), "caption_root_order_auc",
+                "caption_cone_order_auc")
     lines = ["", "## Hierarchy", "",
              "HyCoCLIP's hierarchical metrics of the Shapes predictions in the world generator's class tree "
              "(12 shapes, 3 families, one root), with its code's ancestor sets (a class's ancestors, not the "
@@ -187,10 +192,12 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
              "Shapes images of their family (ROC AUC; 0.5 is chance), by the geometry's similarity and, where "
              "it has cones, by the cone. Order: each (generic, specific) pair of the world's captions at "
              "every level against the same pair reversed (ROC AUC; a symmetric score gets 0.5), by the "
-             "distance from [ROOT] and, where the geometry has cones, by the cone.", "",
+             "distance from [ROOT] and, where the geometry has cones, by the cone." + (
+                 " Pool: the world's captions from the most generic to the most specific against the retrieval "
+                 "images, a pair related where the caption is true of the image (ROC AUC)." if pooled else ""), "",
              "| config | Shapes | tree-induced error | mistakes' TIE (uniform) | Jaccard | hierarchical precision "
-             "| AUC, similarity | AUC, cone | order AUC, [ROOT] | order AUC, cone |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| AUC, similarity | AUC, cone | " + ("pool AUC, similarity | pool AUC, cone | " if pooled else "")
+             + "order AUC, [ROOT] | order AUC, cone |", "|" + "---|" * (10 + 2 * pooled)]
     idle = did_not_learn(rows.values())
     for config in study.configs:
         mistakes = _mean_sd(rows.get((config, "shapes_mistake_tie")), 2)
@@ -198,9 +205,7 @@ def hierarchy_section(study: Study, rows: dict) -> list[str]:
         if uniform is not None:
             mistakes += f" ({uniform['mean']:.2f})"
         cells = [_mean_sd(rows.get((config, "world/shapes"))), _mean_sd(rows.get((config, "shapes_tie")), 2), mistakes,
-                 *(_mean_sd(rows.get((config, m)), 3) for m in ("shapes_jaccard", "shapes_h_precision",
-                                                                  "family_similarity_auc", "family_cone_auc",
-                                                                  "caption_root_order_auc", "caption_cone_order_auc"))]
+                 *(_mean_sd(rows.get((config, m)), 3) for m in measures)]
         lines.append(f"| {_label(config, idle)} | " + " | ".join(cells) + " |")
     return lines
 
