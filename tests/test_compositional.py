@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from euclip_cli.cli.main import app
 from euclip_cli.evaluate.selection import selection_metrics, selection_outcomes
 from euclip_cli.geometry.registry import get_geometry
-from euclip_cli.protocol.tasks import SUGARCREPE_SPLITS, select
+from euclip_cli.data.world_tasks import NEGATIVE_KINDS as SUGARCREPE_SPLITS
+from euclip_cli.protocol.tasks import select
 from tests.test_evalsets import FakeHub, download_from
 from tests.trained import copy_run
 from tests.webfakes import StaticHost

@@ -208,11 +208,13 @@ def _write_text_only(world: WorldDir) -> None:
         folder = world.task(task.name)
         kinds = read_json(world.negative_kinds_file(task.name))
         picks: dict[str, list[float]] = {}
+        pairs = []  # in the order written, as kinds.json is
         for shard in sorted((folder / "test").glob("*.tar"), key=lambda p: int(p.stem)):
             with tarfile.open(shard) as tar:
-                for member in (m for m in tar.getmembers() if m.name.endswith(".txt")):
-                    caption, negative = tar.extractfile(member).read().decode().split("\n")
-                    picks.setdefault(kinds[int(member.name[1:8])], []).append(scorer.picks_caption(caption, negative))
+                pairs += [tar.extractfile(m).read().decode().split("\n") for m in tar.getmembers()
+                          if m.name.endswith(".txt")]
+        for kind, (caption, negative) in zip(kinds, pairs, strict=True):
+            picks.setdefault(kind, []).append(scorer.picks_caption(caption, negative))
         everything = [p for found in picks.values() for p in found]
         doc = {"scorer": "bigram language model of the training captions, add-one smoothing, total log-probability",
                "captions": scorer.captions, "acc": sum(everything) / len(everything),
@@ -256,6 +258,12 @@ def pieces(settings: WorldSettings) -> int:
     return -(-settings.samples // SAMPLES_PER_SHARD) + len(WORLD_TASKS)
 
 
+def file_sizes(world: WorldDir) -> dict[str, int]:
+    """Every training and evaluation file's size, by its path in the world: what its manifest records."""
+    return {str(p.relative_to(world.path)): p.stat().st_size for part in (world.train, world.eval)
+            for p in sorted(part.rglob("*")) if p.is_file()}
+
+
 def _add_missing_tasks(world: WorldDir, settings: WorldSettings, found: dict) -> list[str]:
     """Write into a finished world the evaluation tasks its manifest does not list (a world generated before
     they existed) and then list them; returns their names. Each task's images are drawn from its own seed, so
@@ -269,10 +277,8 @@ def _add_missing_tasks(world: WorldDir, settings: WorldSettings, found: dict) ->
         _write_eval_task(str(world.eval), settings, i)
     if any(WORLD_TASKS[i].selection for i in missing):
         _write_text_only(world)
-    files = {str(p.relative_to(world.path)): p.stat().st_size for part in (world.train, world.eval)
-             for p in sorted(part.rglob("*")) if p.is_file()}
     write_text_atomic(world.manifest_file, json.dumps(found | {"eval_tasks": [t.name for t in WORLD_TASKS],
-                                                               "files": files}, indent=2))
+                                                               "files": file_sizes(world)}, indent=2))
     return [WORLD_TASKS[i].name for i in missing]
 
 
@@ -292,11 +298,9 @@ def _write_world(out: Path, settings: WorldSettings, workers: int, progress) -> 
                 progress(done, total)
     _write_hierarchy(world)
     _write_text_only(world)
-    files = {str(p.relative_to(out)): p.stat().st_size for part in (world.train, world.eval)
-             for p in sorted(part.rglob("*")) if p.is_file()}
     manifest = W.manifest_settings(settings, GENERATOR_VERSION) | {
         "train_shards": len(counts), "eval_tasks": [t.name for t in WORLD_TASKS],
-        "seconds": round(time.time() - start, 1), "files": files}
+        "seconds": round(time.time() - start, 1), "files": file_sizes(world)}
     # Written last: its presence means the world is complete.
     world.manifest_file.write_text(json.dumps(manifest, indent=2))
     return manifest

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -119,8 +120,6 @@ class BigramScorer:
     authors found in add-negatives, and a swap that reads as the training captions read scores higher."""
 
     def __init__(self, captions: list[str]):
-        from collections import Counter
-
         self.pairs, self.firsts, self.captions = Counter(), Counter(), len(captions)
         for caption in captions:
             words = ["<s>", *tokens(caption), "</s>"]

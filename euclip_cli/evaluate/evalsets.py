@@ -102,14 +102,19 @@ def download(task: Task, folder: Path, base_url: str = HF_DATASETS,
     return download_task(task, folder, base_url, on_progress)
 
 
+def repo_files(repo_id: str, base_url: str) -> list[str]:
+    """The files of dataset repo ``repo_id``, from the Hub API's listing."""
+    api = f"{base_url.rstrip('/').removesuffix('/datasets')}/api/datasets/{repo_id}"
+    return [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+
+
 def _csv_and_zip(repo_id: str, folder: Path, base_url: str, on_progress: OnProgress) -> tuple[str, Path]:
     """The one csv (as text) and the one zip (fetched into ``folder``, checksummed) of a loading-script repo,
     found through the Hub API's file listing."""
-    api = f"{base_url.rstrip('/').removesuffix('/datasets')}/api/datasets/{repo_id}"
-    files = [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+    files = repo_files(repo_id, base_url)
     csvs, zips = [f for f in files if f.endswith(".csv")], [f for f in files if f.endswith(".zip")]
     if len(csvs) != 1 or len(zips) != 1:
-        raise FetchError(f"{api}: expected one csv and one zip in {repo_id}, found {files}")
+        raise FetchError(f"{base_url}: expected one csv and one zip in {repo_id}, found {files}")
     repo = f"{base_url.rstrip('/')}/{repo_id}"
     folder.mkdir(parents=True, exist_ok=True)
     archive = folder / zips[0]

@@ -344,9 +344,9 @@ def evaluate_selection(model: EuclipModel, cfg: C.Config, task: Task, data_dir: 
     hits = {} if hits is None else hits
     metrics = selection_metrics(model.geometry, image_emb, text_emb, model.curvature(), hits=hits)
     if task.suite == "world":
-        world = WorldDir(data_dir.parent.parent)
-        kinds = json.loads(world.negative_kinds_file(task.key.split("/", 1)[1]).read_text())
-        baseline = json.loads(world.text_only_file(task.key.split("/", 1)[1]).read_text())
+        world, name = WorldDir(data_dir.parent.parent), task.key.split("/", 1)[1]
+        kinds = json.loads(world.negative_kinds_file(name).read_text())
+        baseline = json.loads(world.text_only_file(name).read_text())
         if len(kinds) != len(hits["acc"]):
             raise EvalError(f"task {task.key}: {len(kinds)} kinds of negative for {len(hits['acc'])} pairs in "
                             f"{data_dir}: generate the world again (euclip download world)")

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from euclip_cli.data.fetch import FetchError, check_hub_environment, fetch_file, fetch_lfs, fetch_text
-from euclip_cli.evaluate.evalsets import open_zip, read_member
-from euclip_cli.protocol.tasks import SUGARCREPE_SPLITS
+from euclip_cli.evaluate.evalsets import open_zip, read_member, repo_files
+from euclip_cli.data.world_tasks import NEGATIVE_KINDS
+from euclip_cli.rundir import write_text_atomic
 
 SUGARCREPE_URL = "https://raw.githubusercontent.com/RAIVNLab/sugar-crepe/main/data"  # clip-benchmark's source
 COCO_VAL2017_URL = "http://images.cocodataset.org/zips/val2017.zip"
@@ -36,12 +37,6 @@ WINOGROUND_EXAMPLES = "examples.jsonl"
 WINOGROUND_IMAGES = "images"
 
 OnProgress = Callable[[str, int, Optional[int]], None]
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def sugar_crepe_pairs(name: str, text: str) -> dict:
@@ -61,7 +56,7 @@ def sugar_crepe_pairs(name: str, text: str) -> dict:
 def download_sugar_crepe(folder: Path, annotations_url: str = SUGARCREPE_URL, coco_url: str = COCO_VAL2017_URL,
                          on_progress: OnProgress = lambda name, n, total: None) -> dict:
     """The seven splits' files and the COCO images they name into ``folder``; returns what was done."""
-    names = [f"{split}.json" for split in SUGARCREPE_SPLITS]
+    names = [f"{split}.json" for split in NEGATIVE_KINDS]
     images = folder / SUGARCREPE_IMAGES
     if images.is_dir() and all((folder / n).exists() for n in names):
         return {"task": "sugar_crepe", "folder": str(folder), "fetched": 0, "present": 1}
@@ -92,7 +87,7 @@ def download_sugar_crepe(folder: Path, annotations_url: str = SUGARCREPE_URL, co
         raise FetchError(f"{images} lacks {len(absent)} image(s) SugarCrepe names ({', '.join(absent[:3])}): "
                          f"delete the folder and rerun")
     for n, text in texts.items():  # the markers, last
-        _write_text(folder / n, text)
+        write_text_atomic(folder / n, text)
     return {"task": "sugar_crepe", "folder": str(folder), "pairs": sum(len(p) for p in pairs.values()),
             "images": len(wanted), "fetched": 1, "present": 0}
 
@@ -115,8 +110,7 @@ def download_winoground(folder: Path, base_url: str, on_progress: OnProgress = l
         raise FetchError(f"Winoground is gated on the Hub: accept its terms at {WINOGROUND_PAGE}, then set HF_TOKEN "
                          f"to a token of that account")
     check_hub_environment()
-    api = f"{base_url.rstrip('/').removesuffix('/datasets')}/api/datasets/{WINOGROUND_REPO}"
-    files = [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+    files = repo_files(WINOGROUND_REPO, base_url)
     repo = f"{base_url.rstrip('/')}/{WINOGROUND_REPO}"
     images = folder / WINOGROUND_IMAGES
     images.mkdir(parents=True, exist_ok=True)
@@ -138,7 +132,7 @@ def download_winoground(folder: Path, base_url: str, on_progress: OnProgress = l
     else:
         parquets = sorted(f for f in files if f.startswith("data/") and f.endswith(".parquet"))
         if not parquets:
-            raise FetchError(f"{api}: neither data/examples.jsonl with data/images.zip nor parquet files in "
+            raise FetchError(f"{base_url}: neither data/examples.jsonl with data/images.zip nor parquet files in "
                              f"{WINOGROUND_REPO} ({', '.join(files[:8])})")
         rows = []
         for rel in parquets:
@@ -147,7 +141,7 @@ def download_winoground(folder: Path, base_url: str, on_progress: OnProgress = l
             rows += _parquet_rows(dest, images)
             dest.unlink()
         rows = winoground_rows(rows)
-    _write_text(marker, "".join(json.dumps(row) + "\n" for row in rows))
+    write_text_atomic(marker, "".join(json.dumps(row) + "\n" for row in rows))
     return {"task": "winoground", "folder": str(folder), "instances": len(rows), "fetched": 1, "present": 0}
 
 

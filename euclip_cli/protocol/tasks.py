@@ -213,18 +213,15 @@ def _meru_probe_tasks() -> list[Task]:
             for key, name, _, _ in _MERU if key != "imagenet"]
 
 
-# SugarCrepe's splits (Hsieh et al. 2023), as clip-benchmark names them: a COCO image, its caption and a
-# negative made by replacing, swapping or adding an attribute, object or relation.
-SUGARCREPE_SPLITS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
-
-
 def _compositional_tasks() -> list[Task]:
     """clip-benchmark's image-caption selection tasks. Their main metric is clip-benchmark's ``acc``: a
     SugarCrepe pair is right when the image is closer to its caption than to the negative; a Winoground
     instance when each of its two images and each of its two captions picks its own partner (the group
-    score)."""
+    score). SugarCrepe's splits are its kinds of negative (``world_tasks.NEGATIVE_KINDS``)."""
+    from euclip_cli.data.world_tasks import NEGATIVE_KINDS
+
     tasks = [Task(f"sugar_crepe/{split}", f"SugarCrepe {split.replace('_', '-')}", "selection", "acc", "attributes",
-                  "compositional") for split in SUGARCREPE_SPLITS]
+                  "compositional") for split in NEGATIVE_KINDS]
     return tasks + [Task("winoground", "Winoground", "selection", "acc", "main", "compositional")]
 
 
@@ -233,6 +230,10 @@ TASKS.update({t.key: t for t in _world_tasks()})
 TASKS.update({t.key: t for t in _meru_tasks()})
 TASKS.update({t.key: t for t in _meru_probe_tasks()})
 TASKS.update({t.key: t for t in _compositional_tasks()})
+
+
+# The embedded world's hard negatives (``world_tasks.hard_negative``), which the study and the report read.
+HARD_NEGATIVES = "world/hard-negatives"
 
 
 def list_tasks(suite: Optional[str] = None) -> list[Task]:

@@ -22,7 +22,7 @@ from euclip_cli.geometry import describe
 from euclip_cli.published import (euclip_tables, euclip_traversal, hycoclip_imagenet, hycoclip_model_zoo, meru_imagenet,
                                   meru_tables, sun_li_temperature)
 from euclip_cli.protocol.aggregate import aggregate
-from euclip_cli.protocol.tasks import SUITE_COLUMNS, TASKS
+from euclip_cli.protocol.tasks import HARD_NEGATIVES, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs, read_json
 from euclip_cli.stats import CLAIMS_HEADER, MISSING, claim_cells, config_table
 
@@ -126,10 +126,9 @@ def compositional_table(runs: list[Run]) -> pd.DataFrame:
     each SugarCrepe split's accuracy and their mean (the suite's SugarCrepe column), and the world's hard
     negatives beside what text alone scores on them (``evaluate.runner.evaluate_selection``)."""
     splits = [t for t in TASKS.values() if t.suite == "compositional" and t.key != "winoground"]
-    world = "world/hard-negatives"
     rows = []
     for row, members in _configurations(runs, lambda run: run.scores["compositional"]["tasks_done"]
-                                         or world in run.results):
+                                         or HARD_NEGATIVES in run.results):
         wino = [m.results.get("winoground", {}) for m in members]
         for metric, name in (("text_acc", "text"), ("image_acc", "image"), ("acc", "group")):
             row[f"Winoground {name}"] = _cell([r.get(metric) for r in wino])
@@ -137,8 +136,9 @@ def compositional_table(runs: list[Run]) -> pd.DataFrame:
             row[task.name] = _cell([m.results.get(task.key, {}).get("acc") for m in members])
         row[SUITE_COLUMNS["compositional"]["attributes"]] = _cell(
             [m.scores["compositional"]["attributes"] for m in members])
-        row["world hard negatives"] = _cell([m.results.get(world, {}).get("acc") for m in members])
-        row["text alone"] = _cell([m.results.get(world, {}).get("text_only_acc") for m in members])
+        hard = [m.results.get(HARD_NEGATIVES, {}) for m in members]
+        row["world hard negatives"] = _cell([r.get("acc") for r in hard])
+        row["text alone"] = _cell([r.get("text_only_acc") for r in hard])
         rows.append(row)
     return pd.DataFrame(rows)
 

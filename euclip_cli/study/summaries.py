@@ -17,11 +17,11 @@ from typing import Callable, Iterable, Optional
 from euclip_cli import config as C
 from euclip_cli import stats
 from euclip_cli.protocol.aggregate import aggregate
-from euclip_cli.protocol.tasks import TASKS, averaged, select
+from euclip_cli.protocol.tasks import HARD_NEGATIVES, TASKS, averaged, select
 from euclip_cli.rundir import TRAINING_RECORD, RunDir, iter_jsonl, read_json
 from euclip_cli.study.jobs import RunPlan
 from euclip_cli.study.spec import Claim, Study
-from euclip_cli.study.tables import COMPOSITION_MEASURES, CONVERGED_WITHIN, GROUP_METRICS, HARD_NEGATIVES
+from euclip_cli.study.tables import COMPOSITION_MEASURES, CONVERGED_WITHIN, GROUP_METRICS
 from euclip_cli.study.verdicts import AT_INIT, evaluate_claims, learning, regime
 from euclip_cli.worlddir import WorldDir
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from euclip_cli import config as C
 from euclip_cli.data.world_tasks import NEGATIVE_KINDS
-from euclip_cli.protocol.tasks import GROUPS, SUITE_COLUMNS, TASKS
+from euclip_cli.protocol.tasks import GROUPS, HARD_NEGATIVES, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import write_text_atomic
 from euclip_cli.stats import (ALL, CLAIMS_HEADER, PRIMARY, SECONDARY, claim_cells, claim_sentence, config_table,
                                did_not_learn, learned_cell)
@@ -22,7 +22,6 @@ GROUP_METRICS = (*GROUPS, "average")
 # The world's hard negatives (``world_tasks.hard_negative``), in points: each kind's accuracy, and what the
 # text-only baseline scores on the same pairs (the world's, alike for every run on it): study metric -> the
 # eval line's metric.
-HARD_NEGATIVES = "world/hard-negatives"
 COMPOSITION_MEASURES = {**{f"hard_negatives_{kind}": f"acc_{kind}" for kind in NEGATIVE_KINDS},
                         "hard_negatives_text_only": "text_only_acc",
                         **{f"hard_negatives_text_only_{kind}": f"text_only_acc_{kind}" for kind in NEGATIVE_KINDS}}
