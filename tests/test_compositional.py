@@ -404,3 +404,24 @@ def test_a_world_from_before_the_hard_negatives_gains_them_unchanged_otherwise(w
     assert "hard-negatives" in json.loads((old / "manifest.json").read_text())["eval_tasks"]
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "nothing to do" in again.output
+
+
+@pytest.mark.parametrize("examples", [b"<html>a proxy's page</html>\n", b"[1, 2]\n"], ids=["not-json", "not-examples"])
+def test_winoground_examples_that_are_not_the_datasets_are_one_line(tmp_path, monkeypatch, examples):
+    monkeypatch.setenv("HF_TOKEN", "hf_stand_in")
+    result = download_from({"facebook/winoground/data/examples.jsonl": examples,
+                            "facebook/winoground/data/images.zip": b"PK"}, "winoground", tmp_path)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "winoground" in result.output and not (tmp_path / "winoground" / "examples.jsonl").exists()
+
+
+def test_a_host_that_answers_the_listing_with_a_page_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_stand_in")
+    host = StaticHost({"api/datasets/facebook/winoground": b"<html>sign in</html>"})
+    try:
+        result = runner.invoke(app, ["download", "evalsets", "--tasks", "winoground", "--root", str(tmp_path),
+                                     "--base-url", host.url])
+    finally:
+        host.stop()
+    assert result.exit_code == 1 and "did not answer with the Hub's file listing" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -105,7 +105,10 @@ def download(task: Task, folder: Path, base_url: str = HF_DATASETS,
 def repo_files(repo_id: str, base_url: str) -> list[str]:
     """The files of dataset repo ``repo_id``, from the Hub API's listing."""
     api = f"{base_url.rstrip('/').removesuffix('/datasets')}/api/datasets/{repo_id}"
-    return [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+    try:
+        return [s["rfilename"] for s in json.loads(fetch_text(api)).get("siblings", [])]
+    except (json.JSONDecodeError, AttributeError, TypeError, KeyError):  # a page or a proxy's, not the Hub's
+        raise FetchError(f"{api} did not answer with the Hub's file listing; check --base-url") from None
 
 
 def _csv_and_zip(repo_id: str, folder: Path, base_url: str, on_progress: OnProgress) -> tuple[str, Path]:

@@ -95,7 +95,7 @@ def download_sugar_crepe(folder: Path, annotations_url: str = SUGARCREPE_URL, co
 def winoground_rows(rows: list[dict]) -> list[dict]:
     """The fields the reader needs from each example, checked: id, caption_0/1, image_0/1 (names)."""
     fields = ("id", "caption_0", "caption_1", "image_0", "image_1")
-    bad = [r for r in rows if not all(r.get(f) not in (None, "") for f in fields)]
+    bad = [r for r in rows if not isinstance(r, dict) or not all(r.get(f) not in (None, "") for f in fields)]
     if bad or not rows:
         raise FetchError(f"{WINOGROUND_REPO}: {len(bad) if rows else 'no'} example(s) lack one of {', '.join(fields)}")
     return [{f: r[f] for f in fields} for r in rows]
@@ -115,8 +115,12 @@ def download_winoground(folder: Path, base_url: str, on_progress: OnProgress = l
     images = folder / WINOGROUND_IMAGES
     images.mkdir(parents=True, exist_ok=True)
     if "data/examples.jsonl" in files and "data/images.zip" in files:
-        lines = fetch_text(f"{repo}/resolve/main/data/examples.jsonl").splitlines()
-        rows = winoground_rows([json.loads(line) for line in lines if line.strip()])
+        url = f"{repo}/resolve/main/data/examples.jsonl"
+        try:
+            rows = [json.loads(line) for line in fetch_text(url).splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise FetchError(f"{url} is not JSON lines ({err}); check --base-url") from None
+        rows = winoground_rows(rows)
         archive = folder / "images.zip"
         fetch_lfs(repo, "data/images.zip", archive, False, on_progress)
         with open_zip(archive) as z:
