@@ -1,5 +1,7 @@
 """Shared fixtures: one small embedded world per test run, shared by the xdist workers (tests/trained.py)."""
 
+import contextlib
+import faulthandler
 import hashlib
 import json
 import os
@@ -32,6 +34,18 @@ def tiny_clip(tmp_path_factory, world) -> Path:
     """tiny-clip trained with TINY on the small world, once per test run (four steps, not evaluated): read it, or
     ``copy_run`` it to evaluate or change it."""
     return trained_run(tmp_path_factory, world, "tiny-clip", TINY)
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float):
+    """For a command run in the test's own process that must not hang: past ``seconds`` the worker prints every
+    thread's stack and exits, which fails the test (and pytest-xdist names it), where a subprocess's timeout
+    would have. A fresh process costs seconds of imports; this costs nothing."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_configure(config):

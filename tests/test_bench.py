@@ -13,12 +13,28 @@ from euclip_cli.study.spec import load_study
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def generated_bench_world(tmp_path_factory) -> Path:
+    """The bench's 10,000-sample world, generated once for this file (seconds each time)."""
+    from euclip_bench.measure import ensure_world
+
+    return ensure_world(tmp_path_factory.mktemp("bench")).parent
+
+
+@pytest.fixture
+def world_in_scratch(tmp_path, generated_bench_world) -> None:
+    """tmp_path as an --out whose scratch folder holds the bench's world already, as a user's second bench in
+    the same --out finds it (the bench reuses the world it generated there)."""
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / generated_bench_world.name).symlink_to(generated_bench_world)
+
+
 def test_openclip_throughput_lines_are_parsed():
     line = "Train Epoch: 0 [ 512/2560 (20%)] Data (t): 0.001 Batch (t): 2.345, 109.200/s, 109.200/s/gpu LR: 0.000100"
     assert OPENCLIP_RATE.findall(line) == ["109.200"]
 
 
-def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path):
+def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path, world_in_scratch):
     result = CliRunner().invoke(app, ["bench", "train", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "2",
                                       "--warmup", "1", "--rounds", "1", "--threads", "2", "--no-compile",
                                       "--out", str(tmp_path)])
@@ -174,7 +190,7 @@ def test_openclips_trainer_reads_past_the_end_of_a_shard(tmp_path):
     assert measured.steps_timed == 10 and measured.overall_samples_per_s > 0
 
 
-def test_bench_text_times_full_and_trimmed_contexts_on_the_worlds_captions(tmp_path):
+def test_bench_text_times_full_and_trimmed_contexts_on_the_worlds_captions(tmp_path, world_in_scratch):
     result = CliRunner().invoke(app, ["bench", "text", "--batch-size", "16", "--batches", "2", "--rounds", "2",
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -246,7 +262,7 @@ def test_bench_text_on_a_datacomp_like_length_distribution(tmp_path):
     assert unknown.exit_code == 2 and "--arch: 'ViT-Q-99'" in " ".join(unknown.output.split())
 
 
-def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path):
+def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path, world_in_scratch):
     """The profile's matrix-product FLOPs (torch's profiler counts them per op) against an independent
     count of the same step's products (torch's FlopCounterMode over both encoders' forward and
     backward on the same trimmed captions, attention as the trainer runs it on a CPU)."""
@@ -342,7 +358,7 @@ def test_euclip_runs_are_measured_from_their_records_after_the_warm_up(tmp_path)
     assert rounds.loader_samples_per_s == pytest.approx(300.0) and rounds.loader_cpu_share == pytest.approx(0.7)
 
 
-def test_bench_loader_times_euclips_loader_and_openclips_interleaved_and_reports_them(tmp_path):
+def test_bench_loader_times_euclips_loader_and_openclips_interleaved_and_reports_them(tmp_path, world_in_scratch):
     result = CliRunner().invoke(app, ["bench", "loader", "--arch", "tiny", "--batch-size", "8", "--workers", "1",
                                       "--batches", "3", "--warmup", "1", "--rounds", "2", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -376,7 +392,7 @@ def test_bench_loader_refuses_bad_options_in_one_line(tmp_path, args, message):
     assert "Traceback" not in result.output
 
 
-def test_bench_ops_counts_every_grouping_against_openclip_on_the_same_captions(tmp_path):
+def test_bench_ops_counts_every_grouping_against_openclip_on_the_same_captions(tmp_path, world_in_scratch):
     """On 16 of the world's captions, one group runs the text tower once and every length its own
     group runs it once per length: the counts grow by a tower's worth per group, the host never waits
     for the device in euclip's step, and only grouping by every length keeps all of trimming's saving."""
@@ -410,7 +426,7 @@ def test_the_op_counter_counts_launches_and_the_reads_that_wait_for_a_device():
 
 
 @pytest.mark.slow
-def test_bench_feed_runs_every_loop_and_its_loader_and_reports_efficiencies(tmp_path):
+def test_bench_feed_runs_every_loop_and_its_loader_and_reports_efficiencies(tmp_path, world_in_scratch):
     result = CliRunner().invoke(app, ["bench", "feed", "--batch-size", "16", "--steps", "3", "--warmup", "1",
                                       "--rounds", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -9,9 +9,6 @@ ViT, with random weights. The reference forward is written from the fork's formu
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -164,8 +161,10 @@ def test_a_bad_checkpoint_is_named_in_one_line_and_nothing_is_written(tmp_path, 
     assert not (runs / "bad").exists()
 
 
-def test_a_hub_id_is_read_through_huggingface_hubs_cache(tmp_path):
+def test_a_hub_id_is_read_through_huggingface_hubs_cache(tmp_path, monkeypatch):
     """hf://OWNER/REPO/PATH in offline mode, from a cache laid out as huggingface_hub writes it."""
+    from huggingface_hub import constants
+
     source = tmp_path / "logs" / "run"
     path = fork_checkpoint(source, "hyperbolic")
     revision = "0123456789abcdef0123456789abcdef01234567"
@@ -176,17 +175,18 @@ def test_a_hub_id_is_read_through_huggingface_hubs_cache(tmp_path):
     (snapshot / "params.txt").write_text((source / "params.txt").read_text())
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
-    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
-    command = [sys.executable, "-m", "euclip_cli", "import", "euclip-authors",
-               "hf://nahidalam/geometries/meru-b16/checkpoints/epoch_3.pt", "--name", "hub", "--runs-dir",
-               str(tmp_path / "runs")]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # HF_HUB_CACHE and HF_HUB_OFFLINE as huggingface_hub holds them: it read the variables once, on import.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    command = ["import", "euclip-authors", "hf://nahidalam/geometries/meru-b16/checkpoints/epoch_3.pt", "--name", "hub",
+               "--runs-dir", str(tmp_path / "runs")]
+    done = runner.invoke(app, command)
+    assert done.exit_code == 0, done.output
     config = json.loads((tmp_path / "runs" / "hub" / "config.json").read_text())
     assert config["geometry"]["name"] == "hyperbolic"  # from the params.txt one folder up, in the cache
-    missing = subprocess.run([*command[:5], "hf://nahidalam/geometries/nothing.pt", *command[6:-1],
-                              str(tmp_path / "runs2")], env=env, capture_output=True, text=True)
-    assert missing.returncode == 1 and "not in the local Hugging Face cache" in missing.stderr + missing.stdout
+    missing = runner.invoke(app, [*command[:2], "hf://nahidalam/geometries/nothing.pt", *command[3:-1],
+                                  str(tmp_path / "runs2")])
+    assert missing.exit_code == 1 and "not in the local Hugging Face cache" in " ".join(missing.output.split())
 
 
 @pytest.mark.slow

@@ -110,14 +110,21 @@ def cli(*args, cwd=None):
 
 @pytest.mark.slow
 def test_the_loader_and_decode_benches_run_on_the_shards_through_the_cli(shards, tmp_path):
-    loader = cli("bench", "loader", "--shards", str(shards), "--workers", "1", "--device", "cpu", "--batch-size", "4",
-                 "--batches", "2", "--warmup", "1", "--rounds", "1", "--decoder", "pil-draft", "--out", str(tmp_path))
-    assert loader.returncode == 0, loader.stderr
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.main import app
+
+    runner = CliRunner()
+    loader = runner.invoke(app, ["bench", "loader", "--shards", str(shards), "--workers", "1", "--device", "cpu",
+                                 "--batch-size", "4", "--batches", "2", "--warmup", "1", "--rounds", "1", "--decoder",
+                                 "pil-draft", "--out", str(tmp_path)])
+    assert loader.exit_code == 0, loader.output
     result = json.loads(next(tmp_path.glob("loader-*.json")).read_text())
     assert result["settings"]["decoder"] == "pil-draft" and result["settings"]["shards"] == str(shards)
     assert all(m["samples_per_s"] > 0 for m in result["measurements"].values())
-    decode = cli("bench", "decode", "--shards", str(shards), "--images", "10", "--rounds", "1", "--out", str(tmp_path))
-    assert decode.returncode == 0, decode.stderr
+    decode = runner.invoke(app, ["bench", "decode", "--shards", str(shards), "--images", "10", "--rounds", "1", "--out",
+                                 str(tmp_path)])
+    assert decode.exit_code == 0, decode.output
     measured = json.loads(next(tmp_path.glob("decode-*.json")).read_text())["measurements"]
     assert {"openclip", "pil", "pil-draft", "torchvision-io"} <= set(measured)
     assert measured["pil"]["difference_from_openclip"]["max"] == 0  # the same crops, bitwise

@@ -19,7 +19,9 @@ def test_a_temperature_study_generates_its_noisy_world_and_puts_the_paper_beside
                  "train.tensorboard=false", "data.shuffle_buffer=100", "train.log_every=1",
                  "geometry.logit_scale_max=100"]
     path = tmp_path / "study-temp.toml"
-    path.write_text(f'[study]\nseeds = 1\ntasks = "world/shapes"\nbaseline = "sphere"\n'
+    # Colour rather than Shapes: a study scoring Shapes also places every run's mistakes in the world's tree, an
+    # analysis per run that tests/test_micro_study.py checks and this test does not read.
+    path.write_text(f'[study]\nseeds = 1\ntasks = "world/colour"\nbaseline = "sphere"\n'
                     f'overrides = {json.dumps(overrides)}\n'
                     f'[configs.sphere]\nrecipe = "tiny-clip"\npaper = "sphere-init1"\n'
                     f'overrides = ["data.train_dir={world / "train"}", "geometry.logit_scale_init=0"]\n'
