@@ -117,8 +117,7 @@ POOL_MEASURES = {"pool_similarity_auc": "similarity", "pool_cone_auc": "cone"}
 ORDER_MEASURES = {"caption_root_order_auc": "root_order", "caption_cone_order_auc": "cone"}
 RUN_MEASURES = ("text_nearer_root", "text_nearer_root" + AT_INIT, "curvature_final", "temperature_final",
                 "temperature_converged_step", *HIERARCHY_MEASURES, *ENTAILMENT_MEASURES, *POOL_MEASURES,
-                *ORDER_MEASURES,
-                *COMPOSITION_MEASURES)
+                *ORDER_MEASURES, *COMPOSITION_MEASURES)
 
 
 def with_groups(values: dict[str, float], combine: Callable[[list[float]], float]) -> dict[str, float]:
