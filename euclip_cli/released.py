@@ -148,12 +148,15 @@ def _load(path: Path) -> dict:
 def convert_openclip(source: str, geometry: Optional[str], logit: Optional[str], arch: Optional[str]) -> Converted:
     import open_clip
 
+    from euclip_cli.startup import hf_text_towers
+
     if geometry not in (None, "clip") or logit not in (None, "cos", "default") or arch is not None:
         raise UsageError("the openclip format is open_clip's own CLIP (clip geometry, cosine logit) and names "
                          "its model in SOURCE (ARCH:TAG): --geometry, --logit and --arch do not apply")
     model_arch, _, tag = source.partition(":")
     if not model_arch or not tag:
         raise UsageError(f"'{source}': expected ARCH:TAG, e.g. ViT-B-32:datacomp_m_s128m_b4k")
+    hf_text_towers()  # a released model may have a Hugging Face text tower; its config is read only as it loads
     try:
         clip = open_clip.create_model(model_arch, pretrained=tag)
     except RuntimeError as err:  # open_clip's message for an unknown model or tag

@@ -76,7 +76,7 @@ def test_no_module_imports_from_a_higher_layer():
 
 # The core's floors, bottom up: a module imports from its own floor or lower ones only.
 CORE_FLOORS = (
-    ("foundations", ("errors", "readers", "stats", "published", "data", "data.world", "data.decode", "geometry.facts",
+    ("foundations", ("errors", "readers", "startup", "stats", "published", "data", "data.world", "data.decode", "geometry.facts",
                      "geometry.sphere", "geometry.euclidean", "geometry.lorentz")),
     ("facilities", ("device", "workers", "rundir", "worlddir", "hierarchy", "data.downloads", "data.fetch",
                     "data.datacomp", "data.loader", "data.world_tasks", "data.wordnet")),

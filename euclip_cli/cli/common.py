@@ -27,6 +27,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from euclip_cli.errors import DamagedLines, EuclipError, UsageError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
+from euclip_cli.startup import hide_unused_from_open_clip
 
 # Rich sizes its lines by COLUMNS where it is set, and at 0 or below prints nothing at all, errors
 # included: a width it cannot print in is replaced by 80 (narrow, positive ones still print whole lines).
@@ -224,6 +225,7 @@ def run_app(app: typer.Typer) -> None:
     # worker, a shell's background job): Ctrl-C and kill -INT then did nothing, and a world was written whole.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     warnings.showwarning = show_warning
+    hide_unused_from_open_clip()
     # huggingface_hub parses HF_ENDPOINT as it is imported, and open_clip imports it with the model: a bad one is
     # named before any command starts, rather than in a traceback from whichever import met it first.
     from euclip_cli.data.fetch import check_hub_endpoint

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from euclip_cli.errors import UsageError
+from euclip_cli.startup import hf_text_towers
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ def open_clip_model(name: str, **kwargs) -> open_clip.CLIP:
     """open_clip's registered model ``name`` as open_clip builds it, randomly initialised."""
     # open_clip warns on the root logger that the model is "initialized randomly"; euclip then
     # initialises or loads the weights itself (eval, resume, import), so the line would mislead.
+    if (open_clip.get_model_config(name) or {}).get("text_cfg", {}).get("hf_model_name"):
+        hf_text_towers()
     quiet = _DropMessage("No pretrained weights loaded for model")
     logging.getLogger().addFilter(quiet)
     try:
