@@ -51,6 +51,7 @@ class DamagedLines(UserWarning):
 def out_of_file_descriptors(err: BaseException) -> bool:
     """Whether ``err`` is this process running out of file descriptors: the operating system's EMFILE or
     ENFILE, or torch's DataLoader saying so in its own RuntimeError (its workers pass each batch's
-    buffers as descriptors, so a low ``ulimit -n`` shows up there first)."""
+    buffers as descriptors, so a low ``ulimit -n`` shows up there first), or an OSError of a worker's
+    that the DataLoader raised again from its message alone (without its errno)."""
     return ((isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE))
-            or (isinstance(err, RuntimeError) and "Too many open files" in str(err)))
+            or (isinstance(err, (RuntimeError, OSError)) and "Too many open files" in str(err)))

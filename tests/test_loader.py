@@ -215,3 +215,30 @@ def test_box_batches_from_shards_without_boxes_stop_with_one_line(world, pipelin
     assert next(batches(plain.parent, pipeline_parts, workers=0))[0].shape[0] == 8  # plain batches read them
     with pytest.raises(loader.DataError, match="50 samples in a row have no box"):
         next(batches(plain.parent, pipeline_parts, workers=0, boxes=True))
+
+
+def test_a_shard_opened_past_the_open_file_limit_is_the_machines_fault_not_a_bad_shard():
+    """webdataset hands a shard it could not open to the loader's skip-and-count handler; out of descriptors
+    (EMFILE), the shard is fine and skipping it 1,000 times would end in "the shards look unusable". It is
+    raised instead, also as torch's DataLoader raises a worker's OSError again from its message alone."""
+    import errno
+
+    from torch._utils import ExceptionWrapper
+
+    from euclip_cli.data.loader import _Counter
+    from euclip_cli.errors import out_of_file_descriptors
+
+    skips = _Counter(0)
+    assert skips(OSError(errno.ENOENT, "No such file or directory", "00000.tar")) and skips.count == 1
+    exhausted = OSError(errno.EMFILE, "Too many open files", "00000.tar")
+    with pytest.raises(OSError) as raised:
+        skips(exhausted)
+    assert raised.value is exhausted and skips.count == 1
+    try:
+        raise exhausted
+    except OSError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(OSError) as again:
+        wrapped.reraise()
+    assert again.value.errno is None and out_of_file_descriptors(again.value)
+    assert not out_of_file_descriptors(OSError(errno.ENOENT, "No such file or directory"))

@@ -110,6 +110,8 @@ class _Counter:
         self.count, self.in_a_row, self.last = start, 0, ""
 
     def __call__(self, exn: Exception) -> bool:
+        if is_out_of_memory(exn) or out_of_file_descriptors(exn):
+            raise exn  # the machine's state, not the shard's (a shard opened past `ulimit -n`): the CLI says so
         self.count += 1
         self.in_a_row += 1
         self.last = f"{type(exn).__name__}: {exn}".splitlines()[0][:200]
