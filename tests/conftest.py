@@ -5,6 +5,8 @@ import faulthandler
 import hashlib
 import json
 import os
+import resource
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -69,6 +71,9 @@ GUESS_SLOW_SECONDS, GUESS_OTHER_SECONDS = 30.0, 1.0
 def pytest_addoption(parser):
     parser.addoption("--record-file-seconds", action="store_true",
                      help=f"write each test file's summed seconds to {FILE_SECONDS.name} (whole runs only)")
+    parser.addoption("--record-cpu", metavar="FILE",
+                     help="append a line for each test to FILE: its worker, start and end, and the CPU seconds its "
+                          "worker and the child processes it waited for used; tools/suite_profile.py tables them")
     parser.addoption("--record-trainings", metavar="FILE",
                      help="append a line for each trained run a test leaves in its temporary folders (what was "
                           "trained, how many steps, by which test) to FILE; tools/suite_profile.py tables them")
@@ -119,6 +124,27 @@ def _trainings_of_shared_fixtures(request, tmp_path_factory):
         for folder in [*base.iterdir(), *shared_folder(tmp_path_factory).glob("run-*")]:
             if folder.is_dir() and not folder.name.endswith("current"):
                 _record_trainings(request.config, folder, f"(fixture) {folder.name}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With --record-cpu: the test's wall span and CPU seconds (setup, call and teardown), where it ran. CPU does not
+    stretch when the other worker crowds the cores, as wall seconds do; it misses what runs outside the test's
+    process tree (a real SLURM's jobs) and children not yet waited for."""
+    target = item.config.getoption("--record-cpu")
+    if not target:
+        yield
+        return
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    start = time.time()
+    yield
+    stop = time.time()
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    own, children = ((a.ru_utime + a.ru_stime) - (b.ru_utime + b.ru_stime) for a, b in zip(after, before))
+    line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": round(start, 3),
+            "stop": round(stop, 3), "cpu_self": round(own, 3), "cpu_children": round(children, 3)}
+    with open(target, "a") as out:  # one short write per test: lines from two workers do not interleave
+        out.write(json.dumps(line) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):

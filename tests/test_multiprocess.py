@@ -82,23 +82,30 @@ def slurm_stand_ins(tmp_path: Path) -> dict:
 SCRIPT = REPO / "examples" / "slurm" / "euclip-train.sbatch"
 
 
-def test_slurm_example_script_runs_on_one_node(world, tmp_path):
+def final_weights(run: Path) -> dict:
+    return load_checkpoint(RunDir(run).latest_checkpoint())["model"]
+
+
+def test_the_slurm_example_script_runs_on_one_node_and_a_time_limits_warning_requeues_it_to_resume_bitwise(
+        world, tmp_path):
+    """The batch script on one node (two ranks), to its end with no requeue. Then SLURM's B:USR1 warning, which
+    reaches the batch script alone: it must stop the step through a checkpoint, then requeue the job
+    (``--requeue`` does not, at a time limit); the requeued job resumes to that first run's very weights (under the
+    real SLURM, tests/test_slurm.py's sbatch test stops it at a real time limit)."""
     env = slurm_stand_ins(tmp_path)
-    result = subprocess.run(["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
-                             f"data.train_dir={world / 'train'}", *ARGS], capture_output=True, text=True, env=env,
-                            cwd=REPO)
-    assert result.returncode == 0, result.stderr[-2000:]
-    check_run(tmp_path / "runs" / "slurm", 4)
+
+    def command(name):
+        return ["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", name,
+                f"data.train_dir={world / 'train'}", *C.layered_overrides(ARGS, ["optim.samples=512"])]
+
+    whole = subprocess.run(command("whole"), capture_output=True, text=True, env=env, cwd=REPO)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    check_run(tmp_path / "runs" / "whole", 16)
     assert not (tmp_path / "requeued").exists()
 
-
-def test_slurm_time_limit_warning_checkpoints_then_requeues_and_the_requeued_job_resumes(world, tmp_path):
-    """SLURM's B:USR1 warning reaches the batch script alone: it must stop the step through a
-    checkpoint, then requeue the job (``--requeue`` does not, at a time limit)."""
-    env = slurm_stand_ins(tmp_path)
-    command = ["bash", str(SCRIPT), "tiny-clip", "--runs-dir", str(tmp_path / "runs"), "--name", "slurm",
-               f"data.train_dir={world / 'train'}", *C.layered_overrides(ARGS, ["optim.samples=512"])]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    env["EUCLIP_RDZV_PORT"] = str(free_port())
+    job = subprocess.Popen(command("slurm"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           cwd=REPO)
     run = tmp_path / "runs" / "slurm"
     wait_for_records(run / "metrics.jsonl", 2)
     job.send_signal(signal.SIGUSR1)
@@ -108,10 +115,12 @@ def test_slurm_time_limit_warning_checkpoints_then_requeues_and_the_requeued_job
     stopped = load_checkpoint(RunDir(run).latest_checkpoint())["step"]
     assert 2 <= stopped < 16
     env["EUCLIP_RDZV_PORT"] = str(free_port())
-    again = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)  # the requeued job
+    again = subprocess.run(command("slurm"), capture_output=True, text=True, env=env, cwd=REPO)  # the requeued job
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resumed from step_{stopped}.pt" in again.stdout
     check_run(run, 16)
+    ours, theirs = final_weights(run), final_weights(tmp_path / "runs" / "whole")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_two_ranks_with_loader_workers_preempted_as_a_group_resume_exactly(world, tmp_path):

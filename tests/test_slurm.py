@@ -1,8 +1,8 @@
 """Studies and training under a real single-node SLURM with accounting (examples/slurm/single-node.sh,
 which CI starts): a study submitted, followed and summarised, one run requeued at its real time limit and
-one preempted by ``scontrol requeue``, each ending bitwise equal to a run never stopped; ``--status`` from
+one preempted by ``scontrol requeue`` and ending bitwise equal to a run never stopped; ``--status`` from
 the study folder alone; the budget and partition refusals against the real ``sinfo``; and the sbatch
-example training on two gloo processes, stopped at its time limit and resumed. Skipped, with the reason,
+example training on two gloo processes, stopped at its time limit and resumed to its end. Skipped, with the reason,
 where no such SLURM answers."""
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_a_study_is_requeued_at_its_time_limit_preempted_resumed_bitwise_and_sum
 
     # The preempted run never stopped, by the same training command here with the job's one thread (a thread
     # count of its own would sum in another order): the same weights to the last bit. (A stop at a time limit
-    # resuming bitwise is the sbatch example's test, below: the same trainer's stop, on its own signal.)
+    # resuming bitwise is tests/test_multiprocess.py's, through the sbatch example: the same trainer's stop.)
     from euclip_cli.study.jobs import plan
     from euclip_cli.study.spec import load_claims, load_study
 
@@ -186,8 +186,7 @@ def test_a_study_is_requeued_at_its_time_limit_preempted_resumed_bitwise_and_sum
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout == before
 
 
-def test_the_sbatch_example_trains_two_gloo_ranks_stops_at_its_time_limit_and_resumes_bitwise(tmp_path, world,
-                                                                                               released):
+def test_the_sbatch_example_trains_two_gloo_ranks_stops_at_its_time_limit_and_resumes(tmp_path, world, released):
     args = ["--runs-dir", str(tmp_path / "runs"), "--name", "sbatch", f"data.train_dir={world / 'train'}",
             *C.layered_overrides(RUN, ["optim.samples=11520", "train.checkpoints=72"])]
     env = {**os.environ, "EUCLIP_NPROC_PER_NODE": "2", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -222,7 +221,6 @@ def test_the_sbatch_example_trains_two_gloo_ranks_stops_at_its_time_limit_and_re
     # Stopped at its time limit, requeued by the script, and resumed: the last job's summary says from where.
     assert "requeueing job" in output and "resumed from step_" in output, output[-3000:]
     assert steps_done(run) == 360, output[-3000:]
-    whole = subprocess.run([sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--nproc-per-node",
-                            "2", *args[:2], "--name", "whole", *args[4:]], capture_output=True, text=True, cwd=tmp_path)
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    assert_bitwise_equal(run, tmp_path / "runs" / "whole")
+    # Not compared with a run never stopped, which would train the 360 steps again on both cores: the script's
+    # stop at the warning resuming bitwise is tests/test_multiprocess.py's (the stand-ins deliver the same
+    # signal), and a stop by the real SLURM resuming bitwise is the study's preempted run's, above.

@@ -2,12 +2,16 @@
 ``--durations=0`` report), summed per file, and how many of the suite's trainings were the same recipe on the
 same world (the run folders its tests left, as --record-trainings wrote them down).
 
-    python -m pytest -n 2 --dist loadfile --durations=0 --record-trainings TRAININGS > LOG
-    python tools/suite_profile.py LOG TRAININGS > table.md
+    python -m pytest -n 2 --dist loadfile --durations=0 --record-trainings TRAININGS --record-cpu CPU > LOG
+    python tools/suite_profile.py LOG TRAININGS --cpu CPU > table.md
 
 A training is counted by its run folder (config.json beside metrics.jsonl) left in a test's temporary folders;
 two are "the same" when their configs agree in everything but how they log and the world's path. Runs written
 elsewhere are not seen; a copy of a run (the same meta.json) counts once.
+
+With --cpu (what --record-cpu wrote): the CPU seconds of each file and test (its worker's and those of the child
+processes it waited for), which the other worker crowding the cores does not stretch as it stretches their wall
+seconds, and for the longest tests what the other worker ran beside them.
 """
 
 from __future__ import annotations
@@ -55,11 +59,55 @@ def trainings(record: Path) -> list[tuple[str, str, int, str]]:
     return found
 
 
+def cpu_records(record: Path) -> list[dict]:
+    """One dict per test as --record-cpu wrote it (test, worker, start, stop, cpu_self, cpu_children)."""
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def beside(test: dict, records: list[dict]) -> str:
+    """The test of another worker that overlapped ``test`` longest, with the seconds they overlapped."""
+    best, seconds = "", 0.0
+    for other in records:
+        if other["worker"] != test["worker"]:
+            overlap = min(test["stop"], other["stop"]) - max(test["start"], other["start"])
+            if overlap > seconds:
+                best, seconds = other["test"], overlap
+    return f"{best} ({seconds:.0f} s)" if best else "nothing"
+
+
+def print_cpu(records: list[dict], top: int) -> None:
+    span = max(r["stop"] for r in records) - min(r["start"] for r in records)
+    cpu = sum(r["cpu_self"] + r["cpu_children"] for r in records)
+    workers = sorted({r["worker"] for r in records})
+    busy = {w: sum(r["stop"] - r["start"] for r in records if r["worker"] == w) for w in workers}
+    print(f"\nCPU: {cpu:,.0f} s over {span:,.0f} s of wall from the first test's start to the last one's end "
+          f"({cpu / span:.0%} of one core); each worker busy in tests for " +
+          ", ".join(f"{w} {busy[w]:,.0f} s" for w in workers) + " (the rest: between tests, and idle at the end)\n")
+    per_file: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        name = r["test"].split("::")[0]
+        per_file[name]["wall"] += r["stop"] - r["start"]
+        per_file[name]["self"] += r["cpu_self"]
+        per_file[name]["children"] += r["cpu_children"]
+    print("| file | wall s | CPU s (worker) | CPU s (children) | CPU s | CPU / wall |\n|---|---:|---:|---:|---:|---:|")
+    for name, c in sorted(per_file.items(), key=lambda kv: -(kv[1]["self"] + kv[1]["children"])):
+        total = c["self"] + c["children"]
+        if total >= 5:
+            print(f"| {name} | {c['wall']:.0f} | {c['self']:.0f} | {c['children']:.0f} | {total:.0f} | "
+                  f"{total / max(c['wall'], 1e-9):.2f} |")
+    print(f"\nThe {top} tests of most CPU, and the other worker's test that ran beside each longest:\n")
+    print("| test | wall s | CPU s | beside it |\n|---|---:|---:|---|")
+    for r in sorted(records, key=lambda r: -(r["cpu_self"] + r["cpu_children"]))[:top]:
+        print(f"| {r['test']} | {r['stop'] - r['start']:.1f} | {r['cpu_self'] + r['cpu_children']:.1f} | "
+              f"{beside(r, records)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", type=Path, help="pytest's output with --durations=0")
     parser.add_argument("trainings", type=Path, nargs="?", help="the file --record-trainings wrote")
     parser.add_argument("--top", type=int, default=40, help="tests listed by their seconds")
+    parser.add_argument("--cpu", type=Path, help="the file --record-cpu wrote")
     args = parser.parse_args()
 
     tests = durations(args.log)
@@ -77,6 +125,8 @@ def main() -> None:
     print("| test | setup s | call s | total s |\n|---|---:|---:|---:|")
     for test, parts in sorted(tests.items(), key=lambda kv: -sum(kv[1].values()))[:args.top]:
         print(f"| {test} | {parts.get('setup', 0):.1f} | {parts.get('call', 0):.1f} | {sum(parts.values()):.1f} |")
+    if args.cpu:
+        print_cpu(cpu_records(args.cpu), args.top)
     if args.trainings:
         runs = trainings(args.trainings)
         same = Counter(key for _, key, _, _ in runs)
