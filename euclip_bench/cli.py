@@ -4,7 +4,6 @@ references, each on one model, batch and thread count, with the ratio measured i
 from __future__ import annotations
 
 import json
-import os
 import time
 import typing
 from pathlib import Path
@@ -15,6 +14,7 @@ import typer
 from euclip_cli.cli import common
 from euclip_cli.config import DataConfig, Precision
 from euclip_cli.errors import UsageError
+from euclip_cli.workers import usable_cores
 
 app = typer.Typer(cls=common.OneLineErrors, name="euclip-bench",
                   help="Speed benchmarks (targets live here, never in tests).", no_args_is_help=True,
@@ -74,7 +74,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
                 steps: int = typer.Option(10, min=1, help="Timed steps per trainer and round (after the warm-up)."),
                 warmup: int = typer.Option(2, min=0, help="Untimed first steps."),
                 rounds: int = typer.Option(3, min=1, help="Interleaved rounds; every ratio is taken within a round."),
-                threads: int = typer.Option(0, help="Threads per trainer; 0 = every core of this machine."),
+                threads: int = typer.Option(0, help="Threads per trainer; 0 = every core this process may use."),
                 precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16 (both trainers); auto is "
                                                            "what train.precision=auto picks on this device."),
                 device: str = typer.Option("auto", help="cpu, cuda or auto."),
@@ -124,7 +124,7 @@ def train_bench(arch: str = typer.Option("bench-vit", help="Model: one of euclip
         common.fail(f"--shards {shards} is not a folder: give a folder of training shards (*.tar)")
     if hycoclip and shards is not None:
         common.fail("--hycoclip trains on the embedded world's boxes: leave out --shards (or --no-hycoclip)")
-    settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or os.cpu_count() or 1,
+    settings = Settings(arch=arch, batch_size=batch_size, steps=steps, warmup=warmup, threads=threads or usable_cores(),
                         precision=precision, device=device, workers=workers, compile=compile, rounds=rounds)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with common.errors():
@@ -469,7 +469,7 @@ def _bench_device(device: str) -> str:
 def profile_bench(arch: str = typer.Option("bench-vit", help="Model (one of euclip's archs, model.arch)."),
                   batch_size: int = typer.Option(256, min=2, help="Batch (bench train's default)."),
                   steps: int = typer.Option(3, min=1, help="Profiled steps, after two untimed ones."),
-                  threads: int = typer.Option(0, min=0, help="Torch threads; 0 = every core of this machine."),
+                  threads: int = typer.Option(0, min=0, help="Torch threads; 0 = every core this process may use."),
                   precision: str = typer.Option("auto", help="auto, fp32, bf16 or fp16; auto is what "
                                                              "train.precision=auto picks on this CPU."),
                   compile: bool = typer.Option(False, help="Compile the encoders as train.compile=true does."),
@@ -491,7 +491,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (one of eucl
     from euclip_cli.device import resolve_precision
 
     _check_local_arch(arch)
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    callers_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or usable_cores())
     precision = resolve_precision(precision, torch.device("cpu"))
     work = out / "scratch"
     with common.errors():
@@ -501,6 +502,8 @@ def profile_bench(arch: str = typer.Option("bench-vit", help="Model (one of eucl
                 result = profile_step(work, arch, batch_size, steps, precision, compile)
         except BenchError as err:
             common.fail(str(err), 1)
+        finally:  # the profile's count for the profile alone: a caller in this process (a test) keeps its own
+            torch.set_num_threads(callers_threads)
     kinds = result["kinds_ms"]
     profiled = sum(kinds.values())
     table = Table(title=f"one step of {arch}, batch {batch_size}, {precision}, {result['threads']} threads, "

@@ -1,5 +1,6 @@
-"""What every pool of worker processes shares: their open files, and their end with the process that
-started them (the trainer's loader workers, the world generator's, the photo-shard writer's).
+"""What every pool of worker processes shares: the cores they may use, their open files, and their end
+with the process that started them (the trainer's loader workers, the world generator's, the photo-shard
+writer's, a study's runs).
 
 Standard library only.
 """
@@ -20,6 +21,23 @@ from euclip_cli.errors import UsageError
 # batches it hands over as descriptors).
 DESCRIPTORS_PER_WORKER = 8
 DESCRIPTOR_MARGIN = 16
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM allocation's, taskset's, a container's
+    cpuset), which ``os.cpu_count()``, the machine's, ignores."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_each(processes: int) -> int:
+    """Compute threads for each of ``processes`` processes sharing this one's cores: ``OMP_NUM_THREADS``
+    where it is a positive whole number (the user's word, or a launcher's), else the usable cores shared
+    out, at least one. More threads than cores make OpenMP's threads spin at each barrier for a core that
+    another process holds: the work slows many times over, and burns the CPU it waits for."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, usable_cores() // processes)
 
 
 def make_room_for_workers(workers: int, option: str) -> None:

@@ -35,8 +35,9 @@ def test_openclip_throughput_lines_are_parsed():
 
 
 def test_bench_train_runs_every_stage_for_real_and_reports_them(tmp_path, world_in_scratch):
+    # One thread per trainer: the other test worker holds the other core, and two threads would spin for it.
     result = CliRunner().invoke(app, ["bench", "train", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "2",
-                                      "--warmup", "1", "--rounds", "1", "--threads", "2", "--no-compile",
+                                      "--warmup", "1", "--rounds", "1", "--threads", "1", "--no-compile",
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -274,8 +275,14 @@ def test_bench_profile_accounts_for_every_matrix_product_of_the_step(tmp_path, w
     from euclip_cli.towers import build_clip, tokenizer_for
     from euclip_cli.towers.text import text_features
 
-    result = CliRunner().invoke(app, ["bench", "profile", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "1",
-                                      "--out", str(tmp_path)])
+    callers = torch.get_num_threads()
+    torch.set_num_threads(1)  # the profile takes every core, for itself alone: the caller's one thread comes back
+    try:
+        result = CliRunner().invoke(app, ["bench", "profile", "--arch", "tiny-vit", "--batch-size", "16", "--steps", "1",
+                                          "--out", str(tmp_path)])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(callers)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "linear layers (mm, addmm)" in text and "of the step at" in text and "USDT" not in text

@@ -862,3 +862,38 @@ def test_the_scalar_study_gives_the_scalars_the_papers_small_scale_travel():
     assert default.optim.scalar_lr_scale == 1.0
     assert C.load_config(study.configs["euclip-paper-beta0"].recipe,
                          study.overrides("euclip-paper-beta0", 0)).geometry.logit_scale_init == -1.0
+
+
+@pytest.mark.parametrize("omp, expected", [("3", 3), (None, "share"), ("0", "share"), ("4,2", "share")])
+def test_a_studys_runs_get_the_threads_omp_names_else_the_cores_this_process_may_use_shared_out(
+        tmp_path, monkeypatch, omp, expected):
+    """Each run's command starts with OMP_NUM_THREADS and MKL_NUM_THREADS set: the user's OMP_NUM_THREADS where it is
+    a positive whole number, else the cores of this process's affinity shared among the jobs. Under two workers of
+    one thread each, a run given two threads spun for cores the other worker held (a test's 4 s became 41 s)."""
+    import os
+    import sys
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    probe = (sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'])")
+    plan = J.RunPlan("probe", 0, tmp_path / "run", (probe,))
+    (tmp_path / "run").mkdir()
+    assert J.execute(plan, J.threads_each(2), tmp_path) is None
+    want = 5 // 2 if expected == "share" else expected
+    assert J.run_log(tmp_path, plan).read_text().splitlines()[-1] == f"{want} {want}"
+
+
+def test_the_usable_cores_are_this_process_affinity_not_the_machines_cores():
+    import subprocess
+    import sys
+
+    if len(__import__("os").sched_getaffinity(0)) < 2:
+        pytest.skip("one core: an affinity of one core is what this process has")
+    code = ("import os; from euclip_cli.workers import usable_cores; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "print(usable_cores(), os.cpu_count())")
+    cores, machine = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                             check=True).stdout.split())
+    assert cores == 1 and machine >= 2

@@ -28,6 +28,7 @@ from euclip_cli.hierarchy import world_hierarchy_tasks
 from euclip_cli.study.spec import Claim, Study
 from euclip_cli import worlddir as W
 from euclip_cli.worlddir import WorldDir
+from euclip_cli.workers import threads_each, usable_cores
 
 DONE = ".study-done"
 # Where each run's commands write their output: STUDY/logs/RUN.log (``run_log``).
@@ -220,7 +221,7 @@ def prepare_worlds(study: Study, say: Callable[[str], None] = print) -> list[Pat
         if C.train_dir(cfg).exists() or folder in written:
             continue
         say(f"generating the embedded world of {name} in {folder} ({cfg.data.world_mismatch:.0%} mismatched captions)")
-        generate(folder, W.from_config(cfg.data), workers=os.cpu_count() or 1)
+        generate(folder, W.from_config(cfg.data), workers=usable_cores())
         written.append(folder)
     return written
 
@@ -234,7 +235,7 @@ def run_here(study: Study, out: Path, plans: list[RunPlan], jobs: int, say: Call
         prepare_worlds(study, say)
     say(f"study {study.name}: {_count(len(study.configs), 'configuration')} x {_count(len(study.seeds), 'seed')} = "
         f"{_count(len(plans), 'run')}; {len(plans) - len(todo)} already finished")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = threads_each(jobs)
     failures, durations, started = [], [], time.time()
     running: dict[Future, tuple[RunPlan, float, Child]] = {}
     stopped_by: list[str] = []
