@@ -4,6 +4,7 @@ import io
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,22 @@ def test_equilibrium_writes_curves_per_shuffle_and_batch_size_and_a_figure(runs)
 def test_equilibrium_refuses_bad_options_in_one_line(runs, args, needle):
     result = runner.invoke(app, ["analyze", "equilibrium", "tiny-clip", *args, "--runs-dir", str(runs)])
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+
+
+def test_distances_with_init_write_what_the_two_commands_write(runs, world, tmp_path):
+    """One process for a study's pair (the trained model, then its control): the same two results as the command
+    without and with --at-init, figures included; both flags at once is a usage error."""
+    copy = tmp_path / "runs"
+    shutil.copytree(runs / "tiny-meru", copy / "tiny-meru")
+    analyze(copy, world, "distances", "tiny-meru", "--with-init")
+    folder = copy / "tiny-meru" / "analysis"
+    analyze(runs, world, "distances", "tiny-meru")
+    analyze(runs, world, "distances", "tiny-meru", "--at-init")
+    for name in ("distances.json", "distances_init.json"):
+        assert json.loads((folder / name).read_text()) == json.loads((runs / "tiny-meru" / "analysis" / name).read_text())
+        assert (folder / name).with_suffix(".png").exists()
+    both = runner.invoke(app, ["analyze", "distances", "tiny-meru", "--at-init", "--with-init", "--runs-dir", str(runs)])
+    assert both.exit_code == 2 and "--with-init" in both.output
 
 
 def test_distances_at_init_measure_the_model_the_run_started_from(runs, world, tmp_path):

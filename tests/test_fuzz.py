@@ -35,6 +35,8 @@ from typer.testing import CliRunner
 from euclip_cli import config as C
 from euclip_cli.cli.main import app
 
+# The suite's profile: a fixed, derandomized set of examples, about 90 s of the suite on the 2-core machine (this
+# file's measured seconds in tests/file-seconds.json, held to the suite's budget by tests/test_suite_budget.py).
 settings.register_profile("suite", max_examples=25, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("long", max_examples=1000, deadline=None,

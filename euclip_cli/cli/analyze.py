@@ -38,34 +38,44 @@ def distances(run: str = typer.Argument(..., help="Run directory or name."),
               at_init: bool = typer.Option(False, "--at-init", help="Measure the untrained model the run started "
                                                                     "from (its train.seed fixes it), a control for "
                                                                     "what training changed."),
+              with_init: bool = typer.Option(False, "--with-init", help="Measure the trained model and then, as "
+                                                                        "--at-init does, the untrained one: both "
+                                                                        "results in one command."),
               runs_dir: Path = RUNS_DIR_OPTION) -> None:
     """[ROOT], ||[ROOT]||, distance histograms per modality and the modality gap.
 
     Examples:
       euclip analyze distances tiny-meru
       euclip analyze distances tiny-meru --at-init
+      euclip analyze distances tiny-meru --with-init
       euclip analyze distances tiny-clip --split train --samples 5000
       euclip analyze distances tiny-clip --protocol euclip
     """
     from euclip_cli.analysis import runner
     from euclip_cli.figures import distance_histogram
 
-    with errors():
-        found = runner.distances(run, device, split, samples, protocol, root_samples, world, at_init,
-                                  runs_dir, _status)
-    result, out, state = found.result, found.path, "untrained, " if at_init else ""
-    figures = distance_histogram(result, f"{found.run_dir.name} ({state}{result['geometry']}, {result['logit']}), "
-                                         f"{split} pairs, {protocol} protocol", out.with_suffix(""))
-    console.print(f"protocol {protocol}: distances from [ROOT] are {result['scale']}", highlight=False)
-    if "average_norm" in result:
-        console.print(f"[ROOT] is the embedding average, norm {result['average_norm']:.4f} before "
-                      f"{'normalising' if pick_protocol(protocol).root_from_training else 'projecting'}", highlight=False)
-    for ref, d in result["references"].items():
-        name = "[ROOT]" if ref == "root" else "the embedding average"
-        console.print(f"||{name}|| = {d['norm']:.4f}; mean distance from it: image {d['image']['mean']:.4f}, "
-                      f"text {d['text']['mean']:.4f}; P(a caption is closer than an image) = "
-                      f"{d['auc_text_closer']:.3f}", highlight=False)
-    console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
+    if at_init and with_init:
+        fail("--at-init and --with-init: give one (--with-init measures the untrained model too)")
+    for untrained in ((False, True) if with_init else (at_init,)):
+        with errors():
+            found = runner.distances(run, device, split, samples, protocol, root_samples, world, untrained,
+                                      runs_dir, _status)
+        result, out, state = found.result, found.path, "untrained, " if untrained else ""
+        figures = distance_histogram(result, f"{found.run_dir.name} ({state}{result['geometry']}, {result['logit']}), "
+                                             f"{split} pairs, {protocol} protocol", out.with_suffix(""))
+        if with_init:
+            console.print("untrained, as the run started:" if untrained else "trained:", highlight=False)
+        console.print(f"protocol {protocol}: distances from [ROOT] are {result['scale']}", highlight=False)
+        if "average_norm" in result:
+            console.print(f"[ROOT] is the embedding average, norm {result['average_norm']:.4f} before "
+                          f"{'normalising' if pick_protocol(protocol).root_from_training else 'projecting'}",
+                          highlight=False)
+        for ref, d in result["references"].items():
+            name = "[ROOT]" if ref == "root" else "the embedding average"
+            console.print(f"||{name}|| = {d['norm']:.4f}; mean distance from it: image {d['image']['mean']:.4f}, "
+                          f"text {d['text']['mean']:.4f}; P(a caption is closer than an image) = "
+                          f"{d['auc_text_closer']:.3f}", highlight=False)
+        console.print(f"written: {out}, {', '.join(str(f) for f in figures)}")
 
 
 @app.command()

@@ -78,10 +78,10 @@ def plan(study: Study, out: Path, claims: list[Claim], world: Optional[Path] = N
                 commands.append((*euclip, "analyze", "hierarchy", str(run_dir), *where))
             if name in distances:
                 # The claims read P(caption nearer [ROOT]) of origin-rooted models: the same under
-                # either protocol; 1,000 training pairs suffice for the paper protocol's average.
-                for state in ((), ("--at-init",)):
-                    commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
-                                     "--root-samples", "1000", *state, *where))
+                # either protocol; 1,000 training pairs suffice for the paper protocol's average. The
+                # trained model and the untrained one it started from, in one process.
+                commands.append((*euclip, "analyze", "distances", str(run_dir), "--protocol", "paper",
+                                 "--root-samples", "1000", "--with-init", *where))
             resolved = C.to_dict(C.load_config(cfg.recipe, study.overrides(name, seed)))
             plans.append(RunPlan(name, seed, run_dir, tuple(commands), resolved))
     return plans
