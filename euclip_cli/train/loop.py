@@ -28,6 +28,7 @@ from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.downloads import training_record
 from euclip_cli.data.world_files import check_shared_world
 from euclip_cli.worlddir import WorldDir, fingerprint, recorded_settings
+from euclip_cli.workers import usable_cores
 from euclip_cli.device import (autocast_factory, cpu_name, git_state, host_memory_bytes, is_out_of_memory,
                                 resolve_device, resolve_precision)
 from euclip_cli.errors import Failure, UsageError
@@ -247,7 +248,7 @@ def host_threads(setting: int, device: torch.device, workers: int) -> Optional[i
         return setting
     if device.type != "cuda" or "OMP_NUM_THREADS" in os.environ:
         return None
-    cores = len(os.sched_getaffinity(0)) // distributed.environment_int("LOCAL_WORLD_SIZE", 1, 1, distributed.MAX_RANKS)
+    cores = usable_cores() // distributed.environment_int("LOCAL_WORLD_SIZE", 1, 1, distributed.MAX_RANKS)
     return max(1, min(HOST_THREADS_ON_GPU, cores - workers))
 
 
