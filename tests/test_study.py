@@ -399,6 +399,32 @@ def test_the_paper_effects_are_read_from_the_published_tables_of_each_scale():
                                                 "2.231, final temperature as printed")
 
 
+def test_siglip_in_clips_geometry_is_read_against_laions_grid_at_the_studys_samples_seen():
+    from euclip_cli.published import grid_samples, laion_scaling_grid
+
+    small, medium = V.paper_effects(next(c for c in load_claims() if c.id == "siglip-matches-infonce-clip"))
+    # The grid's ViT-B/32 cells as its notebook prints them: 0.108 vs 0.112 at 12.8M, 0.397 vs 0.404 at 128M.
+    assert (small.scale, small.effect) == ("small", pytest.approx(10.8 - 11.2))
+    assert (medium.scale, medium.effect) == ("medium", pytest.approx(39.7 - 40.4))
+    assert "SigLIP 10.8 vs CLIP 11.2" in small.source and "best of a sweep" in small.source
+    assert [grid_samples(x) for x in ("1.28M", "12.8M", "1.28B")] == [1_280_000, 12_800_000, 1_280_000_000]
+    with pytest.raises(ValueError, match="'12.8'"):
+        grid_samples("12.8")
+    grid = laion_scaling_grid()
+    assert not grid.duplicated(["arch", "model", "samples_seen"]).any()
+    assert set(grid["model"]) == {"CLIP", "SigLIP"} and all(grid_samples(x) > 0 for x in grid["samples_seen"])
+
+    study = load_study("study-siglip")
+    shapes = {"clip-siglip": {0: 16.0, 1: 18.0, 2: 17.5}, "clip": {0: 48.0, 1: 50.0, 2: 51.0}}
+    by_config = {c: {seed: {"main": v} for seed, v in values.items()} for c, values in shapes.items()}
+    rows = {r["claim"]: r for r in V.evaluate_claims(study, load_claims(), by_config, reading("small"))}
+    row = rows["siglip-matches-infonce-clip"]
+    assert row["read_against"] == "LAION grid ViT-B-32 12.8M" and not row["own"]
+    assert row["paper_effect"] == pytest.approx(-0.4) and "128M" in row["beside"]
+    # The statement fails here, and the deficit has the grid's sign: two readings, not one word.
+    assert row["verdict"] == "opposite" and row["paper"] == "same sign"
+
+
 def test_a_study_is_read_against_the_scale_whose_budget_it_reaches():
     from euclip_cli.data.datacomp import scale_for_steps
 

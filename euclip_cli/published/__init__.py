@@ -12,7 +12,9 @@ study configuration's ``paper`` key names. ``openclip-throughput.csv``: OpenCLIP
 hours for its LAION-400M ViT-B models, from which ``euclip study --plan`` derives a training
 throughput where the user has measured none. ``hycoclip-model-zoo.csv``: HyCoCLIP's released CLIP, MERU
 and HyCoCLIP models (ViT-S/16, ViT-B/16, trained on GRIT), their zero-shot results as its model zoo
-states them, one row per (arch, model). pandas is imported only when a table is read.
+states them, one row per (arch, model). ``laion-scaling-grid.csv``: LAION's grid of CLIP and SigLIP runs
+(Nezhurina et al., 2025), zero-shot ImageNet by image tower and samples seen, the best run of each cell's
+hyperparameter sweep. pandas is imported only when a table is read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MERU_TABLE6 = Path(__file__).with_name("meru-table6.csv")
 SUN_LI_TEMPERATURE = Path(__file__).with_name("sun-li-temperature.csv")
 OPENCLIP_THROUGHPUT = Path(__file__).with_name("openclip-throughput.csv")
 HYCOCLIP_MODEL_ZOO = Path(__file__).with_name("hycoclip-model-zoo.csv")
+LAION_SCALING_GRID = Path(__file__).with_name("laion-scaling-grid.csv")
 
 
 def euclip_tables():
@@ -119,3 +122,29 @@ def hycoclip_imagenet(arch: str, model: str) -> float:
     if len(match) != 1:
         raise KeyError(f"no single HyCoCLIP model-zoo row for {arch}, {model!r}")
     return float(match["imagenet"].iloc[0])
+
+
+def laion_scaling_grid():
+    """LAION's grid as a DataFrame: one row per (arch, model, samples_seen), ``samples_seen`` as the grid labels
+    it ("12.8M", "1.28B"), ``imagenet`` in percent."""
+    import pandas as pd
+
+    return pd.read_csv(LAION_SCALING_GRID, comment="#", dtype={"samples_seen": str})
+
+
+def laion_grid_imagenet(arch: str, model: str, samples_seen: str) -> float:
+    """One cell of LAION's grid: ``model``'s (CLIP or SigLIP) zero-shot ImageNet accuracy (percent) with image
+    tower ``arch`` at ``samples_seen``."""
+    rows = laion_scaling_grid()
+    match = rows[(rows["arch"] == arch) & (rows["model"] == model) & (rows["samples_seen"] == samples_seen)]
+    if len(match) != 1:
+        raise KeyError(f"no single LAION grid cell for {arch}, {model!r} at {samples_seen}")
+    return float(match["imagenet"].iloc[0])
+
+
+def grid_samples(label: str) -> int:
+    """A LAION grid label's samples seen: "12.8M" -> 12,800,000, "1.28B" -> 1,280,000,000."""
+    units = {"K": 10 ** 3, "M": 10 ** 6, "B": 10 ** 9}
+    if label[-1:] not in units:
+        raise ValueError(f"{label!r}: a LAION grid label ends in K, M or B")
+    return round(float(label[:-1]) * units[label[-1]])

@@ -19,8 +19,8 @@ import pandas as pd
 from euclip_cli import config as C
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.geometry import describe
-from euclip_cli.published import (euclip_tables, euclip_traversal, hycoclip_imagenet, hycoclip_model_zoo, meru_imagenet,
-                                  meru_tables, sun_li_temperature)
+from euclip_cli.published import (euclip_tables, euclip_traversal, grid_samples, hycoclip_imagenet, hycoclip_model_zoo,
+                                  laion_scaling_grid, meru_imagenet, meru_tables, sun_li_temperature)
 from euclip_cli.protocol.aggregate import aggregate
 from euclip_cli.protocol.tasks import HARD_NEGATIVES, SUITE_COLUMNS, TASKS
 from euclip_cli.rundir import RunDir, all_runs, read_json
@@ -454,7 +454,7 @@ def own_rows(name: str, df: pd.DataFrame) -> pd.DataFrame:
 def published_reference() -> list[tuple[str, pd.DataFrame]]:
     """Every published table the report sets runs beside, whole and with its published columns alone:
     the EuCLIP paper's Tables 1, 4, 5 and 8, its traversal counts (Tables 6 and 7), MERU's Tables 1,
-    2, 3 and 7 with one column per model, and HyCoCLIP's model zoo."""
+    2, 3 and 7 with one column per model, HyCoCLIP's model zoo, and LAION's grid of CLIP and SigLIP."""
     tables = []
     for number in (1, 4, 5, 8):
         df = paper_table([], number)
@@ -474,6 +474,12 @@ def published_reference() -> list[tuple[str, pd.DataFrame]]:
                    .assign(table=lambda d: "Table " + d["table"].astype(str))))
     tables.append(("HyCoCLIP's model zoo: its released models, trained on GRIT (%)",
                    hycoclip_model_zoo().drop(columns="checkpoint")))
+    grid = laion_scaling_grid()
+    tables.append(("LAION's grid: CLIP and SigLIP on DataComp-1.4B, zero-shot ImageNet by samples seen, the best run of "
+                   "each cell's sweep (%)",
+                   grid.pivot_table(index=["arch", "model"], columns="samples_seen", values="imagenet", sort=False)
+                   .reindex(columns=sorted(set(grid["samples_seen"]), key=grid_samples)).reset_index()
+                   .rename_axis(columns=None).fillna(MISSING)))
     return [(title, without_empty_columns(df)) for title, df in tables]
 
 

@@ -163,7 +163,7 @@ class Claim:
     higher: Optional[str] = None
     lower: Optional[str] = None
     # The published results the claim is read against: EuCLIP rows {table, model, higher, lower}, one
-    # per scale the paper reports, or Sun and Li's {source = "sun-li", ...}.
+    # per scale the paper reports, or another source's ({source = "sun-li" | "hycoclip" | "laion-grid", ...}).
     paper: tuple[dict, ...] = ()
     # "Matches or beats": non-inferiority, a deficit up to ``margin`` points counts as matching.
     margin: Optional[float] = None

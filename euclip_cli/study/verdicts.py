@@ -22,6 +22,7 @@ LEVEL = 0.95
 AT_INIT = "_init"
 SUN_LI = "Sun and Li (YFCC-15M)"
 HYCOCLIP = "HyCoCLIP (GRIT, 384M samples)"
+LAION_GRID = "LAION's grid (DataComp-1.4B)"
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class PaperEffect:
     """A published difference a claim is read against: ``effect`` None where the source gives a
     direction only."""
 
-    scale: str  # small | medium (EuCLIP's DataComp scales), SUN_LI or HYCOCLIP
+    scale: str  # small | medium (EuCLIP's DataComp scales), SUN_LI, HYCOCLIP or LAION_GRID
     table: str  # e.g. "Table 8 (small)"
     effect: Optional[float]
     source: str
@@ -46,6 +47,9 @@ def paper_effects(claim: Claim) -> list[PaperEffect]:
             continue
         if ref.get("source") == "hycoclip":
             out.append(_hycoclip_effect(ref))
+            continue
+        if ref.get("source") == "laion-grid":
+            out.append(_laion_grid_effect(ref))
             continue
         table, model = ref["table"], ref["model"]
         high, low = (euclip_imagenet(table, model, ref[k]) for k in ("higher", "lower"))
@@ -83,6 +87,20 @@ def _hycoclip_effect(ref: dict) -> PaperEffect:
     table = f"HyCoCLIP model zoo {ref['arch']}"
     return PaperEffect(HYCOCLIP, table, high - low,
                        f"{table}: {ref['higher']} {high:.1f} vs {ref['lower']} {low:.1f} ImageNet zero-shot")
+
+
+def _laion_grid_effect(ref: dict) -> PaperEffect:
+    """A difference between two cells of LAION's grid at one image tower and samples seen ({source =
+    "laion-grid", arch, samples_seen, higher, lower}), in zero-shot ImageNet accuracy. A cell at a DataComp
+    scale's samples seen is that scale's published result, so a study reads the one of its own regime."""
+    from euclip_cli.published import grid_samples, laion_grid_imagenet
+
+    samples = ref["samples_seen"]
+    high, low = (laion_grid_imagenet(ref["arch"], ref[k], samples) for k in ("higher", "lower"))
+    scale = next((name for name, s in SCALES.items() if s.pool == grid_samples(samples)), LAION_GRID)
+    table = f"LAION grid {ref['arch']} {samples}"
+    return PaperEffect(scale, table, high - low,
+                       f"{table}: {ref['higher']} {high:.1f} vs {ref['lower']} {low:.1f} ImageNet, best of a sweep")
 
 
 def read_against(effects: list[PaperEffect], scale: str) -> tuple[Optional[PaperEffect], list[PaperEffect]]:
