@@ -14,6 +14,7 @@ import typer
 from euclip_cli.cli import common
 from euclip_cli.config import DataConfig, Precision
 from euclip_cli.errors import UsageError
+from euclip_cli.rundir import write_text_atomic
 from euclip_cli.workers import usable_cores
 
 app = typer.Typer(cls=common.OneLineErrors, name="euclip-bench",
@@ -34,7 +35,7 @@ def write_result(out: Path, kind: str, result: dict, stamp: Optional[str] = None
     path = out / f"{kind}-{stamp or time.strftime('%Y%m%d-%H%M%S')}.json"
     with common.errors():
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+        write_text_atomic(path, json.dumps(result, indent=2))  # a stop mid-write leaves no half result
     return path
 
 

@@ -10,12 +10,15 @@ matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogFormatter  # noqa: E402
 
+from euclip_cli.rundir import atomic_path  # noqa: E402
+
 
 def _save(fig, stem: Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:
-        fig.savefig(path, dpi=150, bbox_inches="tight")
+        with atomic_path(path) as tmp:  # a stop mid-write leaves no half figure
+            fig.savefig(tmp, dpi=150, bbox_inches="tight", format=path.suffix[1:])
     plt.close(fig)
     return paths
 

@@ -222,6 +222,48 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def held_stops() -> Iterator[None]:
+    """SIGINT and SIGTERM held for the block (in the main thread, where Python runs signal handlers): one that
+    arrives in it takes effect, through the handler it would have met, as the block ends. For a few quick
+    steps that must happen all or none."""
+    import signal
+
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda got, frame: received.append(got))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            # None: a handler installed outside Python, which Python cannot reinstall; the default then.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
+@contextlib.contextmanager
+def files_together(folder: Path) -> Iterator[Path]:
+    """A staging folder inside ``folder`` for files that belong together (a study's tables and figures),
+    moved into ``folder`` when the block ends, with stops held while they move: a stop or a failure leaves
+    all of them or none, and the previous set, where there was one, whole. The staging folder is removed
+    either way."""
+    import shutil
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".together-", suffix=".partial", dir=folder))
+    try:
+        yield staging
+        with held_stops():
+            for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+                target = folder / path.relative_to(staging)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` through ``atomic_path``."""
     with atomic_path(path) as tmp:

@@ -77,8 +77,8 @@ def _pool_worker() -> None:
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The CLI turns SIGTERM into an exception (cli.common.run_app); a worker, forked with that handler, must
-    # die of it quietly, as PR_SET_PDEATHSIG means it to.
+    # A worker must die of SIGTERM quietly, as PR_SET_PDEATHSIG means it to, whatever its parent's handler was
+    # (the CLI's raises an exception: cli.stops).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

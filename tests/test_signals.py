@@ -1,17 +1,24 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM (to the command
-alone, as a scheduler or `kill` sends it) stop a generating command within seconds, in one line, exit 1, and
-leave nothing behind: neither the output nor its staging folder. (The trainer's and the study's own stops,
-a checkpoint and a resume, are tested beside them: test_trainer_faults.py, test_study_launch.py.)"""
+alone, as a scheduler or `kill` sends it) stop a long command within seconds, in one line, exit 1, and leave
+nothing partial: a generator neither its output nor its staging folder, and an export, an evaluation, a
+study and a bench, stopped at a random point of their lives (from the interpreter's first imports to its
+last teardown), no half file and no half set of files. (The trainer's and the study's own stops, a
+checkpoint and a resume, are tested beside them: test_trainer_faults.py, test_study_launch.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from tests.trained import copy_run
 
 COMMANDS = {"download world": ["download", "world", "--samples", "40000"],
             "download datacomp-like": ["download", "datacomp-like", "--samples", "20000"]}
@@ -41,3 +48,176 @@ def test_a_signal_stops_a_generating_command_in_one_line_leaving_nothing(tmp_pat
     lines = [line for line in output.splitlines() if line.strip()]
     assert process.returncode == 1 and lines == [f"error: {'terminated (SIGTERM)' if how == 'SIGTERM' else 'interrupted'}"], output
     assert not out.exists() and not staging.exists()
+
+
+# A fresh point each run, named by a failure: over runs the stops land everywhere in a command's life.
+POINTS = random.Random()
+
+
+def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str) -> tuple[int, str, str, float]:
+    """``euclip ARGV`` run from ``cwd`` and sent ``how`` at a point drawn from [0.05 s, ``latest``]: (exit
+    code, stdout, stderr, the point). Before 0.05 s the interpreter itself is starting, and no euclip code has
+    run."""
+    point = POINTS.uniform(0.05, latest)
+    process = subprocess.Popen([sys.executable, "-m", "euclip_cli", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    time.sleep(point)
+    try:
+        if how == "SIGTERM":
+            process.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
+    except ProcessLookupError:  # finished already: its output must then be whole
+        pass
+    stdout, stderr = process.communicate(timeout=60)
+    return process.returncode, stdout, stderr, point
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Temporary and staging files under ``folder``: what a stop must not leave."""
+    return [p for p in folder.rglob("*") if p.name.endswith((".tmp", ".partial")) or ".partial" in p.parent.name]
+
+
+def whole_json_lines(path: Path) -> bool:
+    return not path.exists() or all(json.loads(line) is not None for line in path.read_text().splitlines() if line)
+
+
+def export_case(tmp_path, world, tiny_clip):
+    out = tmp_path / "export"
+
+    def check(code: int) -> None:
+        from euclip_cli import exported
+
+        assert exported.read_described(out) if code == 0 else not out.exists()
+        assert not leftovers(tmp_path)
+
+    return ["export", str(tiny_clip), str(out)], 3.5, check
+
+
+def eval_case(tmp_path, world, tiny_clip):
+    run = copy_run(tiny_clip, tmp_path / "runs")
+
+    def check(code: int) -> None:
+        assert not leftovers(run) and whole_json_lines(run / "eval.jsonl")
+        if code == 0:
+            assert (run / "eval.jsonl").exists()
+
+    return ["eval", str(run), "--world", str(world)], 5.0, check
+
+
+def bench_case(tmp_path, world, tiny_clip):
+    out = tmp_path / "bench"
+
+    def check(code: int) -> None:
+        results = list(out.glob("*.json")) if out.exists() else []
+        assert len(results) == (code == 0) and all(json.loads(p.read_text()) for p in results)
+        assert not leftovers(tmp_path)
+
+    return ["bench", "loader", "--shards", str(world / "train"), "--arch", "tiny-vit-c16", "--workers", "1",
+            "--device", "cpu", "--batch-size", "32", "--batches", "4", "--rounds", "1", "--out", str(out)], 4.5, check
+
+
+def study_case(tmp_path, world, tiny_clip):
+    from euclip_cli.study.tables import PUBLISHED
+
+    recipe, out = tmp_path / "study.toml", tmp_path / "study"
+    common = [f"data.train_dir={world / 'train'}", "optim.samples=64", "data.batch_size=32", "optim.warmup_steps=1",
+              "train.precision=fp32", "train.tensorboard=false", "data.shuffle_buffer=100"]
+    recipe.write_text(f'[study]\nseeds = 1\ntasks = "world/colour"\nbaseline = "clip"\noverrides = {json.dumps(common)}\n'
+                      f'[configs.clip]\nrecipe = "tiny-clip"\n[configs.slower]\nrecipe = "tiny-clip"\n'
+                      f'overrides = ["optim.lr=1e-4"]\n')
+    figures = ("study.png", "study.pdf", "study_temperature.png", "study_temperature.pdf")
+
+    def check(code: int) -> None:
+        tables = [name for name in (*PUBLISHED, *figures) if (out / name).exists()]
+        # All of the tables and figures or none: a study stopped writing them says it was stopped.
+        assert tables == ([*PUBLISHED, *figures] if code == 0 else []), tables
+        assert not leftovers(out) if out.exists() else True
+
+    return ["study", "--recipe", str(recipe), "--out", str(out), "--world", str(world)], 18.0, check
+
+
+LIVES = {"export": export_case, "eval": eval_case, "bench loader": bench_case, "study": study_case}
+
+
+@pytest.mark.parametrize("command", list(LIVES))
+@pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM"])
+def test_a_stop_at_a_random_point_of_a_commands_life_is_one_line_and_leaves_nothing_partial(
+        tmp_path, world, tiny_clip, command, how):
+    argv, latest, check = LIVES[command](tmp_path, world, tiny_clip)
+    code, stdout, stderr, point = stopped_at_random(argv, tmp_path, latest, how)
+    said = [line for line in stderr.splitlines() if line.strip()]
+    where = f"{how} at {point:.3f} s: exit {code}\n{stdout}{stderr}"
+    assert "Traceback" not in stdout + stderr, where
+    if code == 0:  # the stop came as it finished: a whole result, said as usual
+        assert not said or not said[-1].startswith("error:"), where
+    else:
+        # The study's own stop names how to resume; everything else says what stopped it.
+        assert code == 1 and len(said) == 1, where
+        assert said[0] in ("error: interrupted", "error: terminated (SIGTERM)") or (
+            command == "study" and "stopped" in said[0] and "run the same command" in said[0]), where
+    check(code)
+
+
+ENTRY = """
+import os, signal, sys, time
+from euclip_cli.cli import stops
+
+class StopInTeardown:  # a module global's finalizer: it runs in the interpreter's last teardown
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+
+def load():
+    if sys.argv[1] == "while importing":  # a KeyboardInterrupt through exec, as a dataclass's import may meet it
+        exec("raise KeyboardInterrupt")
+    def main():
+        if sys.argv[1] == "in an exit handler":
+            import atexit
+            atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.2)))
+            sys.exit(3)
+        globals()["late"] = StopInTeardown()
+        sys.exit(0)
+    return main
+
+stops.launch(load)
+"""
+
+
+@pytest.mark.parametrize("when,code", [("while importing", 1), ("in an exit handler", 3), ("in the last teardown", 0)])
+def test_a_stop_the_interpreter_would_misreport_ends_with_the_commands_own_exit_code(tmp_path, when, code):
+    """Under ``python -m`` (torchrun's way in) CPython ends a process by SIGINT when a KeyboardInterrupt once passed
+    through exec, whatever it was caught as (130 for a stop said as exit 1); a stop in an exit handler or in the
+    teardown after them would end a finished command by its signal (143)."""
+    package = tmp_path / "entry_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(ENTRY)
+    done = subprocess.run([sys.executable, "-m", "entry_probe", when], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == code, done
+    assert done.stderr == ("error: interrupted\n" if code == 1 else ""), done
+
+
+@pytest.mark.parametrize("stop,said", [(KeyboardInterrupt, "error: interrupted"),
+                                       ("terminated", "error: terminated (SIGTERM)")])
+def test_a_stop_outside_a_commands_own_funnel_is_its_line_and_exit_1_not_typers_silent_130(stop, said):
+    import typer
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.common import OneLineErrors
+    from euclip_cli.cli.stops import Terminated
+
+    app = typer.Typer(cls=OneLineErrors)
+
+    @app.command()
+    def work() -> None:  # no ``with errors()``: as a stop while Click parses or dispatches
+        raise Terminated() if stop == "terminated" else stop()
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    result = CliRunner().invoke(app, ["work"])
+    assert result.exit_code == 1 and [l for l in result.output.splitlines() if l.strip()] == [said], result.output

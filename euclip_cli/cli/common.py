@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import sys
 import unicodedata
 import warnings
@@ -25,6 +24,7 @@ from typer.core import TyperGroup
 # typer 0.29 (pinned) vendors click and does not re-export its exception base classes.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
+from euclip_cli.cli import stops
 from euclip_cli.errors import DamagedLines, EuclipError, UsageError, out_of_file_descriptors
 from euclip_cli.rundir import RUNS_DIR
 from euclip_cli.startup import hide_unused_from_open_clip
@@ -164,7 +164,7 @@ def errors():
     try:
         yield
     except KeyboardInterrupt as err:
-        fail("terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted", 1)
+        fail(stops.stop_message(err), 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
     except (OSError, RuntimeError, ImportError) as err:
@@ -174,10 +174,31 @@ def errors():
         fail(*fault)
 
 
+class _Stopped(Exception):
+    """A stop (SIGINT, SIGTERM) outside a command's own funnel, carried past Typer, which would turn it into a
+    silent exit 130."""
+
+    def __init__(self, interrupt: KeyboardInterrupt):
+        super().__init__(stops.stop_message(interrupt))
+
+
 class OneLineErrors(TyperGroup):
     """Click's own errors (a value outside an option's range, a missing option, an unknown command)
     in euclip's form: one ``error:`` line naming the option and where to look, with Click's exit
-    code (2 for usage), where Click would draw a box under the usage text."""
+    code (2 for usage), where Click would draw a box under the usage text; and a stop while Click
+    parses or dispatches, the one line a command's funnel says of it."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as err:
+            raise _Stopped(err) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            raise _Stopped(err) from None
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
@@ -186,13 +207,16 @@ class OneLineErrors(TyperGroup):
             code = super().main(*args, standalone_mode=False, **kwargs)
         except NoArgsIsHelpError as err:  # the help is already printed, as Typer does
             sys.exit(err.exit_code)
+        except _Stopped as err:
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+            sys.exit(1)
         except ClickException as err:
             ctx = getattr(err, "ctx", None)
             where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             err_console.print(f"[bold red]error:[/] {escape(' '.join(err.format_message().split()))}{where}",
                               highlight=False, soft_wrap=True)
             sys.exit(err.exit_code)
-        except typer.Abort:
+        except typer.Abort:  # end of input at a prompt (Typer's own stops are _Stopped by now)
             err_console.print("[bold red]error:[/] interrupted", highlight=False)
             sys.exit(1)
         except (OSError, RuntimeError, ImportError) as err:
@@ -207,23 +231,11 @@ class OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is, so that every cleanup an interrupt
-    runs (a world or shards written whole or not at all, a pool's pieces cancelled) runs for it too. The
-    trainer and the study launcher install their own SIGTERM handlers (a checkpoint, the runs stopped)."""
-
-
-def _terminate(signum, frame) -> None:
-    raise Terminated()
-
-
 def run_app(app: typer.Typer) -> None:
     """Run a command line of euclip's (``euclip``, ``euclip-bench``) with its warnings in one line each, and
-    SIGINT and SIGTERM stopping it, whatever its parent left them as."""
-    signal.signal(signal.SIGTERM, _terminate)
-    # Python leaves SIGINT ignored when it starts with it ignored (a parent that ignores it: a test runner's
-    # worker, a shell's background job): Ctrl-C and kill -INT then did nothing, and a world was written whole.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    SIGINT and SIGTERM stopping it, whatever its parent left them as (the entry points install that first,
+    ``stops.launch``; a caller of its own gets it here)."""
+    stops.install()
     warnings.showwarning = show_warning
     hide_unused_from_open_clip()
     # huggingface_hub parses HF_ENDPOINT as it is imported, and open_clip imports it with the model: a bad one is

@@ -54,4 +54,5 @@ app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
+    """The command line, run by the entry point (``entry.euclip``) once SIGINT and SIGTERM can stop it."""
     run_app(app)

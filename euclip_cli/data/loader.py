@@ -449,8 +449,20 @@ def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
     process of the job or terminal, workers included; a worker killed by it would break the step the
     trainer is finishing before it checkpoints. Workers still exit with the trainer (the DataLoader
     shuts them down, and each watches its parent)."""
+    import threading
+
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
+    # A stopped trainer can leave while a worker hands it a batch's buffer (torch's file_descriptor sharing
+    # serves each from a thread of the worker's): that handover's broken pipe is the stop, not a fault to print.
+    threading.excepthook = _quiet_when_the_trainer_left
+
+
+def _quiet_when_the_trainer_left(args) -> None:
+    import threading
+
+    if not issubclass(args.exc_type, (BrokenPipeError, ConnectionResetError)):
+        threading.__excepthook__(args)
 
 
 # A stream restarts, refilling its shuffle buffer, once a segment, and a resume replays (reads

@@ -57,7 +57,9 @@ class OpenCLIPBatches(WithoutPosition):
         self.folder = Path(shards[0]).parent
         self.seed, self.rank, self.epoch = seed, rank, 0
         self._iter = self._start()
-        # Workers that ignore SIGTERM would hold the interpreter's exit: shut them down in order.
+        # Workers that ignore SIGTERM would hold the interpreter's exit, and an iterator's own shutdown, left
+        # to its garbage collection, swallows a Ctrl-C that arrives while it waits for them: shut them down
+        # in order, at close() or at exit.
         self._close = weakref.finalize(self, _shutdown, self.info.dataloader)
 
     def _start(self):
@@ -83,7 +85,9 @@ class OpenCLIPBatches(WithoutPosition):
 
 
 def _shutdown(loader) -> None:
-    """Stop a DataLoader's persistent workers (its one iterator holds them)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None:
-        iterator._shutdown_workers()
+    """Stop the persistent workers of the torch DataLoader in OpenCLIP's ``loader``: a webdataset WebLoader,
+    a pipeline whose stages hold it (its one iterator holds the workers)."""
+    for stage in getattr(loader, "pipeline", [loader]):
+        iterator = getattr(stage, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()

@@ -18,7 +18,7 @@ from euclip_cli.errors import UsageError
 from euclip_cli.protocol.tasks import SUITE_COLUMNS
 from euclip_cli.figures import hierarchy_figure, study_figure, temperature_figure
 from euclip_cli.hierarchy import world_guessing
-from euclip_cli.rundir import RunDir, folder_lock, write_text_atomic
+from euclip_cli.rundir import RunDir, files_together, folder_lock, held_stops, write_text_atomic
 from euclip_cli.study.jobs import RunPlan, plan, run_here
 from euclip_cli.study import launch
 from euclip_cli.study.spec import Study, StudyOptions, load_claims, load_study
@@ -61,10 +61,14 @@ def run_study(study: Study, out: Path, jobs: int = 1, world: Optional[Path] = No
         elif not launch.run_on_cluster(study, out, plans, launcher, wait, poll_s, say, stalled_after_s):
             return None
         summary = summarize(study, plans, claims, world)
-        written = write_study(study, summary, out)
+        # A stop while the tables and figures are written leaves none of them, or the last study's whole.
+        with files_together(out) as staging:
+            staged = write_study(study, summary, staging)
+        written = [out / path.relative_to(staging) for path in staged]
         if publish_to is not None:
             command = (options or StudyOptions(study.path.stem)).command()
-            written += publish(plans, out, publish_to, command)
+            with held_stops():  # a published folder's tables and provenance change together
+                written += publish(plans, out, publish_to, command)
     return StudyResult(summary, written)
 
 
