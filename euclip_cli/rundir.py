@@ -228,7 +228,11 @@ def held_stops() -> Iterator[None]:
     arrives in it takes effect, through the handler it would have met, as the block ends. For a few quick
     steps that must happen all or none."""
     import signal
+    import threading
 
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
+        yield
+        return
     received: list[int] = []
     previous = {signum: signal.signal(signum, lambda got, frame: received.append(got))
                 for signum in (signal.SIGINT, signal.SIGTERM)}

@@ -221,3 +221,41 @@ def test_a_stop_outside_a_commands_own_funnel_is_its_line_and_exit_1_not_typers_
 
     result = CliRunner().invoke(app, ["work"])
     assert result.exit_code == 1 and [l for l in result.output.splitlines() if l.strip()] == [said], result.output
+
+
+def test_a_stop_inside_held_stops_takes_effect_as_the_block_ends_and_a_set_of_files_stays_whole(tmp_path):
+    from euclip_cli.rundir import files_together, held_stops
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    steps = []
+    study = tmp_path / "study"
+    study.mkdir()
+    for name in ("study.csv", "study.md"):
+        (study / name).write_text("the last study's")
+    try:
+        with pytest.raises(Stopped):
+            with held_stops():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # a handler left in place would have raised by now
+                steps.append("finished")
+        with pytest.raises(Stopped):  # a stop while the new set is written: none of it replaces the last
+            with files_together(study) as staging:
+                (staging / "study.csv").write_text("new")
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                (staging / "study.md").write_text("new")
+        assert {p.name: p.read_text() for p in study.iterdir()} == {"study.csv": "the last study's",
+                                                                    "study.md": "the last study's"}
+        with files_together(study) as staging:
+            for name in ("study.csv", "study.md"):
+                (staging / name).write_text("new")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert steps == ["finished"]
+    assert {p.name: p.read_text() for p in study.iterdir()} == {"study.csv": "new", "study.md": "new"}
