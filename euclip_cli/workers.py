@@ -59,14 +59,18 @@ def make_room_for_workers(workers: int, option: str) -> None:
 
 
 def die_with_parent() -> None:
-    """A pool worker's first act: ask Linux to end it (SIGTERM) when the process that started it dies. A
-    command killed outright (SIGTERM, SIGKILL) runs no cleanup, and its workers would write on, orphaned."""
+    """Ask Linux to end this process (SIGTERM) when the process that started it dies: a pool worker's first
+    act, and a torchrun rank's. A command or launcher killed outright (SIGKILL) runs no cleanup, and its
+    workers would write on, or its ranks train on, orphaned."""
     import ctypes
     import signal
     import sys
 
     if sys.platform == "linux":
+        parent = os.getppid()
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the request took hold: as if just after
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _pool_worker() -> None:

@@ -1,5 +1,6 @@
 """Two CPU processes through the CLI (torchrun, gloo), directly and through the SLURM example script."""
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,17 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 ARGS = ["data.batch_size=32", "optim.samples=128", "optim.warmup_steps=2", "train.precision=fp32",
         "train.log_every=1", "train.tensorboard=false", "data.shuffle_buffer=100"]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # The command name, in parentheses, may hold spaces: the fields after its closing one are plain.
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def free_port() -> int:
@@ -149,3 +161,28 @@ def test_two_ranks_with_loader_workers_preempted_as_a_group_resume_exactly(world
     assert ends[0].keys() == ends[1].keys()
     for key in ends[0]:
         assert torch.equal(ends[0][key], ends[1][key]), key
+
+
+def test_ranks_whose_torchrun_agent_is_killed_outright_checkpoint_and_exit(world, tmp_path):
+    """SIGKILL to torchrun's agent alone (the out-of-memory killer, a crashed launcher): its ranks, orphaned, trained
+    on to their run's end unsupervised. They die with it (``workers.die_with_parent``), taking its SIGTERM as a
+    preemption's: both ranks stop at one step, checkpoint it, and exit."""
+    command = [sys.executable, "-m", "euclip_cli", "train", "--recipe", "tiny-clip", "--nproc-per-node", "2",
+               "--runs-dir", str(tmp_path), f"data.train_dir={world / 'train'}",
+               *C.layered_overrides(ARGS, ["optim.samples=64000"])]
+    agent = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, cwd=tmp_path)
+    wait_for_records(tmp_path / "tiny-clip" / "metrics.jsonl", 2)
+    ranks = children(agent.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(agent.pid, signal.SIGKILL)  # the wrapper exec'd torchrun: this is the agent
+    try:
+        # The ranks hold the agent's output pipe: it ends when the last of them has exited.
+        output, _ = agent.communicate(timeout=120)
+    finally:
+        for pid in ranks:  # a failure here must not leave them training on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "stopped at step" in output and "Traceback" not in output, output[-2000:]
+    state = load_checkpoint(RunDir(tmp_path / "tiny-clip").latest_checkpoint())
+    assert 2 <= state["step"] < 2000 and len(state["data"]) == 2, state["step"]

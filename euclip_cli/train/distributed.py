@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from euclip_cli.errors import UsageError
+from euclip_cli.workers import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,11 @@ def from_environment(device_type: str) -> Dist:
     if not os.environ.get("MASTER_ADDR", "").strip():
         raise UsageError("environment variable MASTER_ADDR is not set, but WORLD_SIZE is above 1: start the run with "
                          "torchrun, or unset WORLD_SIZE to run alone")
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # A rank dies with its torchrun agent, taking that SIGTERM as a preemption's (a checkpoint, then exit):
+        # an agent killed outright left its ranks training to their run's end, unsupervised. torchrun starts
+        # them from its main thread, which lives as long as it does (the signal follows the parent thread).
+        die_with_parent()
     timeout = datetime.timedelta(minutes=30)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
