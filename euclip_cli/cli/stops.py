@@ -116,8 +116,7 @@ def _end_stopped(code: int) -> None:
     methods are made so, on import) and, under ``python -m`` (torchrun's way in), ends the process by SIGINT
     after finalizing, whatever exit code was asked for: the stop's exit 1 then read as 130 by chance."""
     atexit._run_exitfuncs()  # what finalizing would run: temporary folders' finalizers, pools' joins
-    _flush()
-    os._exit(code)
+    _exit_with(code)(None, None)
 
 
 def _exit_with(code: int) -> Callable:
@@ -154,9 +153,8 @@ def launch(load: Callable[[], Callable[[], None]]) -> None:
         try:
             load()()
             code = 0
-        except KeyboardInterrupt as err:  # in the imports, before the command's own error funnel
+        except KeyboardInterrupt as err:  # in the imports, before the command's own error funnel (code stays 1)
             sys.stderr.write(f"error: {stop_message(err)}\n")
-            code = 1
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         raise
