@@ -2,6 +2,7 @@
 
 import contextlib
 import faulthandler
+import functools
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import typer.testing
 
 from euclip_cli.data.world_files import generate
 from euclip_cli.worlddir import WorldSettings
@@ -56,6 +58,9 @@ def pytest_configure(config):
         # four spinning OpenMP threads would share two cores. Subprocesses inherit the variable.
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    # typer's CliRunner builds the click command from the Typer app anew at every invoke: about 30 ms for
+    # euclip's, most of a refused invocation's time. No test changes an app once built, so each is built once.
+    typer.testing._get_command = functools.cache(typer.testing._get_command)
     config.addinivalue_line("markers", "slow: end-to-end runs (train, eval, report); skip with -m 'not slow'")
     config.addinivalue_line("markers", "slurm: needs a real SLURM with accounting (examples/slurm/single-node.sh start)")
 

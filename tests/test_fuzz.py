@@ -1,25 +1,31 @@
-"""The fault fuzzer: generated overrides, names, recipe files and option values, through the CLI.
+"""The fault fuzzer, through the CLI: generated overrides, names, recipe files, damaged run files, a value for every
+option and argument, every kind of file for every path and every environment variable euclip reads, the commands,
+options and variables found in the app and the source rather than listed by hand.
 
 Every generated invocation is held to the fault suite's rules (tests/test_faults.py): exit 0 where
 the input is good, else 1 with exactly one ``error:`` line that names the culprit, or 2 with one
 ``error:`` line per problem (a configuration reports all of its problems at once), each naming its
-culprit; no traceback, an answer within a time limit, and nothing already in the folder changed. Where
+culprit; no traceback, an answer within a time limit, no memory filled, and nothing already in the folder
+changed. Where
 every input is good the command still stops early on purpose: each invocation carries a
 *stopper*, an input that is wrong in a known way (a training folder that does not exist, a run
 that was never trained), so the error names either a generated value or the stopper, and never
 anything a valid value could have started (a training run, a download, a world).
 
-``make test`` runs a few dozen examples per property, the same ones each time (derandomised);
+``make test`` runs every file kind on every path and a few dozen examples per other property, the same ones each
+time (derandomised);
 ``EUCLIP_FUZZ=long pytest tests/test_fuzz.py`` runs a thousand (two hundred per option), freshly drawn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import re
+import resource
 import signal
 import tempfile
 import typing
@@ -27,7 +33,7 @@ from pathlib import Path
 
 import click
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.main import get_command
 from typer.testing import CliRunner
@@ -35,7 +41,7 @@ from typer.testing import CliRunner
 from euclip_cli import config as C
 from euclip_cli.cli.main import app
 
-# The suite's profile: a fixed, derandomized set of examples, about 90 s of the suite on the 2-core machine (this
+# The suite's profile: a fixed, derandomized set of examples, under a minute of the suite on the 2-core machine (this
 # file's measured seconds in tests/file-seconds.json, held to the suite's budget by tests/test_suite_budget.py).
 settings.register_profile("suite", max_examples=25, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -45,7 +51,11 @@ LONG = os.environ.get("EUCLIP_FUZZ") == "long"
 settings.load_profile("long" if LONG else "suite")
 
 runner = CliRunner()
+COMMAND = get_command(app)
 TIME_LIMIT_S = 60
+# What one refused or stopped invocation may add to the process's peak memory: a reader that took a file of
+# HUGE_BYTES (below) whole would pass it.
+MEMORY_LIMIT = 2 ** 30
 ABSENT_TRAIN = "{tmp}/absent-world/train"
 ABSENT_RUN = "never-trained"
 
@@ -53,7 +63,7 @@ ABSENT_RUN = "never-trained"
 # blank, option look-alikes, path tricks, numbers out of every range, list punctuation, non-ASCII.
 # No NUL: a shell cannot put one into an argument (execve ends each at the first).
 NASTY = ["", " ", "-", "--", "--help", "-1", "0", "1", "2", "1e309", "-1e309", "nan", "inf", "1.5", "0x10",
-         "9" * 40, "true", "null", ",", ",,", "a,,b", "1,2", ".", "..", "/", "./..", "../outside", "~", "a\\b",
+         "9" * 40, "true", "null", "[", "\x80", ",", ",,", "a,,b", "1,2", ".", "..", "/", "./..", "../outside", "~", "a\\b",
          "\n", "\t", "é", "🦆", "x" * 300, "{tmp}", "{tmp}/absent", "{tmp}/a-file", "{tmp}/a-file/below",
          "{tmp}/a-folder", "http://127.0.0.1:9/", "tiny", "auto", "cpu", "cuda:7", "md", "world", "datacomp"]
 # Numbers at the edges of the types a machine keeps them in: 32- and 64-bit integers, signed or not, one
@@ -66,6 +76,10 @@ NASTY += EDGE_NUMBERS
 text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=24)
 values = st.one_of(st.sampled_from(NASTY), text, st.integers(-2 ** 70, 2 ** 70).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+
+class TimeLimit(BaseException):
+    """An invocation's time is up: not an Exception, so that no handler of the command's takes it for its own."""
 
 
 @contextlib.contextmanager
@@ -83,8 +97,17 @@ def folder():
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    """Each regular file under ``root`` by its digest; a file too large to read here (a sparse one the file
+    kinds make) by its size and time of change."""
+    def mark(p: Path) -> str:
+        info = p.stat()
+        if info.st_size > SNAPSHOT_READ_LIMIT:
+            return f"{info.st_size} bytes, changed at {info.st_mtime_ns}"
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    return {str(p.relative_to(root)): mark(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+SNAPSHOT_READ_LIMIT = 64 * 2 ** 20
 
 
 def invoke(argv: list[str], tmp: Path, env: dict | None = None):
@@ -93,20 +116,28 @@ def invoke(argv: list[str], tmp: Path, env: dict | None = None):
     long lines) with the lines that continue it."""
     argv = [a.replace("{tmp}", str(tmp)) for a in argv]
 
-    def expired(signum, frame):
-        raise TimeoutError(f"euclip {argv} did not answer within {TIME_LIMIT_S} s")
+    expired = []
 
-    previous = signal.signal(signal.SIGALRM, expired)
+    def expire(signum, frame):
+        # Recorded as well as raised: a command may turn what interrupts it into its own one-line error.
+        expired.append(True)
+        raise TimeLimit(f"euclip {argv} did not answer within {TIME_LIMIT_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(TIME_LIMIT_S)
     try:
         before = snapshot(tmp)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the process's high-water mark
         result = runner.invoke(app, argv, env=env)
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024
         after = snapshot(tmp)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     output = result.output
     context = f"euclip {argv!r}\n{output}"
+    assert not expired, f"no answer within {TIME_LIMIT_S} s: {context}"
+    assert grown < MEMORY_LIMIT, f"memory grew by {grown / 2 ** 30:.1f} GiB: {context}"
     assert result.exit_code in (0, 1, 2), context
     assert "Traceback" not in output, context
     assert not (result.exception and not isinstance(result.exception, SystemExit)), (repr(result.exception), context)
@@ -186,16 +217,14 @@ def test_a_number_at_the_edge_of_its_type_is_taken_or_refused_naming_its_key(key
         assert named(errors, key, str(tmp / "absent-world")), (key, value, errors)
 
 
-# ---- environment variables: each where a command first reads it
+# ---- environment variables: every one euclip's code reads (found in its source), each where it is read
 
 TRAIN_ABSENT = ["train", "--recipe", "tiny-clip", "--runs-dir", "{tmp}/runs", f"data.train_dir={ABSENT_TRAIN}"]
 HUB_IMPORT = ["import", "euclip-export", "hf://me/model", "--name", "x", "--runs-dir", "{tmp}/runs"]
-# Each variable euclip or its Hub client reads, with a command that reads it before its stopper and the
-# variables set beside it (the others unset), so that a good value ends in the next refusal, never in a
-# run, a download or a wait for peers: alone, a WORLD_SIZE above 1 lacks RANK; beside WORLD_SIZE and RANK,
-# a good LOCAL_RANK or MASTER_PORT lacks MASTER_PORT or MASTER_ADDR; a good token goes to an endpoint
-# where nothing listens. (MASTER_ADDR and RAY_ADDRESS are addresses: the fault table and
-# test_study_launch.py test them, since a good one is waited on.)
+# Each variable a command reads before its stopper, with the variables set beside it (the others unset), so
+# that a good value ends in the next refusal, never in a run, a download or a wait for peers: alone, a
+# WORLD_SIZE above 1 lacks RANK; beside WORLD_SIZE and RANK, a good LOCAL_RANK or MASTER_PORT lacks MASTER_PORT
+# or MASTER_ADDR; a good token goes to an endpoint where nothing listens.
 NOTHING_LISTENS = "http://127.0.0.1:9"
 ENVIRONMENT = {
     "WORLD_SIZE": (TRAIN_ABSENT, {}),
@@ -203,15 +232,77 @@ ENVIRONMENT = {
     "LOCAL_RANK": (TRAIN_ABSENT, {"WORLD_SIZE": "2", "RANK": "0"}),
     "MASTER_PORT": (TRAIN_ABSENT, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}),
 }
-# The Hub client reads its variables once, when it is first imported: these are tried in a fresh
-# process each, as a user's command meets them (fewer examples: each starts Python).
-HUB_ENVIRONMENT = {
+# Read once in a process, as it starts (the Hub client when it is first imported; the consoles' width as euclip's
+# CLI is imported; TERM by Rich, not by euclip's code): these are tried in a fresh process each, as a user's
+# command meets them (fewer examples: each starts Python).
+FRESH_ENVIRONMENT = {
     "HF_TOKEN": (HUB_IMPORT, {"HF_ENDPOINT": NOTHING_LISTENS}),
     "HUGGING_FACE_HUB_TOKEN": (HUB_IMPORT, {"HF_ENDPOINT": NOTHING_LISTENS}),
     "HF_ENDPOINT": (HUB_IMPORT, {}),
+    "HF_HUB_DISABLE_XET": (HUB_IMPORT, {"HF_ENDPOINT": NOTHING_LISTENS}),
+    "COLUMNS": (["eval", ABSENT_RUN], {}),
+    "TERM": (["eval", ABSENT_RUN], {}),
 }
-UNSET = dict.fromkeys(["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", *HUB_ENVIRONMENT])
-ENV_CULPRITS = (*UNSET, "absent-world", "127.0.0.1:9", "me/model")
+
+
+def _host_threads_on_a_gpu():
+    from euclip_cli.train.loop import host_threads
+    return host_threads(0, __import__("torch").device("cuda"), 1)
+
+
+def _threads_each():
+    from euclip_cli.workers import threads_each
+    return threads_each(2)
+
+
+def _ray_address():
+    from euclip_cli.data.fetch import check_ray_address
+    return check_ray_address()
+
+
+# Read only once a run, a study's runs or a Ray download has started, past every command's stopper: tried at
+# the function that reads them, which takes each value (returning what it uses) or refuses it naming it.
+AT_THE_READER = {"OMP_NUM_THREADS": _threads_each, "LOCAL_WORLD_SIZE": _host_threads_on_a_gpu,
+                 "RAY_ADDRESS": _ray_address}
+# Not fuzzed, and why.
+NOT_FUZZED_VARIABLES = {
+    "MASTER_ADDR": "any value beside a good WORLD_SIZE, RANK and MASTER_PORT waits for the peers (rank 0 serves "
+                   "the rendezvous, whatever the address); an unset one is refused (tests/test_faults.py)",
+    "TORCHELASTIC_RUN_ID": "its value is never read, only whether torchrun set it, and only after a process group's "
+                           "variables passed, where a rank waits for its peers",
+}
+UNSET = dict.fromkeys(["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", *FRESH_ENVIRONMENT])
+ENV_CULPRITS = (*UNSET, "absent-world", "127.0.0.1:9", "me/model", ABSENT_RUN)
+
+
+def test_every_environment_variable_euclip_reads_is_fuzzed_or_says_why_not():
+    import euclip_bench
+    import euclip_cli
+    from tests.environment_reads import variables_read
+
+    read = variables_read(Path(euclip_cli.__file__).parent, Path(euclip_bench.__file__).parent)
+    assert "?" not in read, f"a variable whose name the fuzzer cannot see is read at {read.get('?')}"
+    fuzzed = set(ENVIRONMENT) | set(FRESH_ENVIRONMENT) | set(AT_THE_READER)
+    assert set(read) <= fuzzed | set(NOT_FUZZED_VARIABLES), set(read) - fuzzed - set(NOT_FUZZED_VARIABLES)
+    assert set(NOT_FUZZED_VARIABLES) <= set(read) and not fuzzed & set(NOT_FUZZED_VARIABLES)
+
+
+def test_the_source_reader_finds_every_form_of_read_and_says_what_it_cannot_name(tmp_path):
+    from tests.environment_reads import variables_read
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text(
+        "import os\n"
+        "def number(name, default):\n    return int(os.environ.get(name, default))\n"
+        "A = os.environ.get('A')\nB = os.environ['B']\nC = os.getenv('C')\nD = 'D' in os.environ\n"
+        "for name in ('E1', 'E2'):\n    os.environ.get(name)\n"
+        "os.environ.setdefault('NOT_READ', '1')\nchild = dict(os.environ, ALSO_NOT_READ='1')\n"
+        "built = os.environ.get('G' + str(1))\n")
+    (package / "b.py").write_text("from pkg.a import number\nF = number('F', 1)\n")
+    read = variables_read(package)
+    assert set(read) == {"A", "B", "C", "D", "E1", "E2", "F", "?"} and read["F"] == {"pkg/b.py"}
+    assert read["?"] == {"pkg/a.py:12"}
 
 
 @given(variable=st.sampled_from(sorted(ENVIRONMENT)), value=values)
@@ -225,13 +316,13 @@ def test_a_generated_environment_variable_is_taken_or_refused_naming_it(variable
         assert named(errors, variable, *ENV_CULPRITS), (variable, value, errors)
 
 
-@settings(max_examples=100 if LONG else 4)
-@given(variable=st.sampled_from(sorted(HUB_ENVIRONMENT)), value=values)
-def test_a_generated_hub_variable_is_taken_or_refused_naming_it_in_a_fresh_process(variable, value):
+@settings(max_examples=100 if LONG else 6)
+@given(variable=st.sampled_from(sorted(FRESH_ENVIRONMENT)), value=values)
+def test_a_generated_variable_read_as_a_process_starts_is_taken_or_refused_naming_it(variable, value):
     import subprocess
     import sys
 
-    argv, beside = HUB_ENVIRONMENT[variable]
+    argv, beside = FRESH_ENVIRONMENT[variable]
     with folder() as tmp:
         env = {k: v for k, v in os.environ.items() if k not in UNSET} | beside | {variable: value}
         result = subprocess.run([sys.executable, "-m", "euclip_cli", *(a.replace("{tmp}", str(tmp)) for a in argv)],
@@ -242,6 +333,26 @@ def test_a_generated_hub_variable_is_taken_or_refused_naming_it_in_a_fresh_proce
         assert result.returncode in (1, 2) and "Traceback" not in result.stderr and len(errors) == 1, context
         assert named(errors, variable, *ENV_CULPRITS), context
         assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir()), context
+
+
+@settings(max_examples=100 if LONG else 8)
+@given(variable=st.sampled_from(sorted(AT_THE_READER)), value=values)
+@example(variable="RAY_ADDRESS", value="\x80")  # found by this test: IDNA's UnicodeError escaped as a traceback
+@example(variable="RAY_ADDRESS", value="[")  # found by this test: urllib's ValueError (an unclosed IPv6 host)
+def test_a_generated_variable_read_once_work_has_started_is_taken_or_refused_naming_it(variable, value, monkeypatch):
+    """At its reader: a thread count taken is a whole number of at least one; a refusal is euclip's own error,
+    one line naming the variable; never a traceback or a wait beyond the reader's own time limit."""
+    from euclip_cli.errors import EuclipError
+
+    for other in AT_THE_READER:  # unset: a thread count in OMP_NUM_THREADS is obeyed before LOCAL_WORLD_SIZE is read
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(variable, value)
+    try:
+        taken = AT_THE_READER[variable]()
+    except EuclipError as err:
+        assert variable in str(err) and "\n" not in str(err), (variable, value, str(err))
+    else:
+        assert taken is None or (isinstance(taken, int) and taken >= 1), (variable, value, taken)
 
 
 # ---- names: what becomes a folder
@@ -330,8 +441,9 @@ def test_a_generated_recipe_file_validates_or_is_refused_naming_the_file_or_key(
 
 # ---- every option of every command
 
+@functools.cache
 def commands() -> dict[str, click.Command]:
-    root = get_command(app)
+    root = COMMAND
     ctx = click.Context(root)
     found = {}
 
@@ -386,7 +498,7 @@ UNFUZZED_OPTIONS = {("train", "--nproc-per-node"), ("study", "--recipe"), ("stud
                     ("download wordnet", "--out"), ("download redcaps", "--out"), ("download grit", "--out"),
                     *((f"bench {kind}", "--out") for kind in ("train", "text", "loader", "profile", "feed", "ops",
                                                               "decode"))}
-OPTION_EXAMPLES = 200 if LONG else 6
+OPTION_EXAMPLES = 200 if LONG else 25
 
 
 def fuzzed_options() -> list[tuple[str, str]]:
@@ -473,6 +585,91 @@ def test_a_generated_argument_is_taken_or_refused_naming_it(command, argument, v
             options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
             assert named(errors, argument, value.replace("{tmp}", str(tmp)), *options, "absent", ABSENT_RUN,
                          "a-file", "recipe"), (argv, errors)
+
+
+# ---- every kind of file, wherever a command takes a path
+
+# Where a command takes a path: an option or argument typed as one, or a name that may be one (a recipe, a
+# run, a checkpoint), as its help says; found in the app, so that a new one is covered without a list.
+NAMES_A_FILE = re.compile(r"\b(paths?|files?|folders?|director(y|ies))\b", re.IGNORECASE)
+# Every kind of file a user may name by mistake, each as its own path; each is made afresh for each try.
+FILE_KINDS = ["missing", "folder", "fifo", "/dev/zero", "/dev/null", "/dev/full", "not utf-8", "empty", "huge"]
+# Sparse: larger than any reader's bound (readers.JSON_LIMIT is the largest) and no disk used.
+HUGE_BYTES = 4 * 2 ** 30
+def file_of_kind(kind: str, tmp: Path) -> str:
+    if kind.startswith("/dev/"):
+        return kind
+    path = tmp / f"given-{kind.replace(' ', '-')}"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "not utf-8":
+        path.write_bytes("caf\xe9 = 1\n".encode("latin-1") + b"\xff\xfe\x00")
+    elif kind == "empty":
+        path.touch()
+    elif kind == "huge":
+        with path.open("wb") as handle:
+            handle.truncate(HUGE_BYTES)
+    return str(path)
+
+
+def takes_a_path(param) -> bool:
+    annotation = param.type_descriptor.annotation
+    return Path in (annotation, *typing.get_args(annotation)) or \
+        NAMES_A_FILE.search(param.type_descriptor.parameter_info.help or "") is not None
+
+
+def writes_a_folder(param) -> bool:
+    from euclip_cli.cli.common import writable_folder
+    return param.type_descriptor.parameter_info.callback is writable_folder
+
+
+def path_tries() -> list[tuple[str, str, str]]:
+    """(command, option or argument, kind of file): every kind for every path a command takes. An option that
+    holds its command's stopper (UNFUZZED_OPTIONS) is a folder the command writes, and is given only what cannot
+    be one (a valid folder there would start the work its stopper prevents)."""
+    tries = []
+    for command, cmd in commands().items():
+        for param in cmd.params:
+            if not (param.param_type_name in ("option", "argument") and not getattr(param, "is_flag", False)
+                    and param.name != "help" and takes_a_path(param)):
+                continue
+            name = param.opts[0] if param.param_type_name == "option" else param.name
+            kinds = FILE_KINDS
+            if (command, name) in UNFUZZED_OPTIONS:
+                if not writes_a_folder(param):
+                    continue
+                kinds = [kind for kind in FILE_KINDS if kind not in ("missing", "folder")]
+            tries += [(command, name, kind) for kind in kinds]
+    return tries
+
+
+def test_the_file_kinds_meet_every_path_a_command_takes():
+    """Arguments and options alike, found in the app: a new path option is tried without anyone adding it."""
+    paths = {(command, name) for command, name, _ in path_tries()}
+    assert {(c, n) for c, n in paths if not n.startswith("-")} <= set(ARGUMENTS)
+    assert ("report", "--readme") in paths and ("recipes validate", "names") in paths and len(paths) > 70
+
+
+@pytest.mark.parametrize("command, name, kind", path_tries())
+def test_every_kind_of_file_where_a_command_takes_a_path_is_taken_or_refused_in_one_line(command, name, kind):
+    """Each path a command takes, given a missing path, a folder, a FIFO (which would block a reader that
+    opened it: the time limit fails it), a device that never ends (/dev/zero), one that is empty
+    (/dev/null) or that refuses writes (/dev/full), bytes that are not UTF-8, an empty file or a 4 GiB one:
+    taken and then stopped, or refused in one line naming it; no traceback, no wait, no memory filled,
+    nothing already there changed."""
+    with folder() as tmp:
+        value = file_of_kind(kind, tmp)
+        if name.startswith("-"):
+            argv = [*command.split(), *STOPPERS[command], name, value]
+        else:
+            argv = [value if a == "{value}" else a for a in ARGUMENTS[(command, name)]]
+        result, errors = invoke(argv, tmp)
+        if result.exit_code:
+            options = [o for param in commands()[command].params for o in param.opts if o.startswith("--")]
+            assert named(errors, value, name, *options, "absent", ABSENT_RUN, "a-file", "recipe", "127.0.0.1"), \
+                (argv, errors)
 
 
 # ---- damaged run files: cut, a byte flipped, bytes inserted, another JSON value in the file's place, or

@@ -220,16 +220,19 @@ def check_reachable(variable: str, address: str, default_port: int, seconds: flo
     import socket
     from urllib.parse import urlparse
 
-    url = urlparse(address if "://" in address else f"tcp://{address}")
     try:
+        url = urlparse(address if "://" in address else f"tcp://{address}")
         host, port = url.hostname, url.port or default_port
-    except ValueError:  # a port that is not a number
+    except ValueError:  # a port that is not a number, an unclosed IPv6 bracket ('[')
         host = port = None
+    not_an_address = f"environment variable {variable}={address!r} is not an address (host:port): fix it or unset it"
     if not host:
-        raise UsageError(f"environment variable {variable}={address!r} is not an address (host:port): fix it or unset it")
+        raise UsageError(not_an_address)
     try:
         with socket.create_connection((host, port), timeout=seconds):
             pass
+    except UnicodeError:  # a host name IDNA cannot encode: a control character, an empty or over-long label
+        raise UsageError(not_an_address) from None
     except OSError as err:
         raise Failure(f"environment variable {variable}={address!r}: nothing answers at {host}:{port} "
                       f"({err.strerror or type(err).__name__}); start the cluster there, or unset {variable}") from None
