@@ -83,24 +83,41 @@ def embed_texts(model: EuclipModel, tokenizer, texts: list[str], batch_size: int
                       for i in range(0, len(texts), batch_size)])
 
 
+def files_identity(folder: Path) -> Optional[str]:
+    """``folder``'s files as a digest of each regular file's path under it and its size (an evaluation set, a run's
+    training shards); None when it holds none. Two copies of a set that differ in any file's presence or size (a
+    subset, another release) differ here; a listing reads no bytes, so a file rewritten at its own size does not."""
+    import hashlib
+
+    if not folder.is_dir():
+        return None
+    listing = sorted(f"{p.relative_to(folder)}\t{p.stat().st_size}" for p in folder.rglob("*") if p.is_file())
+    return hashlib.sha256("\n".join(listing).encode()).hexdigest()[:16] if listing else None
+
+
 class FeatureCache:
     """Image embeddings of one checkpoint per task (``name``), so a task's images are encoded once.
 
-    Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder. An embedded
-    world's images are kept per world (``world``, its fingerprint): two worlds share task names, not images.
+    Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder. Images are kept per
+    source, since two sources share task names, not images: an embedded world's by its fingerprint (``world``),
+    other sets by their files (``files``, ``files_identity``; ``of_files`` names them). Images of a source of
+    unknown identity are computed and never cached.
     """
 
-    def __init__(self, folder: Optional[Path], world: Optional[str] = None):
-        self.folder, self.world = folder, world
+    def __init__(self, folder: Optional[Path], world: Optional[str] = None, files: Optional[str] = None):
+        self.folder, self.world, self.files = folder, world, files
+
+    def of_files(self, folder: Path) -> FeatureCache:
+        """This cache, for images read from ``folder``."""
+        return FeatureCache(self.folder, self.world, files_identity(folder))
 
     def get(self, name: str, compute: Callable[[], tuple[torch.Tensor, list]],
             per_world: bool = False) -> tuple[torch.Tensor, list]:
-        """``per_world``: the images are the embedded world's; without its fingerprint they are not cached."""
-        if self.folder is None or (per_world and self.world is None):
+        """``per_world``: the images are the embedded world's, else the files' (``of_files``)."""
+        source = self.world if per_world else self.files
+        if self.folder is None or source is None:
             return compute()
-        if per_world:
-            name = f"{name}@{self.world}"
-        path = self.folder / (name.replace("/", "__") + ".pt")
+        path = self.folder / (f"{name}@{source}".replace("/", "__") + ".pt")
         if path.exists():
             try:
                 cached = torch.load(path, map_location="cpu", weights_only=True)

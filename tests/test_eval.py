@@ -340,14 +340,14 @@ def test_another_world_is_scored_again_and_its_image_features_are_its_own(world,
 def test_a_damaged_feature_cache_file_is_computed_again_and_replaced(tmp_path):
     from euclip_cli.encode import FeatureCache
 
-    cache, calls = FeatureCache(tmp_path), []
+    cache, calls = FeatureCache(tmp_path, files="0123456789abcdef"), []
 
     def compute():
         calls.append(1)
         return torch.arange(6.0).reshape(2, 3), [0, 1]
 
     cache.get("world/shapes", compute)
-    (tmp_path / "world__shapes.pt").write_bytes(b"PK\x03\x04 cut short")
+    (tmp_path / "world__shapes@0123456789abcdef.pt").write_bytes(b"PK\x03\x04 cut short")
     image_emb, labels = cache.get("world/shapes", compute)
     assert len(calls) == 2 and labels == [0, 1] and torch.equal(image_emb, torch.arange(6.0).reshape(2, 3))
     cache.get("world/shapes", compute)
@@ -355,6 +355,41 @@ def test_a_damaged_feature_cache_file_is_computed_again_and_replaced(tmp_path):
     world_cache = FeatureCache(tmp_path, world=None)
     world_cache.get("world/shapes", compute, per_world=True)
     assert len(calls) == 3  # a world of unknown identity is never cached, nor read from the cache
+    FeatureCache(tmp_path).get("world/shapes", compute)
+    assert len(calls) == 4  # nor are files of unknown identity
+
+
+def test_another_copy_of_an_evaluation_set_is_scored_again_and_its_image_features_are_its_own(world, tmp_path,
+                                                                                               monkeypatch):
+    """``eval RUN --eval-root OTHER`` where OTHER holds another copy of a task's set (a subset, another release):
+    its lines and cached image features were once keyed by the task alone, so the first copy's score was reported
+    for it with exit 0. A set is now named by its files (``encode.files_identity``)."""
+    import shutil
+
+    from euclip_cli.encode import files_identity
+    from euclip_cli.evaluate import runner as R
+    from tests.test_export import make_run
+    from tests.wdsfixtures import first_samples
+
+    run = make_run(tmp_path / "runs", "tiny-clip")
+    task = TASKS["cars"]
+    whole, subset = tmp_path / "whole", tmp_path / "subset"
+    shutil.copytree(world / "eval" / "shapes", task.data_dir(whole, world))
+    first_samples(world / "eval" / "shapes", task.data_dir(subset, world), 24)
+    seen = []
+    R.evaluate_run(run.path, torch.device("cpu"), [task], eval_root=whole, world=world)
+    R.evaluate_run(run.path, torch.device("cpu"), [task], eval_root=subset, world=world,
+                   on_task=lambda task, line: seen.append(line))
+    assert seen[0] is not None  # scored, not "already evaluated"
+    ids = [files_identity(task.data_dir(root, world)) for root in (whole, subset)]
+    lines = run.eval_lines()
+    assert [line["set"] for line in lines] == ids and ids[0] != ids[1] and None not in ids
+    assert sorted(p.name for p in run.features_dir.rglob("cars*.pt")) == sorted(f"cars@{i}.pt" for i in ids)
+    monkeypatch.setattr(R, "embed_images", lambda *a, **k: pytest.fail("embedded again"))
+    again = []
+    R.evaluate_run(run.path, torch.device("cpu"), [task], eval_root=whole, world=world,
+                   on_task=lambda task, line: again.append(line))
+    assert again == [None]  # the whole set's line stands, from its own features
 
 
 def test_retrieval_breaks_ties_as_clip_benchmarks_own_evaluation_does():

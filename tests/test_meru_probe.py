@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from euclip_cli.cli.main import app
 from euclip_cli.evaluate.probe import FIRST_PASS, linear_probe, search_cost, stratified_holdout
 from tests.test_datacomp_eval import TINY
+from tests.test_meru_suite import cached_features
 
 runner = CliRunner()
 
@@ -141,7 +142,7 @@ def test_probes_run_through_eval_with_their_splits_and_cached_features(world, pr
     # Beside MERU's Table 6: the world's stand-ins are not Food-101's 68,175 + 7,575 / 25,250.
     assert food["meru_sizes"] == {"train": 68175, "val": 7575, "test": 25250} and food["sizes_match_meru"] is False
     assert food["costs_tried"] == 15 and food["main_metric"] == food["mean_per_class_recall"] > 1 / 12
-    features = {p.name for p in (run / "features").rglob("*.pt")}
+    features = cached_features(run)
     assert {"meru-probe__food101-train.pt", "meru-probe__food101-test.pt", "meru-probe__cifar10-val.pt"} <= features
     # A probe set whose train split is its test split is refused, naming the cause: it would score memory.
     result = runner.invoke(app, ["eval", str(run), "--tasks", "meru-probe/sun397", "--eval-root", str(probe_sets)])

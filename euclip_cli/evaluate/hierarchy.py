@@ -106,7 +106,7 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
         folder = task.data_dir(eval_root, world)
         with status(f"classifying {task.key} with {run_files.path.name}"):
             image_emb, prototypes, targets = classification_inputs(model, cfg, task, folder, device,
-                                                                   cfg.eval.batch_size, cache)
+                                                                   cfg.eval.batch_size, cache.of_files(folder))
         if prototypes.shape[0] != len(classes):
             raise UsageError(f"{task.key}: the evaluation set in {folder} has {prototypes.shape[0]} class names, "
                              f"ImageNet's has {len(classes)}")

@@ -22,7 +22,7 @@ from clip_benchmark.datasets.builder import build_dataset, image_captions_collat
 from euclip_cli import config as C
 from euclip_cli.worlddir import WorldDir
 from euclip_cli.encode import (FeatureCache, embed_image_trunks, embed_images, embed_texts, feature_cache,
-                               load_model)
+                               files_identity, load_model)
 from euclip_cli.errors import EuclipError, UsageError
 from euclip_cli.protocol.aggregate import suite_line
 from euclip_cli.protocol.hits import pack_hits
@@ -134,7 +134,7 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                   on_images: Callable[[int], None] = lambda n: None, hits: Optional[dict] = None) -> dict:
     """The task's metrics; ``on_images(n)`` is called as each batch of n images is embedded. ``hits``, when
     given, receives the per-example outcomes of zero-shot classification (top-1) and retrieval (R@1)."""
-    cache = cache or FeatureCache(None)
+    cache = (cache or FeatureCache(None)).of_files(data_dir)
     if task.kind == "winogavil":
         return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     _require_data(task, data_dir)
@@ -449,10 +449,14 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
     ckpt_name = str(ckpt.relative_to(run.path))
     world_id = WorldDir(world).identity()
 
+    sets = {task.key: files_identity(task.data_dir(eval_root, world)) for task in tasks if task.suite != "world"}
+
     def scored(line: dict, task: Task) -> bool:
-        """A line that scored ``task`` on this checkpoint, by this protocol, on the same world (a world task)."""
+        """A line that scored ``task`` on this checkpoint, by this protocol, on the same world (a world task) or the
+        same evaluation set (another)."""
+        source = line.get("world") == world_id if task.suite == "world" else line.get("set") == sets[task.key]
         return (line.get("key") == task.key and line.get("checkpoint") == ckpt_name and line.get("protocol") == PROTOCOL
-                and not line.get("failed") and (task.suite != "world" or line.get("world") == world_id))
+                and not line.get("failed") and source)
 
     lines = [] if again else run.eval_lines()
     cache = feature_cache(run, ckpt, model, world_id)
@@ -465,6 +469,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         line = {"key": task.key, "dataset": task.name, "checkpoint": ckpt_name, "step": step, "protocol": PROTOCOL}
         if task.suite == "world":
             line["world"] = world_id  # the world's fingerprint: another world's scores are not these
+        else:
+            line["set"] = sets[task.key]  # another copy of the set (a subset, another release) is scored apart
         if not has_data(task, task.data_dir(eval_root, world)):
             line["missing_data"] = True  # a failure the download fixes: said once for all such tasks
             missing_data.append(task)
