@@ -648,16 +648,23 @@ class RunDir:
         return [line for line in lines if not line.get("failed") and line.get("world", world) == world]
 
     def latest_results(self, world: Optional[str] = None, lines: Optional[list[dict]] = None) -> list[dict]:
-        """One successful line per task: the newest, by checkpoint step then file order, of one embedded
-        world's scores (``world``, a fingerprint; by default the run's own, ``home_world``): another world
-        shares its task names, not its images, so its lines are never mixed in. Tasks of no world (DataComp's,
-        MERU's) are read whatever world."""
-        best: dict[str, dict] = {}
-        for line in self._scored_lines(world, lines):
-            key = line["key"]
-            if key not in best or line.get("step", 0) >= best[key].get("step", 0):
-                best[key] = line
-        return list(best.values())
+        """One successful line per task, the last written, of the newest checkpoint scored, on one embedded
+        world (``world``, a fingerprint; by default the run's own, ``home_world``): another world shares its
+        task names, not its images, and another checkpoint is another model, so neither is mixed into one
+        row or average (``earlier_only`` names the tasks left out). Tasks of no world (DataComp's, MERU's)
+        are read whatever world."""
+        scored = self._scored_lines(world, lines)
+        newest = max((line.get("step", 0) for line in scored), default=0)
+        return list({line["key"]: line for line in scored if line.get("step", 0) == newest}.values())
+
+    def earlier_only(self, world: Optional[str] = None, lines: Optional[list[dict]] = None) -> dict[str, int]:
+        """{task: its newest step} for the tasks scored only at checkpoints older than ``latest_results``'."""
+        scored = self._scored_lines(world, lines)
+        newest = max((line.get("step", 0) for line in scored), default=0)
+        older: dict[str, int] = {}
+        for line in scored:
+            older[line["key"]] = max(older.get(line["key"], 0), line.get("step", 0))
+        return {key: step for key, step in sorted(older.items()) if step < newest}
 
     def other_worlds(self, lines: Optional[list[dict]] = None) -> list[str]:
         """The fingerprints of the embedded worlds besides the run's own that it has scores on."""

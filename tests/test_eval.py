@@ -427,3 +427,31 @@ def test_retrieval_breaks_ties_as_clip_benchmarks_own_evaluation_does():
     for k in (1, 5):
         assert mine[f"image_retrieval_recall@{k}"] == pytest.approx(theirs[f"image_retrieval_recall@{k}"])
         assert mine[f"text_retrieval_recall@{k}"] == pytest.approx(theirs[f"text_retrieval_recall@{k}"])
+
+
+def test_tasks_scored_only_at_an_older_checkpoint_are_left_out_of_the_newest_ones_and_said(world, tmp_path):
+    """A run whose tasks were scored at different checkpoints (an `eval --tasks` before training went on, and
+    another after): its summary, its report row and its averages are one model's, the newest scored, and the
+    tasks left out are named, where the newest line of each task had been mixed into one row with exit 0."""
+    from typer.testing import CliRunner
+
+    from euclip_cli.cli.main import app
+    from euclip_cli.evaluate import runner as R
+    from euclip_cli.worlddir import WorldDir
+    from tests.test_export import make_run
+
+    run = make_run(tmp_path / "runs", "tiny-clip")  # its checkpoint is step 7
+    run.append_eval({"key": "world/shapes", "dataset": "world/shapes", "checkpoint": "checkpoints/step_3.pt",
+                     "step": 3, "protocol": R.PROTOCOL, "world": WorldDir(world).identity(),
+                     "metrics": {"acc1": 0.987, "main_metric": 0.987}})
+    outcome = R.evaluate_run(run.path, torch.device("cpu"), select("world/colour"), world=world)
+    assert [line["key"] for line in outcome.results] == ["world/colour"] and outcome.earlier_only == {"world/shapes": 3}
+    assert outcome.suite_lines()[-1] == ("left out: world/shapes, scored only at an earlier checkpoint (step 3); "
+                                         "--tasks world/shapes scores them at this one")
+    report = CliRunner().invoke(app, ["report", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "tables"),
+                                      "--studies-dir", str(tmp_path / "no-studies")])
+    assert report.exit_code == 0, report.output
+    assert "tiny-clip also has tasks scored only at an earlier one, left out" in " ".join(report.output.split())
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in (tmp_path / "tables" / "embedded.md").read_text()
+            .splitlines() if l.startswith("|")]
+    assert dict(zip(rows[0], rows[2]))["Shapes"] == "missing"  # not step 3's 98.7 beside step 7's colour

@@ -393,6 +393,7 @@ class EvalOutcome:
     results: list[dict]
     failed: dict[str, str] = field(default_factory=dict)
     missing_data: list[Task] = field(default_factory=list)
+    earlier_only: dict[str, int] = field(default_factory=dict)  # tasks scored only at an older checkpoint: their step
 
     def missing_line(self) -> Optional[str]:
         """The tasks without evaluation data and the one command that fetches them all, or None."""
@@ -411,8 +412,16 @@ class EvalOutcome:
         return lines
 
     def suite_lines(self) -> list[str]:
-        """Each suite with a task scored: its groups' and average's main metric."""
-        return [line for suite in SUITE_COLUMNS if (line := suite_line(self.results, suite))]
+        """Each suite with a task scored: its groups' and average's main metric; then the tasks these leave out
+        for having been scored only at an older checkpoint."""
+        lines = [line for suite in SUITE_COLUMNS if (line := suite_line(self.results, suite))]
+        if self.earlier_only:
+            keys = sorted(self.earlier_only)
+            named = ", ".join(keys) if len(keys) <= 3 else f"{len(keys)} tasks"
+            steps = sorted(set(self.earlier_only.values()))
+            lines.append(f"left out: {named}, scored only at an earlier checkpoint (step "
+                         f"{', '.join(map(str, steps))}); --tasks {','.join(keys)} scores them at this one")
+        return lines
 
 
 def task_status(line: Optional[dict]) -> str:
@@ -494,4 +503,5 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
         run.write_datacomp_results()
         if on_task:
             on_task(task, line)
-    return EvalOutcome(run.latest_results(world_id), failed, missing_data)  # the world just evaluated
+    lines = run.eval_lines()  # the world just evaluated
+    return EvalOutcome(run.latest_results(world_id, lines), failed, missing_data, run.earlier_only(world_id, lines))

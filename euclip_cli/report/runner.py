@@ -144,6 +144,11 @@ def write_report(table: str = "all", fmt: str = "md", runs_dir: Path = RUNS_DIR,
         shown.append(Shown(f"each run's world scores are on its own embedded world (the one it trained on, else the "
                            f"first it was evaluated on); {', '.join(elsewhere)} also {'has' if len(elsewhere) == 1 else 'have'} "
                            f"scores on another, left out (euclip eval RUN --world DIR prints them)"))
+    stale = [run.name for run in runs if run.earlier_only]
+    if stale:
+        shown.append(Shown(f"each run's scores are of its newest checkpoint scored; {', '.join(stale)} also "
+                           f"{'has' if len(stale) == 1 else 'have'} tasks scored only at an earlier one, left out "
+                           f"(euclip eval RUN --tasks KEYS scores them at the run's latest checkpoint)"))
     if (published_only or empty) and table == "all":
         parts = [f"{', '.join(map(_table_name, published_only))} keep their published rows in {out}"] if published_only else []
         parts += [f"{', '.join(map(_table_name, empty))} {'is' if len(empty) == 1 else 'are'} empty"] if empty else []

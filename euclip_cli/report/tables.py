@@ -44,6 +44,7 @@ class Run:
     import_meta: Optional[dict] = None  # meta.json's "imported" record
     results: dict = field(default_factory=dict)  # task key -> its newest metrics (of its own embedded world)
     other_worlds: int = 0  # the embedded worlds besides its own it has scores on, which the tables leave out
+    earlier_only: int = 0  # tasks scored only at a checkpoint older than its newest scored, which they leave out
 
 
 def completed_config(run: RunDir) -> dict:
@@ -70,7 +71,8 @@ def load_runs(runs_dir: Path) -> list[Run]:
         imported = run.meta().get("imported")
         runs.append(Run(run.name, config.get("recipe", ""), config, scores,
                         imported.get("format") if imported else None, imported,
-                        {line["key"]: line["metrics"] for line in results}, len(run.other_worlds(lines))))
+                        {line["key"]: line["metrics"] for line in results}, len(run.other_worlds(lines)),
+                        len(run.earlier_only(lines=lines))))
     return runs
 
 
