@@ -183,6 +183,8 @@ def test_ranks_whose_torchrun_agent_is_killed_outright_checkpoint_and_exit(world
         for pid in ranks:  # a failure here must not leave them training on
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    assert "stopped at step" in output and "Traceback" not in output, output[-2000:]
+    # Once: Linux sends the death signal again at each reparenting, which had killed rank 1 in its teardown with
+    # "error: terminated (SIGTERM)" in about one try in four (workers.stop_dying_with_parent).
+    assert "stopped at step" in output and "Traceback" not in output and "terminated" not in output, output[-2000:]
     state = load_checkpoint(RunDir(tmp_path / "tiny-clip").latest_checkpoint())
     assert 2 <= state["step"] < 2000 and len(state["data"]) == 2, state["step"]

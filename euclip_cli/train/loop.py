@@ -28,7 +28,7 @@ from euclip_cli.data.openclip_pipeline import OpenCLIPBatches
 from euclip_cli.data.downloads import training_record
 from euclip_cli.data.world_files import check_shared_world
 from euclip_cli.worlddir import WorldDir, fingerprint, recorded_settings
-from euclip_cli.workers import usable_cores
+from euclip_cli.workers import stop_dying_with_parent, usable_cores
 from euclip_cli.device import (autocast_factory, cpu_name, git_state, host_memory_bytes, is_out_of_memory,
                                 resolve_device, resolve_precision)
 from euclip_cli.errors import Failure, UsageError
@@ -352,6 +352,7 @@ def _train(cfg: C.Config, model: EuclipModel, directory: RunDir, shards: list[st
 
     def request_stop(signum, _frame):
         stop["signal"] = signum
+        stop_dying_with_parent()  # stopping already: the agent's death, sent again, would only cut the stop short
 
     # The stop signals (preemption, Ctrl-C, a time limit's warning) finish the step, checkpoint, and
     # return. Handlers can only be installed from the main thread; elsewhere the caller owns signals.
