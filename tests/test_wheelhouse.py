@@ -133,3 +133,17 @@ def test_an_offline_install_beside_a_machines_own_packages_has_euclips_whole_tre
     check = subprocess.run([machine / "bin" / "python", str(tmp_path / "wh" / "check.py")], capture_output=True,
                            text=True, env=env)
     assert check.returncode == 1 and "euclip needs no-such-package-euclip>=1, which is not installed" in check.stdout
+
+
+def test_a_resolution_or_build_that_fails_is_one_line_with_the_tools_own_words(tmp_path, monkeypatch):
+    """uv's and pip's explanations, many lines long, were printed under the error line: now its tail, folded."""
+    explanation = "  × No solution found when resolving dependencies:\n  ╰─▶ Because torch==0.0.1 was not found\n"
+    failed = subprocess.CompletedProcess([], 1, "", explanation)
+    monkeypatch.setattr(wheelhouse, "uv", lambda: ["uv"])
+    monkeypatch.setattr(wheelhouse, "run", lambda command, **kwargs: failed)
+    for attempt in (lambda: wheelhouse.resolve({"torch": "0.0.1"}, "3.12", "x86_64-manylinux_2_28", tmp_path),
+                    lambda: wheelhouse.fetch("torch", "0.0.1", "3.12", ["manylinux_2_28_x86_64"], tmp_path)):
+        with pytest.raises(SystemExit) as stop:
+            attempt()
+        message = str(stop.value.code)
+        assert message.startswith("error: ") and "\n" not in message and "torch==0.0.1 was not found" in message

@@ -103,6 +103,11 @@ def pinned(requirements: str) -> dict[str, str]:
     return found
 
 
+def said(output: str, most: int = 600) -> str:
+    """A tool's error output as the tail of one line: an error is one line, whatever uv or pip printed."""
+    return " ".join(output.split())[-most:]
+
+
 def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, check=False, capture_output=True, text=True, **kwargs)
 
@@ -128,7 +133,7 @@ def resolve(target: dict[str, str | None], python: str, platform: str, work: Pat
     result = run([*uv(), "pip", "compile", spec, "--python-version", python, "--python-platform", platform,
                   "-c", str(constraints), "--override", str(OVERRIDES), "-o", str(output), "--no-header", "--no-annotate", "--quiet"])
     if result.returncode != 0:
-        raise SystemExit(f"error: euclip's dependencies cannot be resolved for this target:\n{result.stderr.strip()}")
+        raise SystemExit(f"error: euclip's dependencies cannot be resolved for this target (uv: {said(result.stderr)})")
     return pinned(output.read_text())
 
 
@@ -146,7 +151,7 @@ def fetch(name: str, version: str, python: str, tags: list[str], out: Path) -> s
         wheels = list(Path(build).glob("*.whl"))
         if built.returncode != 0 or not wheels:
             raise SystemExit(f"error: {name}=={version} has no wheel for Python {python} on {tags[0]} and did not "
-                             f"build here:\n{(built.stderr or got.stderr).strip()[-800:]}")
+                             f"build here (pip: {said(built.stderr or got.stderr)})")
         if not wheels[0].name.endswith("-none-any.whl"):
             raise SystemExit(f"error: {name}=={version} ships no wheel for Python {python} on {tags[0]}, and its "
                              f"source builds to a compiled wheel ({wheels[0].name}) that fits only this machine")
@@ -285,7 +290,7 @@ def build(target_file: Path, out: Path, python: str | None, platform: str | None
         built = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w",
                      str(staging), str(ROOT)])
         if built.returncode != 0:
-            raise SystemExit(f"error: euclip's own wheel did not build:\n{built.stderr.strip()[-800:]}")
+            raise SystemExit(f"error: euclip's own wheel did not build (pip: {said(built.stderr)})")
         how = {name: fetch(name, version, python, tags, staging) for name, version in sorted(lacking.items())}
         unknown = carry_small({name: version for name, version in resolved.items() if name in target
                                and target[name] is None and name not in left_out}, python, tags, staging, carry_mib)
