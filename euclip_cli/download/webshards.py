@@ -26,6 +26,8 @@ import json
 import math
 import re
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,15 +321,27 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
 
         # img2dataset's pyspark distributor runs on the active session: make it the cluster's.
         SparkSession.builder.master(options.spark_master).appName("euclip-download").getOrCreate()
-    with _ray_cluster(options):
-        download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
-                 save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
-                 output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
-                 resize_mode=options.resize_mode, resize_only_if_bigger=True, encode_format="jpg",
-                 processes_count=options.processes, thread_count=options.threads,
-                 number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS, retries=options.retries,
-                 timeout=options.timeout, distributor=options.distributor, incremental_mode="incremental",
-                 enable_wandb=False)
+    # img2dataset answers Ctrl-C with a handler of its own that removes its staging folder and exits with 0, which
+    # ended a stopped download as if it had finished; it also leaves that handler in place when it returns.
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    try:
+        with _ray_cluster(options):
+            download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
+                     save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
+                     output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
+                     resize_mode=options.resize_mode, resize_only_if_bigger=True, encode_format="jpg",
+                     processes_count=options.processes, thread_count=options.threads,
+                     number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS,
+                     retries=options.retries, timeout=options.timeout, distributor=options.distributor,
+                     incremental_mode="incremental", enable_wandb=False)
+    except SystemExit:  # img2dataset's only exit: its Ctrl-C handler
+        raise KeyboardInterrupt from None
+    except KeyboardInterrupt:  # SIGTERM, or Ctrl-C before its handler was set: its staging folder goes as on Ctrl-C
+        shutil.rmtree(shards_dir / "_tmp", ignore_errors=True)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _reason(message: str) -> str:
