@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from euclip_cli.data.fetch import FetchError, check_ray_address, configure_hub_client, fetch_file, sha256_of
 from euclip_cli.errors import UsageError
@@ -306,6 +306,30 @@ def _ray_cluster(options: ImageOptions):
         ray.shutdown()
 
 
+@contextlib.contextmanager
+def _spawned_children_leave_ctrl_c() -> Iterator[None]:
+    """img2dataset's pool and logger are fresh Pythons that multiprocessing spawns into this process group: a
+    terminal's Ctrl-C reached each, and each printed its KeyboardInterrupt's traceback (or, caught while starting,
+    "Fatal Python error") under the command's one line. Each is now started with SIGINT blocked in the thread that
+    starts it, a mask that fork and exec keep: Ctrl-C is the command's alone, which then stops them."""
+    from multiprocessing.context import SpawnProcess
+
+    start = SpawnProcess.start
+
+    def started_without_ctrl_c(process) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            start(process)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    SpawnProcess.start = started_without_ctrl_c
+    try:
+        yield
+    finally:
+        SpawnProcess.start = start
+
+
 def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool,
                     columns: tuple[str, ...] = ()) -> None:
     """DataComp's img2dataset call, on the selected rows only; ``columns`` of the list beside ``uid`` go
@@ -325,7 +349,7 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
     # ended a stopped download as if it had finished; it also leaves that handler in place when it returns.
     previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     try:
-        with _ray_cluster(options):
+        with _ray_cluster(options), _spawned_children_leave_ctrl_c():
             download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
                      save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
                      output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
