@@ -1,8 +1,9 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM (to the command
 alone, as a scheduler or `kill` sends it) stop a long command within seconds, in one line, exit 1, and leave
-nothing partial: a generator neither its output nor its staging folder, and an export, an evaluation, a
-study and a bench, stopped at a random point of their lives (from the interpreter's first imports to its
-last teardown), no half file and no half set of files. (The trainer's and the study's own stops, a
+nothing partial: a generator neither its output nor its staging folder; an img2dataset download no finished-looking
+manifest; and an export, an evaluation, a study and a bench (each bench in turn, drawn each run), stopped at a random
+point of their lives (from the interpreter's first imports to its last teardown), no half file and no half set of
+files. (The trainer's and the study's own stops, a
 checkpoint and a resume, are tested beside them: test_trainer_faults.py, test_study_launch.py.)"""
 
 from __future__ import annotations
@@ -106,7 +107,27 @@ def eval_case(tmp_path, world, tiny_clip):
     return ["eval", str(run), "--world", str(world)], 5.0, check
 
 
+# Each bench with arguments that keep it small, and the latest point a stop is drawn at: its life here, at most
+# 8 s (the longer ones' first 8 s: their imports, workers and first rounds).
+BENCHES = {
+    "loader": (["--arch", "tiny-vit-c16", "--workers", "1", "--device", "cpu", "--batch-size", "32", "--batches", "4",
+                "--rounds", "1"], 4.5),
+    "text": (["--arch", "tiny-vit-c16", "--batch-size", "32", "--batches", "4", "--rounds", "1"], 4.5),
+    "decode": (["--arch", "tiny-vit-c16", "--images", "64", "--rounds", "1"], 4.5),
+    "ops": (["--arch", "tiny-vit-c16", "--batch-size", "16"], 5.5),
+    "profile": (["--arch", "tiny-vit-c16", "--batch-size", "16", "--steps", "3"], 8.0),
+    "feed": (["--arch", "tiny-vit-c16", "--batch-size", "32", "--steps", "4", "--warmup", "1", "--workers", "1",
+              "--rounds", "1"], 8.0),
+    "train": (["--arch", "tiny-vit-c16", "--batch-size", "16", "--steps", "3", "--warmup", "1", "--rounds", "1",
+               "--no-openclip", "--no-accumulation", "--device", "cpu"], 8.0),
+}
+SHARDS_READ = ("loader", "text", "decode", "ops")
+
+
 def bench_case(tmp_path, world, tiny_clip):
+    """One bench, drawn afresh each run as the point is (the test's failure names it): over runs, every bench."""
+    kind = POINTS.choice(sorted(BENCHES))
+    args, latest = BENCHES[kind]
     out = tmp_path / "bench"
 
     def check(code: int) -> None:
@@ -114,8 +135,8 @@ def bench_case(tmp_path, world, tiny_clip):
         assert len(results) == (code == 0) and all(json.loads(p.read_text()) for p in results)
         assert not leftovers(tmp_path)
 
-    return ["bench", "loader", "--shards", str(world / "train"), "--arch", "tiny-vit-c16", "--workers", "1",
-            "--device", "cpu", "--batch-size", "32", "--batches", "4", "--rounds", "1", "--out", str(out)], 4.5, check
+    shards = ["--shards", str(world / "train")] if kind in SHARDS_READ else []
+    return ["bench", kind, *args, *shards, "--out", str(out)], latest, check
 
 
 def study_case(tmp_path, world, tiny_clip):
@@ -138,7 +159,7 @@ def study_case(tmp_path, world, tiny_clip):
     return ["study", "--recipe", str(recipe), "--out", str(out), "--world", str(world)], 18.0, check
 
 
-LIVES = {"export": export_case, "eval": eval_case, "bench loader": bench_case, "study": study_case}
+LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case}
 
 
 @pytest.mark.parametrize("command", list(LIVES))
@@ -148,7 +169,7 @@ def test_a_stop_at_a_random_point_of_a_commands_life_is_one_line_and_leaves_noth
     argv, latest, check = LIVES[command](tmp_path, world, tiny_clip)
     code, stdout, stderr, point = stopped_at_random(argv, tmp_path, latest, how)
     said = [line for line in stderr.splitlines() if line.strip()]
-    where = f"{how} at {point:.3f} s: exit {code}\n{stdout}{stderr}"
+    where = f"euclip {' '.join(argv)}: {how} at {point:.3f} s: exit {code}\n{stdout}{stderr}"
     assert "Traceback" not in stdout + stderr, where
     if code == 0:  # the stop came as it finished: a whole result, said as usual
         assert not said or not said[-1].startswith("error:"), where
