@@ -306,15 +306,23 @@ def _ray_cluster(options: ImageOptions):
         ray.shutdown()
 
 
+# The warnings filter that quiets multiprocessing's resource tracker on semaphores it removes for stopped workers.
+TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 @contextlib.contextmanager
 def _spawned_children_leave_ctrl_c() -> Iterator[None]:
     """img2dataset's pool and logger are fresh Pythons that multiprocessing spawns into this process group: a
     terminal's Ctrl-C reached each, and each printed its KeyboardInterrupt's traceback (or, caught while starting,
     "Fatal Python error") under the command's one line. Each is now started with SIGINT blocked in the thread that
-    starts it, a mask that fork and exec keep: Ctrl-C is the command's alone, which then stops them."""
+    starts it, a mask that fork and exec keep: Ctrl-C is the command's alone, which then stops them. Stopped, they
+    leave the semaphores they held to multiprocessing's resource tracker, which removes them and would warn of
+    each as leaked, a second line: the tracker, spawned here too, takes a warnings filter from the environment."""
+    import os
     from multiprocessing.context import SpawnProcess
 
-    start = SpawnProcess.start
+    start, warnings = SpawnProcess.start, os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, TRACKER_QUIET]))
 
     def started_without_ctrl_c(process) -> None:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -328,6 +336,10 @@ def _spawned_children_leave_ctrl_c() -> Iterator[None]:
         yield
     finally:
         SpawnProcess.start = start
+        if warnings is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = warnings
 
 
 def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool,
