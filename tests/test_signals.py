@@ -1,7 +1,8 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM (to the command
 alone, as a scheduler or `kill` sends it) stop a long command within seconds, in one line, exit 1, and leave
 nothing partial: a generator neither its output nor its staging folder; an img2dataset download no finished-looking
-manifest; and an export, an evaluation, a study and a bench (each bench in turn, drawn each run), stopped at a random
+manifest; and an export, an evaluation, a study, an evaluation set's download and a bench (each bench in turn, drawn
+each run), stopped at a random
 point of their lives (from the interpreter's first imports to its last teardown), no half file and no half set of
 files. (The trainer's and the study's own stops, a
 checkpoint and a resume, are tested beside them: test_trainer_faults.py, test_study_launch.py.)"""
@@ -139,6 +140,31 @@ def bench_case(tmp_path, world, tiny_clip):
     return ["bench", kind, *args, *shards, "--out", str(out)], latest, check
 
 
+def evalsets_case(tmp_path, world, tiny_clip):
+    """``download evalsets`` from a Hugging Face-shaped host on 127.0.0.1: ImageNet's repo holding the world's shapes
+    task and seven 16 MiB shards more, each fetched, checked against its LFS pointer and renamed into place."""
+    from euclip_cli.evaluate.evalsets import repo_for
+    from euclip_cli.protocol.tasks import TASKS
+    from tests.test_evalsets import FakeHub
+
+    source, repo = world / "eval" / "shapes", repo_for(TASKS["imagenet1k"])
+    files = {f"{repo}/{p.relative_to(source)}": p.read_bytes() for p in source.rglob("*")
+             if p.is_file() and p.name != "scenes.json"}
+    files |= {f"{repo}/test/{i}.tar": bytes([i]) * (16 << 20) for i in range(1, 8)}
+    files[f"{repo}/test/nshards.txt"] = b"8\n"
+    hub, root = FakeHub(files), tmp_path / "evalsets"
+
+    def check(code: int) -> None:
+        hub.server.shutdown()
+        folder = TASKS["imagenet1k"].data_dir(root, world)
+        # The marker is written last: a folder with it holds the whole set, whatever the stop.
+        if code == 0 or (folder / "test" / "nshards.txt").exists():
+            assert all((folder / rel[len(repo) + 1:]).read_bytes() == data for rel, data in files.items())
+        assert not leftovers(tmp_path)
+
+    return ["download", "evalsets", "--tasks", "imagenet1k", "--root", str(root), "--base-url", hub.url], 4.5, check
+
+
 def study_case(tmp_path, world, tiny_clip):
     from euclip_cli.study.tables import PUBLISHED
 
@@ -159,7 +185,8 @@ def study_case(tmp_path, world, tiny_clip):
     return ["study", "--recipe", str(recipe), "--out", str(out), "--world", str(world)], 18.0, check
 
 
-LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case}
+LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case,
+         "download evalsets": evalsets_case}
 
 
 @pytest.mark.parametrize("command", list(LIVES))
