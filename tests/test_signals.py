@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str) -> tu
     point = POINTS.uniform(0.05, latest)
     process = subprocess.Popen([sys.executable, "-m", "euclip_cli", *argv], cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, "COLUMNS": "200"})
+                               env={**os.environ, "COLUMNS": "200", "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
     time.sleep(point)
     try:
         if how == "SIGTERM":
@@ -74,6 +75,12 @@ def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str) -> tu
         pass
     stdout, stderr = process.communicate(timeout=60)
     return process.returncode, stdout, stderr, point
+
+
+def said(stderr: str) -> list[str]:
+    """What a command said: its lines, less progress bars (tqdm's, from huggingface_hub and img2dataset), which a
+    terminal draws over and over in one place."""
+    return [line for line in stderr.splitlines() if line.strip() and not re.search(r"(it/s|s/it)\]\s*$", line)]
 
 
 def leftovers(folder: Path) -> list[Path]:
@@ -165,6 +172,25 @@ def evalsets_case(tmp_path, world, tiny_clip):
     return ["download", "evalsets", "--tasks", "imagenet1k", "--root", str(root), "--base-url", hub.url], 4.5, check
 
 
+def datacomp_case(tmp_path, world, tiny_clip):
+    """``download datacomp --scale small`` from a Hub and an image host on 127.0.0.1: the pool's metadata through
+    huggingface_hub, the filter, then the images through img2dataset."""
+    from tests.test_download_datacomp import FAST, FILES, REPO, ROWS
+    from tests.webfakes import FakeHub, ImageHost, datacomp_metadata
+
+    images = ImageHost(delay_s=0.05)
+    hub, out = FakeHub({REPO: datacomp_metadata(images.url, FILES, ROWS, {})}), tmp_path / "dc"
+
+    def check(code: int) -> None:
+        images.stop()
+        hub.stop()
+        manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else None
+        assert (manifest or {}).get("complete", False) == (code == 0), manifest
+        assert not leftovers(tmp_path) and not (out / "shards" / "_tmp").exists()
+
+    return ["download", "datacomp", "--scale", "small", "--hub-url", hub.url, "--out", str(out), *FAST], 7.0, check
+
+
 def study_case(tmp_path, world, tiny_clip):
     from euclip_cli.study.tables import PUBLISHED
 
@@ -186,7 +212,7 @@ def study_case(tmp_path, world, tiny_clip):
 
 
 LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case,
-         "download evalsets": evalsets_case}
+         "download evalsets": evalsets_case, "download datacomp": datacomp_case}
 
 
 @pytest.mark.parametrize("command", list(LIVES))
@@ -195,16 +221,16 @@ def test_a_stop_at_a_random_point_of_a_commands_life_is_one_line_and_leaves_noth
         tmp_path, world, tiny_clip, command, how):
     argv, latest, check = LIVES[command](tmp_path, world, tiny_clip)
     code, stdout, stderr, point = stopped_at_random(argv, tmp_path, latest, how)
-    said = [line for line in stderr.splitlines() if line.strip()]
+    lines = said(stderr)
     where = f"euclip {' '.join(argv)}: {how} at {point:.3f} s: exit {code}\n{stdout}{stderr}"
     assert "Traceback" not in stdout + stderr, where
     if code == 0:  # the stop came as it finished: a whole result, said as usual
-        assert not said or not said[-1].startswith("error:"), where
+        assert not lines or not lines[-1].startswith("error:"), where
     else:
         # The study's own stop names how to resume; everything else says what stopped it.
-        assert code == 1 and len(said) == 1, where
-        assert said[0] in ("error: interrupted", "error: terminated (SIGTERM)") or (
-            command == "study" and "stopped" in said[0] and "run the same command" in said[0]), where
+        assert code == 1 and len(lines) == 1, where
+        assert lines[0] in ("error: interrupted", "error: terminated (SIGTERM)") or (
+            command == "study" and "stopped" in lines[0] and "run the same command" in lines[0]), where
     check(code)
 
 
@@ -242,14 +268,14 @@ def test_a_stopped_img2dataset_download_is_one_line_and_not_taken_for_a_finished
         host.stop()
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    said = [line for line in stderr.splitlines() if line.strip() and "it/s]" not in line and "s/it]" not in line]
+    lines = said(stderr)
     where = f"{how} {point:.2f} s after the first shard: exit {process.returncode}\n{stderr[-2000:]}"
     manifest = json.loads((out / "manifest.json").read_text())
     if process.returncode == 0:  # it came as the download finished
         assert manifest["complete"], where
     else:
         assert process.returncode == 1 and not manifest["complete"], where
-        assert said == ["error: terminated (SIGTERM)" if how == "SIGTERM" else "error: interrupted"], where
+        assert lines == ["error: terminated (SIGTERM)" if how == "SIGTERM" else "error: interrupted"], where
     assert "Traceback" not in stderr and "Fatal" not in stderr and not (out / "shards" / "_tmp").exists(), where
 
 

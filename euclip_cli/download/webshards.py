@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import math
+import multiprocessing
 import re
 import shutil
 import signal
@@ -370,10 +371,16 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
                      number_sample_per_shard=options.shard_size, oom_shard_count=SHARD_DIGITS,
                      retries=options.retries, timeout=options.timeout, distributor=options.distributor,
                      incremental_mode="incremental", enable_wandb=False)
-    except SystemExit:  # img2dataset's only exit: its Ctrl-C handler
-        raise KeyboardInterrupt from None
-    except KeyboardInterrupt:  # SIGTERM, or Ctrl-C before its handler was set: its staging folder goes as on Ctrl-C
+    except (SystemExit, KeyboardInterrupt) as stop:  # SystemExit: img2dataset's only exit, its Ctrl-C handler
+        # Its workers are stopped before the command exits: one still starting would find the semaphores it
+        # inherits removed by the exit and print a traceback. Its staging folder goes, as its handler removes it.
+        for child in multiprocessing.active_children():
+            child.terminate()
+        for child in multiprocessing.active_children():
+            child.join(timeout=10)
         shutil.rmtree(shards_dir / "_tmp", ignore_errors=True)
+        if isinstance(stop, SystemExit):
+            raise KeyboardInterrupt from None
         raise
     finally:
         if previous is not None:
