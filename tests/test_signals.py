@@ -1,8 +1,8 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM (to the command
 alone, as a scheduler or `kill` sends it) stop a long command within seconds, in one line, exit 1, and leave
 nothing partial: a generator neither its output nor its staging folder; an img2dataset download no finished-looking
-manifest; and an export, an evaluation, a study, an evaluation set's download and a bench (each bench in turn, drawn
-each run), stopped at a random
+manifest; and an export, an evaluation, a study, an evaluation set's and DataComp's downloads and a bench (each
+bench in turn, drawn each run), stopped at a random
 point of their lives (from the interpreter's first imports to its last teardown), no half file and no half set of
 files. (The trainer's and the study's own stops, a
 checkpoint and a resume, are tested beside them: test_trainer_faults.py, test_study_launch.py.)"""
