@@ -270,6 +270,8 @@ NOT_FUZZED_VARIABLES = {
                    "the rendezvous, whatever the address); an unset one is refused (tests/test_faults.py)",
     "TORCHELASTIC_RUN_ID": "its value is never read, only whether torchrun set it, and only after a process group's "
                            "variables passed, where a rank waits for its peers",
+    "PYTHONWARNINGS": "read only to add one filter for img2dataset's spawned children (download.webshards) and put "
+                      "it back; its value is the interpreter's to parse, in every process, before euclip runs",
 }
 UNSET = dict.fromkeys(["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", *FRESH_ENVIRONMENT])
 ENV_CULPRITS = (*UNSET, "absent-world", "127.0.0.1:9", "me/model", ABSENT_RUN)
