@@ -100,20 +100,20 @@ class FeatureCache:
 
     Text prototypes are cheap and always recomputed; a new checkpoint gets a new folder. Images are kept per
     source, since two sources share task names, not images: an embedded world's by its fingerprint (``world``),
-    other sets by their files (``files``, ``files_identity``; ``of_files`` names them). Images of a source of
+    other sets by their files (``files``, ``files_identity``; ``with_files`` names them). Images of a source of
     unknown identity are computed and never cached.
     """
 
     def __init__(self, folder: Optional[Path], world: Optional[str] = None, files: Optional[str] = None):
         self.folder, self.world, self.files = folder, world, files
 
-    def of_files(self, folder: Path) -> FeatureCache:
-        """This cache, for images read from ``folder``."""
-        return FeatureCache(self.folder, self.world, files_identity(folder))
+    def with_files(self, files: Optional[str]) -> FeatureCache:
+        """This cache, for images read from files of this identity (``files_identity``)."""
+        return FeatureCache(self.folder, self.world, files)
 
     def get(self, name: str, compute: Callable[[], tuple[torch.Tensor, list]],
             per_world: bool = False) -> tuple[torch.Tensor, list]:
-        """``per_world``: the images are the embedded world's, else the files' (``of_files``)."""
+        """``per_world``: the images are the embedded world's, else the files' (``with_files``)."""
         source = self.world if per_world else self.files
         if self.folder is None or source is None:
             return compute()

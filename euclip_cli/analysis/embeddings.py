@@ -17,7 +17,7 @@ from clip_benchmark.datasets.builder import build_dataset, image_captions_collat
 
 from euclip_cli import config as C
 from euclip_cli.worlddir import WorldDir
-from euclip_cli.encode import embed_images, embed_texts, feature_cache, load_model
+from euclip_cli.encode import embed_images, embed_texts, feature_cache, files_identity, load_model
 from euclip_cli.errors import UsageError
 from euclip_cli.protocol.tasks import TASKS, list_tasks
 from euclip_cli.geometry import Geometry
@@ -132,7 +132,7 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
         # One tensor (2, N, D): the cache stores an embedding tensor and a list per name.
         return torch.stack([torch.cat(image_emb), torch.cat(text_emb)]), captions
 
-    both, _ = feature_cache(run, ckpt, model).of_files(C.train_dir(cfg)).get(f"train-pairs-{samples}", compute)
+    both, _ = feature_cache(run, ckpt, model).with_files(files_identity(C.train_dir(cfg))).get(f"train-pairs-{samples}", compute)
     curv = model.curvature()
     return TrainingPairs(model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1],
                          model.logit_scale().item())

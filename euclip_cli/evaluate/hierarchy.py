@@ -22,7 +22,7 @@ from euclip_cli import config as C
 from euclip_cli.data.wordnet import (IMAGENET_TASKS, PACKAGE, PHYSICAL_ENTITY, WORDNET_DIR, hypernym_graph,
                                      imagenet_wnids, read_isa)
 from euclip_cli.device import resolve_device
-from euclip_cli.encode import feature_cache, load_model
+from euclip_cli.encode import feature_cache, files_identity, load_model
 from euclip_cli.errors import UsageError
 from euclip_cli.evaluate.runner import classification_inputs, has_data
 from euclip_cli.protocol.tasks import select
@@ -106,7 +106,7 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
         folder = task.data_dir(eval_root, world)
         with status(f"classifying {task.key} with {run_files.path.name}"):
             image_emb, prototypes, targets = classification_inputs(model, cfg, task, folder, device,
-                                                                   cfg.eval.batch_size, cache.of_files(folder))
+                                                                   cfg.eval.batch_size, cache.with_files(files_identity(folder)))
         if prototypes.shape[0] != len(classes):
             raise UsageError(f"{task.key}: the evaluation set in {folder} has {prototypes.shape[0]} class names, "
                              f"ImageNet's has {len(classes)}")

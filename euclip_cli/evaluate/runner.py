@@ -133,8 +133,9 @@ def evaluate_task(model: EuclipModel, cfg: C.Config, task: Task, data_dir: Path,
                   batch_size: int, cache: Optional[FeatureCache] = None,
                   on_images: Callable[[int], None] = lambda n: None, hits: Optional[dict] = None) -> dict:
     """The task's metrics; ``on_images(n)`` is called as each batch of n images is embedded. ``hits``, when
-    given, receives the per-example outcomes of zero-shot classification (top-1) and retrieval (R@1)."""
-    cache = (cache or FeatureCache(None)).of_files(data_dir)
+    given, receives the per-example outcomes of zero-shot classification (top-1) and retrieval (R@1). ``cache``
+    keeps the images' embeddings under its world's or files' identity (``FeatureCache.with_files``)."""
+    cache = cache or FeatureCache(None)
     if task.kind == "winogavil":
         return evaluate_winogavil(model, cfg, task, data_dir, device, batch_size, cache, on_images)
     _require_data(task, data_dir)
@@ -485,7 +486,8 @@ def evaluate_run(run_dir: Path, device: torch.device, tasks: Optional[list[Task]
             missing_data.append(task)
         hits: dict[str, torch.Tensor] = {}
         try:
-            metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size, cache,
+            metrics = evaluate_task(model, cfg, task, task.data_dir(eval_root, world), device, batch_size,
+                                    cache.with_files(sets.get(task.key)),
                                     lambda n, task=task: on_images(task, n), hits)
         except EuclipError as err:
             line.update(failed=True, error=str(err))
