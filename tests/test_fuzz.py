@@ -531,17 +531,18 @@ def test_a_generated_option_value_is_taken_or_refused_naming_the_option(command,
                          "127.0.0.1"), (option, value, errors)
 
 
+def typed_as_path(param) -> bool:
+    annotation = param.type_descriptor.annotation
+    return Path in (annotation, *typing.get_args(annotation))
+
+
 def test_every_path_a_command_takes_is_checked_as_its_line_is_parsed():
     """The path kind has one owner: every option or argument typed as a path goes through
     ``cli.common.checked_path`` (read) or ``writable_folder`` (written), so a path no file system could
     hold, or a folder that is a file, is refused before the command reads, fetches or trains."""
     from euclip_cli.cli.common import checked_path, writable_folder
 
-    def is_path(param) -> bool:
-        annotation = param.type_descriptor.annotation
-        return Path in (annotation, *typing.get_args(annotation))
-
-    paths = [(path, param) for path, cmd in commands().items() for param in cmd.params if is_path(param)]
+    paths = [(path, param) for path, cmd in commands().items() for param in cmd.params if typed_as_path(param)]
     unchecked = [f"{path} {param.name}" for path, param in paths
                  if param.type_descriptor.parameter_info.callback not in (checked_path, writable_folder)]
     assert len(paths) > 30 and not unchecked, unchecked
@@ -617,9 +618,7 @@ def file_of_kind(kind: str, tmp: Path) -> str:
 
 
 def takes_a_path(param) -> bool:
-    annotation = param.type_descriptor.annotation
-    return Path in (annotation, *typing.get_args(annotation)) or \
-        NAMES_A_FILE.search(param.type_descriptor.parameter_info.help or "") is not None
+    return typed_as_path(param) or NAMES_A_FILE.search(param.type_descriptor.parameter_info.help or "") is not None
 
 
 def writes_a_folder(param) -> bool:

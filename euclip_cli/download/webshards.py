@@ -312,7 +312,7 @@ TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 @contextlib.contextmanager
-def _spawned_children_leave_ctrl_c() -> Iterator[None]:
+def _spawned_children_stop_quietly() -> Iterator[None]:
     """img2dataset's pool and logger are fresh Pythons that multiprocessing spawns into this process group: a
     terminal's Ctrl-C reached each, and each printed its KeyboardInterrupt's traceback (or, caught while starting,
     "Fatal Python error") under the command's one line. Each is now started with SIGINT blocked in the thread that
@@ -362,7 +362,7 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
     # ended a stopped download as if it had finished; it also leaves that handler in place when it returns.
     previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     try:
-        with _ray_cluster(options), _spawned_children_leave_ctrl_c():
+        with _ray_cluster(options), _spawned_children_stop_quietly():
             download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
                      save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
                      output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
