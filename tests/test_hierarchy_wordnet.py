@@ -4,9 +4,11 @@ for nltk's data server, the hypernym graph read back through nltk's reader again
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -88,6 +90,36 @@ def test_a_package_failing_its_checksum_or_an_unreachable_server_is_one_line(nlt
     result = download_wordnet("--out", str(tmp_path / "b"), "--index-url", "http://127.0.0.1:9/index.xml")
     assert result.exit_code == 1 and "could not fetch WordNet from" in result.output and "refused" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_stop_while_nltk_unpacks_leaves_no_half_corpus_and_the_next_download_is_whole(nltk_server, tmp_path,
+                                                                                      monkeypatch):
+    """nltk unpacks its archive in place: a stop as it wrote data.noun left half of it where ``reader`` (and so
+    ``analyze hierarchy --tree wordnet``) took it for WordNet."""
+    import zipfile
+
+    import nltk.downloader
+
+    def stopped_while_unpacking(filename, root, verbose=True, **rest):
+        with zipfile.ZipFile(filename) as archive:
+            member = next(name for name in archive.namelist() if name.endswith("data.noun"))
+            target = Path(root) / member
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = archive.read(member)
+            target.write_bytes(data[: len(data) // 2])
+        raise KeyboardInterrupt()  # where Ctrl-C's handler raises it
+        yield  # a generator, as nltk's is
+
+    out = tmp_path / "nltk_data"
+    with monkeypatch.context() as patched:
+        patched.setattr(nltk.downloader, "_unzip_iter", stopped_while_unpacking)
+        result = download_wordnet("--out", str(out), "--index-url", f"{nltk_server.url}/index.xml")
+    assert result.exit_code == 1 and result.output.strip() == "error: interrupted", result.output
+    assert not list(out.rglob("data.noun")) and not list(out.rglob("*.partial")), sorted(out.rglob("*"))
+    result = download_wordnet("--out", str(out), "--index-url", f"{nltk_server.url}/index.xml")
+    assert result.exit_code == 0 and "installed" in result.output, result.output
+    with zipfile.ZipFile(io.BytesIO(nltk_server.packages["wordnet"][0])) as archive:
+        assert (out / "corpora" / "wordnet" / "data.noun").read_bytes() == archive.read("wordnet/data.noun")
 
 
 def test_the_graph_read_through_nltk_is_the_generators(wordnet_dir):

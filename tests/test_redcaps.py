@@ -20,14 +20,16 @@ from tests.webfakes import ImageHost, StaticHost
 runner = CliRunner()
 
 
-def annotation_archive(host_url: str) -> bytes:
+def annotation_archive(host_url: str, more: int = 0) -> bytes:
     """RedCaps' release layout: ``annotations/{subreddit}_{year}.json``, each ``{"info", "annotations"}`` with
-    the fields its downloader writes; one image of ``pics`` is gone from its host."""
+    the fields its downloader writes; one image of ``pics`` is gone from its host. ``more``: that many pairs
+    more in ``earthporn``, for a download that lasts."""
     files = {
         "itookapicture_2020": [("ab1", "ok/1.jpg", "my dog in the snow"), ("ab2", "ok/2.jpg", "sunset over the bay")],
         "pics_2019": [("cd1", "ok/3.jpg", "a red door"), ("cd2", "missing/4.jpg", "gone"),
                       ("cd3", "ok/5.jpg", "old bridge")],
-        "earthporn_2021": [("ef1", "ok/6.jpg", "mountains at dawn")],
+        "earthporn_2021": [("ef1", "ok/6.jpg", "mountains at dawn"),
+                           *((f"gh{i}", f"ok/{10 + i}.jpg", f"view number {i}") for i in range(more))],
     }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:

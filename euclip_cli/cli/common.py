@@ -167,8 +167,11 @@ def errors():
         fail(stops.stop_message(err), 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
-    except (OSError, RuntimeError, ImportError) as err:
-        fault = environment_fault(err)
+    except Exception as err:
+        stop = stops.stop_behind(err)
+        if stop is not None:
+            fail(stops.stop_message(stop), 1)
+        fault = environment_fault(err) if isinstance(err, (OSError, RuntimeError, ImportError)) else None
         if fault is None:
             raise
         fail(*fault)
@@ -182,6 +185,18 @@ class _Stopped(Exception):
         super().__init__(stops.stop_message(interrupt))
 
 
+@contextlib.contextmanager
+def _carried_past_typer():
+    """A stop, or an error that carries one (``stops.stop_behind``), as ``_Stopped``."""
+    try:
+        yield
+    except (KeyboardInterrupt, Exception) as err:
+        stop = stops.stop_behind(err)
+        if stop is None:
+            raise
+        raise _Stopped(stop) from None
+
+
 class OneLineErrors(TyperGroup):
     """Click's own errors (a value outside an option's range, a missing option, an unknown command)
     in euclip's form: one ``error:`` line naming the option and where to look, with Click's exit
@@ -189,16 +204,12 @@ class OneLineErrors(TyperGroup):
     parses or dispatches, the one line a command's funnel says of it."""
 
     def make_context(self, *args, **kwargs):
-        try:
+        with _carried_past_typer():
             return super().make_context(*args, **kwargs)
-        except KeyboardInterrupt as err:
-            raise _Stopped(err) from None
 
     def invoke(self, ctx):
-        try:
+        with _carried_past_typer():
             return super().invoke(ctx)
-        except KeyboardInterrupt as err:
-            raise _Stopped(err) from None
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:

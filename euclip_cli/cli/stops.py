@@ -16,7 +16,7 @@ import atexit
 import os
 import signal
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 
 class Terminated(KeyboardInterrupt):
@@ -37,6 +37,7 @@ def install() -> None:
     global _forks_held
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.unraisablehook = _quiet_once_stopped
     if not _forks_held:
         os.register_at_fork(before=_fork_begins, after_in_parent=_fork_ended, after_in_child=_forked)
         _forks_held = True
@@ -99,6 +100,21 @@ def _forked() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def stop_behind(err: BaseException) -> Optional[KeyboardInterrupt]:
+    """The stop that ``err`` is, or that it carries as its cause: a stop raised where Python or a library wraps
+    whatever is raised there (Python 3.11 wraps an exception from a class body's ``__set_name__``, which an import
+    that Ctrl-C interrupts can meet in torch's dataclasses, in a RuntimeError); None for any other error. Only the
+    cause: an error raised while a stop was being handled (its context), the stop's own exit among them, is
+    itself."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:  # a cycle of causes ends the walk
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__
+    return None
+
+
 # Whether this command line was stopped by a signal: set as it says so (``stop_message``).
 _stopped = False
 
@@ -108,6 +124,15 @@ def stop_message(err: BaseException) -> str:
     global _stopped
     _stopped = True
     return "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+
+
+def _quiet_once_stopped(unraisable) -> None:
+    """``sys.unraisablehook``: Python's report of an error in a finalizer, until a stop is said. After it, an object
+    that the stop cut short as it was being made (a DataLoader's iterator stopped while it started its workers)
+    fails in its ``__del__`` as it is collected, under the stop's line: that is the stop's doing, not a second
+    fault, and the stop's one line stays one."""
+    if not _stopped:
+        sys.__unraisablehook__(unraisable)
 
 
 def _end_stopped(code: int) -> None:
@@ -153,7 +178,12 @@ def launch(load: Callable[[], Callable[[], None]]) -> None:
         try:
             load()()
             code = 0
-        except KeyboardInterrupt as err:  # in the imports, before the command's own error funnel (code stays 1)
+        except Exception as err:  # in the imports, before the command's own error funnel (code stays 1)
+            stop = stop_behind(err)
+            if stop is None:
+                raise
+            sys.stderr.write(f"error: {stop_message(stop)}\n")
+        except KeyboardInterrupt as err:
             sys.stderr.write(f"error: {stop_message(err)}\n")
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1

@@ -25,22 +25,28 @@ INDEX_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/index.xml
 def fetch(folder: Path, index_url: str = INDEX_URL) -> str:
     """Install nltk's WordNet package under ``folder`` (nltk_data layout: ``folder/corpora/wordnet``),
     unpacked; returns what nltk said of it (installed, or already up to date). A server that cannot be
-    reached, an index without the package or a file failing its checksum is a ``Failure`` naming it."""
-    from nltk.downloader import Downloader, ErrorMessage, UpToDateMessage
+    reached, an index without the package or a file failing its checksum is a ``Failure`` naming it.
+    nltk writes its archive and unpacks it in place; here it does so in a staging folder, moved into ``folder``
+    whole once unpacked, so that a stop never leaves a half-written ``data.noun`` for ``reader`` to read."""
+    from nltk.downloader import Downloader, ErrorMessage
+
+    from euclip_cli.rundir import files_together
 
     folder.mkdir(parents=True, exist_ok=True)
-    said = "installed"
+    downloader = Downloader(server_index_url=index_url)
     try:
         with warnings.catch_warnings():  # nltk's advice on its own index format, not the user's to act on
             warnings.simplefilter("ignore")
-            for message in Downloader(server_index_url=index_url).incr_download(PACKAGE, str(folder), extract=True):
-                if isinstance(message, ErrorMessage):
-                    raise Failure(f"could not fetch WordNet from {index_url}: {message.message}")
-                if isinstance(message, UpToDateMessage):
-                    said = "already up to date"
+            # nltk's own test: the archive's size and checksum against its index, and the unpacked files' size.
+            if downloader.status(PACKAGE, str(folder)) == Downloader.INSTALLED:
+                return "already up to date"
+            with files_together(folder) as staging:
+                for message in downloader.incr_download(PACKAGE, str(staging), extract=True):
+                    if isinstance(message, ErrorMessage):
+                        raise Failure(f"could not fetch WordNet from {index_url}: {message.message}")
     except (OSError, ValueError) as err:  # what nltk raises rather than reports: a malformed index, a full disk
         raise Failure(f"could not fetch WordNet from {index_url}: {err}") from None
-    return said
+    return "installed"
 
 
 def reader(folder: Path):

@@ -2,18 +2,24 @@
 (``webdataset_builder.convert_dataset``) from the datasets its builder fetches (torchvision's, or
 TensorFlow Datasets' through ``task_adaptation`` for ``vtab/`` names): each split of a probe set from the
 export and split that give MERU's (``EXPORTS``; the table in docs/meru.md), written into the folder the
-probe reads (``TASK.folder/{train,val,test}``). A split whose ``nshards.txt`` exists is kept; the exporter
-writes that file last, so an interrupted split is made again by the same command.
+probe reads (``TASK.folder/{train,val,test}``). Each split is exported into a staging folder beside its own
+and renamed into place once the exporter has written its ``nshards.txt`` (its last file), so that a split's
+folder is whole or absent, a stop or a failure leaving none of it; a split that is there is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from euclip_cli.errors import Failure, UsageError
 from euclip_cli.protocol.tasks import Task
+from euclip_cli.rundir import whole_folder
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,16 @@ def make_probe_set(task: Task, folder: Path, sources: Path, say: Callable[[str],
         except OSError as err:  # the dataset's own host, through torchvision or TensorFlow Datasets
             raise Failure(f"{task.key}: {export.dataset} --split {split} could not be fetched into {sources} ({err}); "
                           f"the same command continues") from None
-        convert_dataset(dataset, part, str(folder), image_format="webp", verbose=False)
+        if (folder / part).exists():  # half a split, from a version that exported in place
+            shutil.rmtree(folder / part)
+        busy = lambda pid: UsageError(f"{folder / part} is being exported by another euclip (pid {pid}): wait for "  # noqa: E731
+                                      f"it to finish")
+        with whole_folder(folder / part, busy) as staging, warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()):
+            # The exporter asks torch for 8 loader workers whatever the machine, and torch warns of it; it and
+            # webdataset print the staging shards' names and sizes. Neither is the user's to act on.
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            # The exporter writes OUTPUT/SPLIT/ (and the class names into OUTPUT): SPLIT is the staging folder.
+            convert_dataset(dataset, staging.name, str(folder), image_format="webp", verbose=False)
         written.append(part)
     return written
