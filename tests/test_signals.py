@@ -82,7 +82,8 @@ def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str,
     point = POINTS.uniform(0.05, latest)
     process = subprocess.Popen([sys.executable, *entry, *argv], cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env={**os.environ, "COLUMNS": "200", "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
+                               env={**os.environ, "COLUMNS": "200", "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1",
+                                    "TMPDIR": str(temporary_folder(cwd))})
     time.sleep(point)
     try:
         if how == "SIGTERM":
@@ -93,6 +94,14 @@ def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str,
         pass
     stdout, stderr = process.communicate(timeout=60)
     return process.returncode, stdout, stderr, point
+
+
+def temporary_folder(cwd: Path) -> Path:
+    """The temporary folder (``TMPDIR``) a stopped command and its children are given: empty once it has exited,
+    whatever the stop, since a temporary file left behind is a leak in every user's /tmp."""
+    folder = cwd / "temporary"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def said(stderr: str) -> list[str]:
@@ -375,6 +384,7 @@ def test_a_stop_at_a_random_point_of_a_commands_life_is_one_line_and_leaves_noth
         assert lines[0] in ("error: interrupted", "error: terminated (SIGTERM)") or (
             command == "study" and "stopped" in lines[0] and "run the same command" in lines[0]), where
     life.check(code)
+    assert not list(temporary_folder(tmp_path).iterdir()), where
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM"])
@@ -395,7 +405,8 @@ def test_a_stopped_img2dataset_download_is_one_line_and_not_taken_for_a_finished
                                 str(tmp_path / "list.parquet"), "--url-col", "image", "--caption-col", "alt", "--out",
                                 str(out), *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True,
-                               env={**os.environ, "COLUMNS": "200", "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
+                               env={**os.environ, "COLUMNS": "200", "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1",
+                                    "TMPDIR": str(temporary_folder(tmp_path))})
     try:
         deadline = time.time() + 60
         while not list((out / "shards").glob("*.tar")) and time.time() < deadline:  # img2dataset is writing shards
@@ -420,6 +431,8 @@ def test_a_stopped_img2dataset_download_is_one_line_and_not_taken_for_a_finished
         assert process.returncode == 1 and not manifest["complete"], where
         assert lines == ["error: terminated (SIGTERM)" if how == "SIGTERM" else "error: interrupted"], where
     assert "Traceback" not in stderr and "Fatal" not in stderr and not (out / "shards" / "_tmp").exists(), where
+    # Its workers import wandb, whose temporary folders a worker's exit leaves: they went in its own, now gone.
+    assert not list(temporary_folder(tmp_path).iterdir()), where
 
 
 ENTRY = """

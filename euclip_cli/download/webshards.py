@@ -343,6 +343,29 @@ def _spawned_children_stop_quietly() -> Iterator[None]:
             os.environ["PYTHONWARNINGS"] = warnings
 
 
+@contextlib.contextmanager
+def _spawned_children_temporary_folder() -> Iterator[None]:
+    """img2dataset's spawned workers import wandb (for its logger), which makes two temporary folders as it is
+    imported and removes them as the interpreter exits, which a multiprocessing worker never does: every download
+    left two empty folders in /tmp per worker. The workers get a temporary folder of the command's own (``TMPDIR``,
+    which a fresh Python reads), removed with whatever they left once img2dataset returns or stops."""
+    import os
+    import tempfile
+
+    # mkdtemp settles this process's own temporary folder first (tempfile keeps the first it finds): TMPDIR
+    # changes for the children only.
+    own, before = tempfile.mkdtemp(prefix="euclip-img2dataset-"), os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = own
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbox: bool,
                     columns: tuple[str, ...] = ()) -> None:
     """DataComp's img2dataset call, on the selected rows only; ``columns`` of the list beside ``uid`` go
@@ -362,7 +385,7 @@ def run_img2dataset(list_dir: Path, shards_dir: Path, options: ImageOptions, bbo
     # ended a stopped download as if it had finished; it also leaves that handler in place when it returns.
     previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     try:
-        with _ray_cluster(options), _spawned_children_stop_quietly():
+        with _ray_cluster(options), _spawned_children_stop_quietly(), _spawned_children_temporary_folder():
             download(url_list=str(list_dir), input_format="parquet", url_col="url", caption_col="text",
                      save_additional_columns=["uid", *columns], bbox_col="face_bboxes" if bbox else None,
                      output_format="webdataset", output_folder=str(shards_dir), image_size=options.image_size,
