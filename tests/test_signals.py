@@ -1,11 +1,11 @@
 """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) and SIGTERM (to the command
 alone, as a scheduler or `kill` sends it) stop a long command within seconds, in one line, exit 1, and leave
 nothing partial: a generator neither its output nor its staging folder; an img2dataset download no finished-looking
-manifest; and an export, an evaluation, a study, a bench and a download that reaches a host (one bench and one
-download drawn each run, so that over runs every one is stopped), stopped at a random point of their lives (from
-the interpreter's first imports to its last teardown), no half file and no half set of files. (The trainer's and
-the study's own stops, a checkpoint and a resume, are tested beside them: test_trainer_faults.py,
-test_study_launch.py.)"""
+manifest; and an export, an evaluation, a study, an analysis, a bench and a download that reaches a host (one
+analysis, one bench and one download drawn each run, so that over runs every one is stopped), stopped at a random
+point of their lives (from the interpreter's first imports to its last teardown), no half file, no half set of
+files and no temporary file. (The trainer's and the study's own stops, a checkpoint and a resume, are tested
+beside them: test_trainer_faults.py, test_study_launch.py.)"""
 
 from __future__ import annotations
 
@@ -98,10 +98,19 @@ def stopped_at_random(argv: list[str], cwd: Path, latest: float, how: str,
 
 def temporary_folder(cwd: Path) -> Path:
     """The temporary folder (``TMPDIR``) a stopped command and its children are given: empty once it has exited,
-    whatever the stop, since a temporary file left behind is a leak in every user's /tmp."""
+    whatever the stop (``left_in``), since a temporary file left behind is a leak in every user's /tmp."""
     folder = cwd / "temporary"
     folder.mkdir(exist_ok=True)
     return folder
+
+
+# What torch keeps in the temporary folder on purpose: its compiler's cache, one per user, shared by every process.
+CACHES = ("torchinductor_",)
+
+
+def left_in(folder: Path) -> list[Path]:
+    """What a command left in its temporary folder, less torch's cache."""
+    return [p for p in folder.iterdir() if not p.name.startswith(CACHES)]
 
 
 def said(stderr: str) -> list[str]:
@@ -352,6 +361,26 @@ def study_case(tmp_path, world, tiny_clip):
     return Life(["study", "--recipe", str(recipe), "--out", str(out), "--world", str(world)], 18.0, check)
 
 
+# Each analysis with arguments that keep it small; hierarchy, isotropy and traverse read the world's tasks.
+ANALYSES = {"distances": ["--root-samples", "64"], "isotropy": [], "traverse": ["--images", "16", "--root-samples", "64"],
+            "hierarchy": [], "equilibrium": ["--batch-sizes", "16,32", "--samples", "64", "--batches", "2"]}
+
+
+def analyze_case(tmp_path, world, tiny_clip):
+    """One analysis, drawn afresh each run as the point is (the failure names it): over runs, every analysis."""
+    kind = POINTS.choice(sorted(ANALYSES))
+    run = copy_run(tiny_clip, tmp_path / "runs")
+    where = [] if kind == "equilibrium" else ["--world", str(world)]
+
+    def check(code: int) -> None:
+        results = list((run / "analysis").glob("*.json")) if (run / "analysis").exists() else []
+        assert results if code == 0 else True
+        assert all(json.loads(p.read_text()) is not None for p in results)  # whole, or not there
+        assert not leftovers(run)
+
+    return Life(["analyze", kind, str(run), *ANALYSES[kind], *where], 8.0, check)
+
+
 # The download commands that reach a host, each against its stand-in on 127.0.0.1 (``download world`` and
 # ``datacomp-like`` generate: the test above).
 DOWNLOADS = {"evalsets": evalsets_case, "datacomp": datacomp_case, "redcaps": redcaps_case, "grit": grit_case,
@@ -363,7 +392,8 @@ def download_case(tmp_path, world, tiny_clip):
     return DOWNLOADS[POINTS.choice(sorted(DOWNLOADS))](tmp_path, world, tiny_clip)
 
 
-LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case, "download": download_case}
+LIVES = {"export": export_case, "eval": eval_case, "bench": bench_case, "study": study_case, "download": download_case,
+         "analyze": analyze_case}
 
 
 @pytest.mark.parametrize("command", list(LIVES))
@@ -384,7 +414,7 @@ def test_a_stop_at_a_random_point_of_a_commands_life_is_one_line_and_leaves_noth
         assert lines[0] in ("error: interrupted", "error: terminated (SIGTERM)") or (
             command == "study" and "stopped" in lines[0] and "run the same command" in lines[0]), where
     life.check(code)
-    assert not list(temporary_folder(tmp_path).iterdir()), where
+    assert not left_in(temporary_folder(tmp_path)), where
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM"])
@@ -432,7 +462,7 @@ def test_a_stopped_img2dataset_download_is_one_line_and_not_taken_for_a_finished
         assert lines == ["error: terminated (SIGTERM)" if how == "SIGTERM" else "error: interrupted"], where
     assert "Traceback" not in stderr and "Fatal" not in stderr and not (out / "shards" / "_tmp").exists(), where
     # Its workers import wandb, whose temporary folders a worker's exit leaves: they went in its own, now gone.
-    assert not list(temporary_folder(tmp_path).iterdir()), where
+    assert not left_in(temporary_folder(tmp_path)), where
 
 
 ENTRY = """
