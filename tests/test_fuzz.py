@@ -272,6 +272,9 @@ NOT_FUZZED_VARIABLES = {
                            "variables passed, where a rank waits for its peers",
     "PYTHONWARNINGS": "read only to add one filter for img2dataset's spawned children (download.webshards) and put "
                       "it back; its value is the interpreter's to parse, in every process, before euclip runs",
+    "TMPDIR": "read only to be put back once img2dataset's spawned children had a temporary folder of the command's "
+              "own (download.webshards); the command's own is tempfile's choice, which passes over a folder it "
+              "cannot use",
 }
 UNSET = dict.fromkeys(["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", *FRESH_ENVIRONMENT])
 ENV_CULPRITS = (*UNSET, "absent-world", "127.0.0.1:9", "me/model", ABSENT_RUN)
