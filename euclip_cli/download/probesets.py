@@ -85,9 +85,7 @@ def make_probe_set(task: Task, folder: Path, sources: Path, say: Callable[[str],
                           f"the same command continues") from None
         if (folder / part).exists():  # half a split, from a version that exported in place
             shutil.rmtree(folder / part)
-        busy = lambda pid: UsageError(f"{folder / part} is being exported by another euclip (pid {pid}): wait for "  # noqa: E731
-                                      f"it to finish")
-        with whole_folder(folder / part, busy) as staging, warnings.catch_warnings(), \
+        with whole_folder(folder / part, _exported_elsewhere(folder / part)) as staging, warnings.catch_warnings(), \
                 contextlib.redirect_stdout(io.StringIO()):
             # The exporter asks torch for 8 loader workers whatever the machine, and torch warns of it; it and
             # webdataset print the staging shards' names and sizes. Neither is the user's to act on.
@@ -96,3 +94,8 @@ def make_probe_set(task: Task, folder: Path, sources: Path, say: Callable[[str],
             convert_dataset(dataset, staging.name, str(folder), image_format="webp", verbose=False)
         written.append(part)
     return written
+
+
+def _exported_elsewhere(split: Path) -> Callable[[str], UsageError]:
+    """What ``whole_folder`` raises for a split that another euclip process is exporting (its pid)."""
+    return lambda pid: UsageError(f"{split} is being exported by another euclip (pid {pid}): wait for it to finish")
