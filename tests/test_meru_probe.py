@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -230,6 +231,38 @@ def test_probe_sets_are_made_by_clip_benchmarks_exporter_from_the_export_that_gi
                                  "--sources", str(sources)])
     assert result.exit_code == 1 and "cars --split train could not be fetched" in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_a_split_stopped_as_its_last_file_is_written_is_not_there_and_the_next_download_makes_it(tmp_path, monkeypatch):
+    """The exporter writes a split's nshards.txt last, the mark of a made split, but in place: a stop between the
+    file's opening and its write left it empty, and the split counted as made."""
+    from clip_benchmark import webdataset_builder
+    from clip_benchmark.datasets import builder
+    from PIL import Image
+
+    class StandIn(list):
+        classes = ["a", "b"]
+
+    monkeypatch.setattr(builder, "build_dataset", lambda name, root, split, transform, download: StandIn(
+        (transform(Image.new("RGB", (8, 8), (i, 0, 0))), i % 2) for i in range(4)))
+    convert = webdataset_builder.convert_dataset
+
+    def stopped_as_it_marks_the_split(dataset, split, output_folder, **kwargs):
+        convert(dataset, split, output_folder, **kwargs)
+        (Path(output_folder) / split / "nshards.txt").write_text("")  # opened, not yet written
+        raise KeyboardInterrupt()
+
+    root = tmp_path / "eval"
+    args = ["download", "probesets", "--tasks", "meru-probe/pets", "--root", str(root), "--sources", str(tmp_path)]
+    with monkeypatch.context() as stopped:
+        stopped.setattr(webdataset_builder, "convert_dataset", stopped_as_it_marks_the_split)
+        result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "interrupted" in result.output
+    assert not any((root / "wds_pets_probe").rglob("nshards.txt")), sorted((root / "wds_pets_probe").rglob("*"))
+    assert not any(p.name.endswith(".partial") for p in (root / "wds_pets_probe").iterdir())
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [(root / "wds_pets_probe" / part / "nshards.txt").read_text() for part in ("train", "test")] == ["1\n"] * 2
 
 
 def test_every_export_and_every_set_without_one_is_in_the_docs_table():
