@@ -208,26 +208,6 @@ def evalsets_case(tmp_path, world, tiny_clip):
     return Life(["download", "evalsets", "--tasks", "imagenet1k", "--root", str(root), "--base-url", hub.url], 4.5, check)
 
 
-def datacomp_case(tmp_path, world, tiny_clip):
-    """``download datacomp --scale small`` from a Hub and an image host on 127.0.0.1: the pool's metadata through
-    huggingface_hub, the filter, then the images through img2dataset."""
-    from tests.test_download_datacomp import FAST, FILES, REPO, ROWS
-    from tests.webfakes import FakeHub, ImageHost, datacomp_metadata
-
-    images = ImageHost(delay_s=0.05)
-    hub, out = FakeHub({REPO: datacomp_metadata(images.url, FILES, ROWS, {})}), tmp_path / "dc"
-
-    def check(code: int) -> None:
-        images.stop()
-        hub.stop()
-        manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else None
-        assert (manifest or {}).get("complete", False) == (code == 0), manifest
-        assert not leftovers(tmp_path) and not (out / "shards" / "_tmp").exists()
-
-    return Life(["download", "datacomp", "--scale", "small", "--hub-url", hub.url, "--out", str(out), *FAST], 7.0,
-                check)
-
-
 def image_download_check(out: Path, *hosts) -> Callable[[int], None]:
     """What a stop leaves of an img2dataset download into ``out``: a manifest complete exactly when the command
     finished, and no staging file or folder."""
@@ -239,6 +219,18 @@ def image_download_check(out: Path, *hosts) -> Callable[[int], None]:
         assert not leftovers(out.parent) and not any(out.rglob("_tmp"))
 
     return check
+
+
+def datacomp_case(tmp_path, world, tiny_clip):
+    """``download datacomp --scale small`` from a Hub and an image host on 127.0.0.1: the pool's metadata through
+    huggingface_hub, the filter, then the images through img2dataset."""
+    from tests.test_download_datacomp import FAST, FILES, REPO, ROWS
+    from tests.webfakes import FakeHub, ImageHost, datacomp_metadata
+
+    images = ImageHost(delay_s=0.05)
+    hub, out = FakeHub({REPO: datacomp_metadata(images.url, FILES, ROWS, {})}), tmp_path / "dc"
+    return Life(["download", "datacomp", "--scale", "small", "--hub-url", hub.url, "--out", str(out), *FAST], 7.0,
+                image_download_check(out, images, hub))
 
 
 def redcaps_case(tmp_path, world, tiny_clip):

@@ -132,7 +132,8 @@ def training_pairs(run_dir: Path, device: torch.device, samples: int, batch_size
         # One tensor (2, N, D): the cache stores an embedding tensor and a list per name.
         return torch.stack([torch.cat(image_emb), torch.cat(text_emb)]), captions
 
-    both, _ = feature_cache(run, ckpt, model).with_files(files_identity(C.train_dir(cfg))).get(f"train-pairs-{samples}", compute)
+    cache = feature_cache(run, ckpt, model).with_files(files_identity(C.train_dir(cfg)))
+    both, _ = cache.get(f"train-pairs-{samples}", compute)
     curv = model.curvature()
     return TrainingPairs(model.geometry, None if curv is None else curv.detach().cpu(), both[0], both[1],
                          model.logit_scale().item())

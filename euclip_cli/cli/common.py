@@ -163,11 +163,9 @@ def errors():
     """
     try:
         yield
-    except KeyboardInterrupt as err:
-        fail(stops.stop_message(err), 1)
     except EuclipError as err:
         fail(getattr(err, "problems", None) or str(err), err.exit_code, err.details)
-    except Exception as err:
+    except (KeyboardInterrupt, Exception) as err:
         stop = stops.stop_behind(err)
         if stop is not None:
             fail(stops.stop_message(stop), 1)

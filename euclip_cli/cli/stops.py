@@ -178,13 +178,11 @@ def launch(load: Callable[[], Callable[[], None]]) -> None:
         try:
             load()()
             code = 0
-        except Exception as err:  # in the imports, before the command's own error funnel (code stays 1)
+        except (KeyboardInterrupt, Exception) as err:  # in the imports, before the command's own error funnel
             stop = stop_behind(err)
             if stop is None:
                 raise
-            sys.stderr.write(f"error: {stop_message(stop)}\n")
-        except KeyboardInterrupt as err:
-            sys.stderr.write(f"error: {stop_message(err)}\n")
+            sys.stderr.write(f"error: {stop_message(stop)}\n")  # code stays 1
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
         raise

@@ -105,8 +105,9 @@ def wordnet_hierarchy(run: Union[str, Path], device: str = "auto", eval_root: Op
             hierarchy, named, source = task_tree(classes, tree, wordnet, given, isa)
         folder = task.data_dir(eval_root, world)
         with status(f"classifying {task.key} with {run_files.path.name}"):
+            files = cache.with_files(files_identity(folder))
             image_emb, prototypes, targets = classification_inputs(model, cfg, task, folder, device,
-                                                                   cfg.eval.batch_size, cache.with_files(files_identity(folder)))
+                                                                   cfg.eval.batch_size, files)
         if prototypes.shape[0] != len(classes):
             raise UsageError(f"{task.key}: the evaluation set in {folder} has {prototypes.shape[0]} class names, "
                              f"ImageNet's has {len(classes)}")
