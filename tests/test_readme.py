@@ -375,3 +375,52 @@ def test_a_score_is_worth_the_baselines_steps_read_off_its_measured_curve_and_no
     page.write_text("<!-- worth b256,b512,b1024,b2048,flat -->\n<!-- /worth -->\n")
     result = CliRunner().invoke(app, ["report", "--readme", str(page)])
     assert result.exit_code == 2 and "does not rise with the budget" in result.output, result.output
+
+
+def test_a_fit_or_worth_block_reads_the_group_it_names_and_refuses_one_no_curve_shows(tmp_path):
+    """Each budget's Shapes (main) goes up and down, which no power law fits, while its Shape shifts follow CLIP's
+    shortfall 40 (s/s0)^-0.5 exactly but for the seeds' jitter: a block naming "shifts" fits and reads those
+    seeds and that ceiling, the same block without a group reads Shapes; a group no curve shows is refused."""
+    jitter = {0: -0.2, 1: 0.0, 2: 0.2}
+    bent = {256: 50.0, 512: 20.0, 1024: 40.0, 2048: 10.0}
+    folders = []
+    for k, main in bent.items():
+        shifts = 100 - 40 * (k / 256) ** -0.5
+        folder = tmp_path / f"b{k}"
+        folder.mkdir()
+        (folder / "seeds.csv").write_text("config,seed,metric,value,outcomes_sha256\n" + "".join(
+            f"{c},{s},{m},{v + j},\n" for c in ("clip", "euclip") for s, j in jitter.items()
+            for m, v in (("main", 100 - main), ("shifts", shifts + (c == "euclip")))))
+        (folder / "study.csv").write_text(
+            "config,metric,n_seeds,mean,sd,ci_low,ci_high,diff_mean\n"
+            f"clip,main,3,{100 - main},0.2,{99 - main},{101 - main},\nclip,shifts,3,{shifts},0.2,{shifts - 1},{shifts + 1},\n"
+            f"euclip,main,3,{100 - main},0.2,{99 - main},{101 - main},0\n"
+            f"euclip,shifts,3,{shifts + 1},0.2,{shifts},{shifts + 2},1\n")
+        (folder / "noise.csv").write_text("metric,ceiling\nmain,100\nshifts,100\n")
+        (folder / "regime.json").write_text(f'{{"steps": {k}, "samples": {k * 128}, "batch_size": 128}}')
+        (folder / "provenance.json").write_text("{}")
+        folders.append(folder.name)
+    page = tmp_path / "budget.md"
+
+    def rendered(block: str) -> list[dict]:
+        page.write_text(f"<!-- {block} -->\n<!-- /{block.split()[0]} -->\n")
+        result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+        assert result.exit_code == 0, result.output
+        lines = [line for line in page.read_text().splitlines() if line.startswith("| ")]
+        header = [c.strip() for c in lines[0].split("|")[1:-1]]
+        return [dict(zip(header, [c.strip() for c in line.split("|")[1:-1]])) for line in lines[1:]]
+
+    shifts = {r["config"]: r for r in rendered(f"fit {','.join(folders)} shifts")}
+    assert shifts["clip"]["fit (χ², df, p)"].endswith(": fits") and shifts["clip"]["exponent [shifts] ± se"].startswith(
+        "0.500 ± ")
+    assert shifts["clip"]["fitted shortfall at 256 / 2,048 steps"] == "40.0 / 14.1"
+    main = {r["config"]: r for r in rendered(f"fit {','.join(folders)}")}
+    assert main["clip"]["fit (χ², df, p)"].endswith("does not fit") and main["clip"]["exponent [main] ± se"] == "not shown"
+    # CLIP's Shape shifts at 256 and 512 steps are 60 and 71.7: EuCLIP's 61 at 256 steps is worth 256 x 2^(1/11.7), 272.
+    worth = rendered(f"worth {','.join(folders)} shifts")
+    assert worth[0]["Shape shifts [95%]"] == "61.0 [60.0, 62.0]" and worth[0]["worth clip's steps [95%]"].startswith("272 [")
+    for block, words in ((f"fit {','.join(folders)} colour", "name one of main, shifts, retrieval, average"),
+                         (f"curve {','.join(folders)} shifts", "only fit and worth blocks take")):
+        page.write_text(f"<!-- {block} -->\n<!-- /{block.split()[0]} -->\n")
+        result = CliRunner().invoke(app, ["report", "--readme", str(page)])
+        assert result.exit_code == 2 and words in " ".join(result.output.split()), result.output

@@ -7,7 +7,8 @@ study published at several budgets, ``<!-- curve FOLDER,FOLDER,... -->`` to ``<!
 table), ``<!-- trend FOLDER,FOLDER,... -->`` to ``<!-- /trend -->`` (each difference's change from the
 first budget to the last, with its interval), ``<!-- fit FOLDER,FOLDER,... -->`` to ``<!-- /fit -->`` (the
 power laws fitted to it, where they fit) or ``<!-- worth FOLDER,FOLDER,... -->`` to ``<!-- /worth -->`` (each
-score's worth in the baseline's steps), or, for pairs of one study's configurations neither of which is its baseline,
+score's worth in the baseline's steps); a fit or a worth block reads the main group unless a group of
+``tables.CURVE_METRICS`` follows its folders (``<!-- fit FOLDER,FOLDER shifts -->``), or, for pairs of one study's configurations neither of which is its baseline,
 ``<!-- contrast FOLDER:CONFIG/AGAINST,CONFIG/AGAINST,... -->`` to ``<!-- /contrast -->`` (each pair's
 paired differences, ``tables.contrast_table``);
 ``euclip report --readme README.md`` rewrites what lies between from the folders, and a test holds
@@ -24,8 +25,10 @@ from euclip_cli.readers import read_text
 from euclip_cli.rundir import read_json, write_text_atomic
 from euclip_cli.stats import FROZEN_BELOW, NO_SPREAD, NOT_TESTABLE, PRIMARY, SECONDARY, UNDETERMINED, claim_sentence
 
-BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|worth|contrast) (?P<folder>\S+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>results|summary|curve|trend|fit|worth|contrast) (?P<folder>\S+)"
+                   r"(?: (?P<group>\S+))? -->\n)(?P<body>.*?)(?P<end><!-- /(?P=kind) -->)", re.S)
+# The blocks that read one group of a study's tasks, the main one unless the block names another.
+GROUPED = ("fit", "worth")
 
 
 # Verdicts that decide nothing about a claim's statement.
@@ -120,15 +123,34 @@ def _published(folders: list[Path]) -> None:
 BUDGET_BLOCKS = {"curve": "budget_curve", "trend": "budget_trend", "fit": "budget_fit", "worth": "budget_worth"}
 
 
-def budget_block(kind: str, folders: list[Path]) -> str:
+def budget_block(kind: str, folders: list[Path], group: str = "main") -> str:
     """One study at several budgets as a block of ``kind``: its curve, each difference's trend, the power
-    laws fitted to it, or each score's worth in the baseline's steps (``tables.budget_curve``,
+    laws fitted to ``group``, or each score's worth in the baseline's steps on it (``tables.budget_curve``,
     ``budget_trend``, ``budget_fit``, ``budget_worth``)."""
     from euclip_cli.report import tables
 
     _published(folders)
+    make = getattr(tables, BUDGET_BLOCKS[kind])
+    table = make(folders, group) if kind in GROUPED else make(folders)
     # Cells as written: tabulate would otherwise read "50.0" as a number and print "50".
-    return getattr(tables, BUDGET_BLOCKS[kind])(folders).to_markdown(index=False, disable_numparse=True) + "\n"
+    return table.to_markdown(index=False, disable_numparse=True) + "\n"
+
+
+def block_group(match: re.Match, page: Path) -> str:
+    """The group a block names after its folders ("main" where it names none), refused where its kind reads
+    no group or the group is not one a budget curve shows (``tables.CURVE_METRICS``)."""
+    from euclip_cli.report.tables import CURVE_METRICS
+
+    group = match["group"]
+    if group is None:
+        return "main"
+    if match["kind"] not in GROUPED:
+        raise UsageError(f"{page}: '<!-- {match['kind']} {match['folder']} {group} -->' names a group, which only "
+                         f"{' and '.join(GROUPED)} blocks take: remove '{group}'")
+    if group not in CURVE_METRICS:
+        raise UsageError(f"{page}: '<!-- {match['kind']} {match['folder']} {group} -->' names the group '{group}': "
+                         f"name one of {', '.join(CURVE_METRICS)}")
+    return group
 
 
 def update_readme(readme: Path, check: bool = False) -> list[str]:
@@ -139,16 +161,17 @@ def update_readme(readme: Path, check: bool = False) -> list[str]:
 
     def render(match: re.Match) -> str:
         folders.append(match["folder"])
+        group = block_group(match, readme)
         if match["kind"] == "contrast":
             body = contrast_block(match, readme)
         elif match["kind"] in BUDGET_BLOCKS:
-            body = budget_block(match["kind"], [readme.parent / name for name in block_folders(match)])
+            body = budget_block(match["kind"], [readme.parent / name for name in block_folders(match)], group)
         else:
             body = results_block(readme.parent / match["folder"], match["folder"], match["kind"] == "summary")
         if check and body != match["body"]:
             raise UsageError(f"{readme}: the results from {match['folder']} differ from its files: run "
                              f"'euclip report --readme {readme}'")
-        return match[1] + body + match[5]
+        return match[1] + body + match["end"]
 
     updated = BLOCK.sub(render, text)
     if not folders:
