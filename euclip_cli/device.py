@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -70,17 +70,27 @@ def autocast_factory(precision: str, device: torch.device) -> Callable[[], conte
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def cpu_name() -> str:
-    """This machine's CPU model as the kernel reports it (lscpu's "Model name"): speeds and the last
-    bits of results differ between CPUs of one kind, so every published number names its CPU."""
+def cpu_name(info: Optional[Path] = None) -> str:
+    """This machine's CPU model as the kernel reports it in ``info`` (/proc/cpuinfo; lscpu's "Model name"),
+    with its family and model numbers where the kernel gives them. Speeds and the last bits of results
+    differ between CPUs of one kind, so every published number names its CPU; and a virtual machine's
+    name can cover several: two "AMD EPYC" machines of this project's kind, one without bf16 units
+    (family 23, model 49) and one with them, train a recipe at speeds twice apart, and in different
+    precisions under ``precision = "auto"``."""
     import platform
-    from pathlib import Path
 
-    info = Path("/proc/cpuinfo")
+    info = Path("/proc/cpuinfo") if info is None else info
     if info.exists():
+        first = {}
         for line in info.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break  # the first processor's block: every core of a machine is the same model here
+            key, _, value = line.partition(":")
+            first.setdefault(key.strip(), value.strip())
+        if "model name" in first:
+            numbers = [f"{label} {first[key]}" for label, key in (("family", "cpu family"), ("model", "model"))
+                       if first.get(key)]
+            return first["model name"] + (f" ({', '.join(numbers)})" if numbers else "")
     return platform.processor() or "unknown"
 
 

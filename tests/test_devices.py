@@ -1,11 +1,13 @@
 """Device handling where a GPU run would break: checkpoints read on the CPU, ``cuda:N`` per rank."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from euclip_cli import config as C
 from euclip_cli import rundir
-from euclip_cli.device import resolve_device, resolve_precision
+from euclip_cli.device import cpu_name, resolve_device, resolve_precision
 from euclip_cli.errors import UsageError
 from euclip_cli.rundir import RunDir, load_checkpoint
 from euclip_cli.train import loop
@@ -106,6 +108,27 @@ def test_devices_a_machine_cannot_use_are_one_line_usage_errors(monkeypatch):
         resolve_device("gpu0")
     with pytest.raises(UsageError, match="cpu or cuda"):
         resolve_device("meta")
+
+
+def test_a_cpu_is_named_with_its_family_and_model_as_lscpu_reads_them(tmp_path):
+    """Two machines the kernel names alike ("AMD EPYC") are told apart by their family and model numbers,
+    read from the first processor's block; against lscpu's own reading of this machine where it has one."""
+    import shutil
+    import subprocess
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC\nflags\t\t: avx2 avx512_bf16\n\nprocessor\t: 1\ncpu family\t: 99\n"
+                    "model\t\t: 1\nmodel name\t: other\n")
+    assert cpu_name(info) == "AMD EPYC (family 25, model 17)"
+    info.write_text("processor\t: 0\nmodel name\t: ARMv8 Processor rev 1 (v8l)\nBogoMIPS\t: 50.00\n")
+    assert cpu_name(info) == "ARMv8 Processor rev 1 (v8l)"  # no family or model lines: the name alone
+    if shutil.which("lscpu") and Path("/proc/cpuinfo").exists():
+        fields = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True,
+                                                                    env={"LC_ALL": "C"}).stdout.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "CPU family" in fields and "Model" in fields:
+            assert cpu_name() == f"{fields['Model name']} (family {fields['CPU family']}, model {fields['Model']})"
 
 
 def test_checkpoint_metadata_describes_the_model_without_a_directory_name():
